@@ -1,0 +1,222 @@
+"""Nanoseconds per span of ``ppetrace.trace`` against its references, in one process.
+
+Run: ``python benchmarks/bench_hotpath.py [--spans N] [--rounds R] [--json PATH]``
+
+Each case runs ``N`` empty blocks per round; rounds of all cases are interleaved
+so that machine noise hits them alike, and each case keeps its best round.
+Every budget is a ratio of two figures from the same run (DESIGN.md, Budgets):
+
+- enabled ``trace`` <= 0.10x OpenTelemetry's ``start_as_current_span``;
+- enabled ``trace`` <= 3x the floor (two ``perf_counter_ns`` reads and a list
+  append in a small class context manager);
+- disabled ``trace`` <= 1.5x ``contextlib.nullcontext``.
+
+"hot path" cases clear the span buffer between rounds, so they time entering and
+leaving a block; the "all in" case also turns every record into an exported row
+(``ppetrace.flush`` to an exporter that keeps nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ppetrace
+from ppetrace import _recorder
+
+
+class _Floor:
+    __slots__ = ("start",)
+
+    def __enter__(self) -> _Floor:
+        self.start = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _FLOOR_SINK.append((self.start, time.perf_counter_ns()))
+
+
+_FLOOR_SINK: list[tuple[int, int]] = []
+
+
+class _NullSink:
+    def export_batch(self, batch: Any) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _cases(n: int) -> dict[str, tuple[Callable[[], None], int]]:
+    """name -> (function running n blocks, spans per call)."""
+    trace = ppetrace.trace
+
+    def nullcontext() -> None:
+        for _ in range(n):
+            with contextlib.nullcontext():
+                pass
+
+    def floor() -> None:
+        for _ in range(n):
+            with _Floor():
+                pass
+        _FLOOR_SINK.clear()
+
+    def flat() -> None:
+        for _ in range(n):
+            with trace("bench.flat"):
+                pass
+
+    def nested() -> None:
+        for _ in range(n // 3):
+            with trace("bench.a", {"ppetrace.step": 1}):
+                with trace("bench.b", {"ppetrace.step": 1}):
+                    with trace("bench.c", {"ppetrace.step": 1}):
+                        pass
+
+    cases: dict[str, tuple[Callable[[], None], int]] = {
+        "nullcontext": (nullcontext, n),
+        "floor": (floor, n),
+        "trace enabled, flat": (flat, n),
+        "trace enabled, nested x3 + attribute": (nested, n // 3 * 3),
+    }
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        tracer = TracerProvider().get_tracer("bench")
+
+        def otel() -> None:
+            for _ in range(n):
+                with tracer.start_as_current_span("bench.otel"):
+                    pass
+
+        cases["otel start_as_current_span"] = (otel, n)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import torch.profiler
+
+        record_function = torch.profiler.record_function
+
+        def torch_rf() -> None:
+            for _ in range(n):
+                with record_function("bench.rf"):
+                    pass
+
+        cases["torch record_function"] = (torch_rf, n)
+    except ImportError:  # pragma: no cover
+        print("torch record_function: not installed")
+    return cases
+
+
+def _time(fn: Callable[[], None]) -> int:
+    gc.collect()
+    t0 = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - t0
+
+
+def _clear_buffer() -> None:
+    with contextlib.suppress(AttributeError):
+        _recorder._tls.records.clear()
+
+
+def measure(n: int, rounds: int) -> dict[str, float]:
+    cases = _cases(n)
+    best: dict[str, float] = {}
+    sink = _NullSink()
+
+    def run(name: str, fn: Callable[[], None], spans: int) -> None:
+        ns = _time(fn) / spans
+        _clear_buffer()
+        best[name] = min(best.get(name, float("inf")), ns)
+
+    for _ in range(rounds):
+        ppetrace.configure(buffer_spans=n + 1)
+        for name, (fn, spans) in cases.items():
+            run(name, fn, spans)
+        # all in: the records also become rows and reach an exporter
+        ppetrace.configure(buffer_spans=n + 1, exporters=[sink])
+        flat = cases["trace enabled, flat"][0]
+        ns = _time(lambda: (flat(), ppetrace.flush())) / n  # type: ignore[func-returns-value]
+        best["trace enabled, all in (+flush to rows)"] = min(
+            best.get("trace enabled, all in (+flush to rows)", float("inf")), ns
+        )
+        ppetrace.configure(enabled=False)
+        run("trace disabled", flat, n)
+    ppetrace.configure()
+    return best
+
+
+def budgets(best: dict[str, float]) -> list[tuple[str, float, float]]:
+    """(what, measured ratio, budget)."""
+    out = [
+        (
+            "trace / floor",
+            best["trace enabled, flat"] / best["floor"],
+            3.0,
+        ),
+        (
+            "disabled trace / nullcontext",
+            best["trace disabled"] / best["nullcontext"],
+            1.5,
+        ),
+    ]
+    if "otel start_as_current_span" in best:
+        out.insert(
+            0,
+            (
+                "trace / OTel start_as_current_span",
+                best["trace enabled, flat"] / best["otel start_as_current_span"],
+                0.10,
+            ),
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=20_000, help="blocks per round")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
+    parser.add_argument("--json", dest="json_path", help="also write the results here")
+    args = parser.parse_args(argv)
+    best = measure(args.spans, args.rounds)
+    width = max(map(len, best))
+    print(f"{'case':<{width}}  ns/span")
+    for name, ns in best.items():
+        print(f"{name:<{width}}  {ns:8.0f}")
+    print()
+    failed = False
+    checks = budgets(best)
+    for what, ratio, budget in checks:
+        ok = ratio <= budget
+        failed |= not ok
+        print(f"{what:<40} {ratio:6.3f}x  budget <= {budget:.2f}x  {'PASS' if ok else 'FAIL'}")
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(
+                {
+                    "ns_per_span": best,
+                    "budgets": [
+                        {"what": w, "ratio": r, "budget": b, "pass": r <= b} for w, r, b in checks
+                    ],
+                    "python": sys.version.split()[0],
+                    "machine": platform.machine(),
+                    "spans": args.spans,
+                    "rounds": args.rounds,
+                },
+                fh,
+                indent=2,
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""The span recorder: the hot path of :func:`ppetrace.trace` and its buffers.
+
+Entering and leaving a traced block creates no OpenTelemetry span. It reads
+``perf_counter_ns`` twice, makes the block's span id current in the
+OpenTelemetry context (a non-recording span whose context is built only if
+someone asks for it) and appends one tuple to a bounded per-thread buffer.
+:meth:`Recorder.flush` turns those tuples into :class:`exporters.SpanBatch`
+rows for ppetrace's own exporters and, only where a user's OpenTelemetry
+processor is installed, into SDK ``ReadableSpan`` objects.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation import _SPAN_KEY
+
+from exporters._spans import SpanBatch, SpanRow
+
+_log = logging.getLogger("ppetrace")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The OpenTelemetry runtime context is a ContextVar holding an immutable dict.
+# Setting it directly skips three Python-level calls per span; any other runtime
+# context implementation goes through the public attach/detach API.
+_CTXVAR = getattr(getattr(otel_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+_get_ctx: Callable[[], Context]
+_set_ctx: Callable[[Any], Any]
+_reset_ctx: Callable[[Any], Any]
+if isinstance(_CTXVAR, ContextVar):
+    _get_ctx, _set_ctx, _reset_ctx = _CTXVAR.get, _CTXVAR.set, _CTXVAR.reset
+else:  # pragma: no cover - an exotic runtime context
+    _get_ctx, _set_ctx, _reset_ctx = (
+        otel_context.get_current,
+        otel_context.attach,
+        otel_context.detach,
+    )
+
+_perf_ns = time.perf_counter_ns
+_tuple_new = tuple.__new__
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_PRIMITIVES = (str, bool, int, float)
+_KEEP_ARG = frozenset({type(None), dict, str, bool, int, float})
+_SAMPLED = otel_trace.TraceFlags(otel_trace.TraceFlags.SAMPLED)
+# The calling thread's record list; its _ThreadBuffer owns the same list.
+_tls = threading.local()
+
+
+class _ThreadBuffer:
+    """Finished-span records of one thread, drained by :meth:`Recorder.flush`."""
+
+    __slots__ = ("records", "thread", "tid", "name")
+
+    def __init__(self) -> None:
+        t = threading.current_thread()
+        self.records: list[Span] = []
+        self.thread = weakref.ref(t)
+        self.tid = threading.get_native_id()
+        self.name = t.name
+
+
+@dataclass(frozen=True)
+class RecorderStats:
+    """Counters of the recorder since the process started (or since the fork).
+
+    ``dropped`` counts spans lost because a full buffer could not be flushed
+    at once; ``export_errors`` counts exporter calls that raised.
+    """
+
+    recorded: int
+    exported: int
+    dropped: int
+    buffered: int
+    flushes: int
+    export_errors: int
+
+
+class Recorder:
+    """Process-wide span recorder with per-thread bounded buffers."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.capacity = 65_536
+        self.trace_id = random.getrandbits(128) or 1
+        # span ids: a random 64-bit start, then a counter (next() is atomic)
+        self._ids = iter(range(random.getrandbits(62) + 1, 1 << 64))
+        self._buffers: list[_ThreadBuffer] = []
+        self._buffers_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        # perf_counter_ns -> epoch ns
+        self.offset_ns = time.time_ns() - _perf_ns()
+        self.pid = os.getpid()
+        self.sinks: list[Any] = []  # objects with export_batch(SpanBatch)
+        self.otel_sinks: list[Any] = []  # SpanExporter objects fed ReadableSpans
+        self.processor: Any = None  # an SDK span processor, or None
+        self.resource_attrs: dict[str, Any] = {}
+        self._span_builder: Any = None
+        self.on_first_use: Callable[[], None] | None = None
+        self.dropped = 0
+        self.recorded_flushed = 0
+        self.exported = 0
+        self.flushes = 0
+        self.export_errors = 0
+
+    # -- buffers -------------------------------------------------------------
+
+    def _new_buffer(self) -> _ThreadBuffer:
+        hook = self.on_first_use
+        if hook is not None:
+            self.on_first_use = None
+            hook()
+        buf = _ThreadBuffer()
+        _tls.records = buf.records
+        with self._buffers_lock:
+            self._buffers.append(buf)
+        return buf
+
+    def on_full(self) -> None:
+        """The calling thread's buffer is full: flush now, or drop if a flush is running."""
+        if self._flush_lock.acquire(blocking=False):
+            try:
+                self._flush_locked()
+            finally:
+                self._flush_lock.release()
+        else:
+            records = _tls.records
+            self.dropped += len(records)
+            del records[:]
+
+    def buffered(self) -> int:
+        with self._buffers_lock:
+            return sum(len(b.records) for b in self._buffers)
+
+    # -- flushing ------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Push every finished span to the sinks and the span processor."""
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _drain(self) -> Iterator[tuple[_ThreadBuffer, list[Span]]]:
+        with self._buffers_lock:
+            buffers = list(self._buffers)
+        dead = []
+        for buf in buffers:
+            live = buf.records
+            if live:
+                # Take the records out in place: the owning thread keeps appending
+                # to the same list object (list slicing and deletion are atomic).
+                n = len(live)
+                records = live[:n]
+                del live[:n]
+                yield buf, records
+            t = buf.thread()
+            if t is None or not t.is_alive():
+                dead.append(buf)
+        if dead:
+            with self._buffers_lock:
+                for buf in dead:
+                    if not buf.records and buf in self._buffers:
+                        self._buffers.remove(buf)
+
+    def _flush_locked(self) -> None:
+        rows: list[SpanRow] = []
+        thread_names: dict[int, str] = {}
+        offset = self.offset_ns
+        for buf, records in self._drain():
+            thread_names[buf.tid] = buf.name
+            tid = buf.tid
+            append = rows.append
+            for sp in records:
+                arg = sp.arg
+                err = sp.error
+                append(
+                    _tuple_new(
+                        SpanRow,
+                        (
+                            sp.name,
+                            sp.span_id,
+                            sp.parent_id,
+                            sp.trace_id,
+                            sp.start_ns + offset,
+                            sp.end_ns + offset,
+                            tid,
+                            arg if type(arg) is dict else _attributes(arg),
+                            "UNSET" if err is None else "ERROR",
+                            err or "",
+                        ),
+                    )
+                )
+        if not rows:
+            return
+        self.flushes += 1
+        self.recorded_flushed += len(rows)
+        batch = SpanBatch(rows, self.resource_attrs, self.pid, thread_names)
+        for sink in list(self.sinks):
+            try:
+                sink.export_batch(batch)
+            except Exception:  # telemetry never breaks training
+                self.export_errors += 1
+                _log.exception("ppetrace: exporter %r failed; its spans are lost", sink)
+        if self.processor is not None or self.otel_sinks:
+            self._to_otel(batch)
+        self.exported += len(rows)
+
+    def _to_otel(self, batch: SpanBatch) -> None:
+        builder = self._span_builder
+        if builder is None:
+            return
+        spans = [builder(row, batch.thread_names) for row in batch.rows]
+        if self.processor is not None:
+            on_end = self.processor.on_end
+            for span in spans:
+                try:
+                    on_end(span)
+                except Exception:
+                    self.export_errors += 1
+                    _log.exception("ppetrace: span processor failed")
+        for exporter in list(self.otel_sinks):
+            try:
+                exporter.export(spans)
+            except Exception:
+                self.export_errors += 1
+                _log.exception("ppetrace: exporter %r failed; its spans are lost", exporter)
+
+    def stats(self) -> RecorderStats:
+        buffered = self.buffered()
+        return RecorderStats(
+            recorded=self.recorded_flushed + buffered,
+            exported=self.exported,
+            dropped=self.dropped,
+            buffered=buffered,
+            flushes=self.flushes,
+            export_errors=self.export_errors,
+        )
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's buffers and exporters."""
+        global _tls
+        _tls = threading.local()
+        self._buffers = []
+        self._buffers_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self.sinks = []
+        self.otel_sinks = []
+        self.processor = None
+        self.pid = os.getpid()
+
+
+def _attr_value(v: Any) -> Any:
+    if isinstance(v, _PRIMITIVES):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in v):
+        return tuple(v)
+    return str(v)
+
+
+def _attributes(arg: Any) -> Mapping[str, Any]:
+    """``trace``'s ``arg`` as span attributes (DESIGN.md: Spans)."""
+    if arg is None:
+        return _EMPTY
+    if isinstance(arg, dict):
+        return {str(k): _attr_value(v) for k, v in arg.items() if v is not None}
+    return {"ppetrace.arg": _attr_value(arg)}
+
+
+def _describe(arg: Any) -> Any:
+    """Reduce an arbitrary ``arg`` to something safe to keep until the flush."""
+    if isinstance(arg, Mapping):
+        return dict(arg)
+    if isinstance(arg, _PRIMITIVES):
+        return arg
+    if isinstance(arg, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in arg):
+        return tuple(arg)
+    return type(arg).__qualname__
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__qualname__}: {exc}\n" + "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__)
+    )
+
+
+RECORDER = Recorder()
+
+
+class Span(otel_trace.NonRecordingSpan):
+    """Record the enclosed block as an OpenTelemetry span named ``event_name``.
+
+    This class is ``ppetrace.trace``. Use it as ``with ppetrace.trace("name",
+    arg):`` or as a decorator ``@ppetrace.trace("name")``. ``arg`` becomes
+    attributes: a mapping gives one attribute per key, any other value the
+    attribute ``ppetrace.arg`` (values that are not numbers or strings are
+    reduced to their string form, and objects such as tensors to their type
+    name, so no reference to them is kept). When the block raises, the span
+    gets ERROR status and an ``exception`` event, and the exception propagates
+    unchanged.
+
+    While the block runs, this object is the OpenTelemetry current span
+    (``opentelemetry.trace.get_current_span()``): a non-recording span whose
+    ``SpanContext`` is built only when someone asks for it, so spans that user
+    code starts there with the OpenTelemetry API are its children. An instance
+    is single-use: enter it once (the decorator makes a new one per call).
+    While tracing is disabled (``configure(enabled=False)``), entering and
+    leaving it does nothing.
+    """
+
+    __slots__ = (
+        "name",
+        "arg",
+        "span_id",
+        "trace_id",
+        "parent_id",
+        "start_ns",
+        "end_ns",
+        "error",
+        "_token",
+        "_sc",
+    )
+    name: str
+    arg: Any
+    span_id: int
+    trace_id: int
+    parent_id: int
+    start_ns: int
+    end_ns: int
+    error: str | None
+    _token: Any
+    _sc: otel_trace.SpanContext
+
+    def __init__(self, event_name: str, arg: Any = None) -> None:  # no super(): lazy context
+        self.name = event_name
+        self.arg = arg if type(arg) in _KEEP_ARG else _describe(arg)
+
+    # -- the OpenTelemetry side ------------------------------------------------
+
+    def get_span_context(self) -> otel_trace.SpanContext:
+        try:
+            return self._sc
+        except AttributeError:
+            sc = self._sc = otel_trace.SpanContext(
+                self.trace_id, self.span_id, is_remote=False, trace_flags=_SAMPLED
+            )
+            return sc
+
+    @property
+    def _context(self) -> otel_trace.SpanContext:  # type: ignore[override]
+        return self.get_span_context()
+
+    def __repr__(self) -> str:
+        return f"ppetrace.Span({self.name!r})"
+
+    # -- the hot path ------------------------------------------------------------
+
+    def __enter__(self) -> Span:
+        rec = RECORDER
+        if not rec.enabled:
+            self._token = None
+            return self
+        ctx = _get_ctx()
+        parent = ctx.get(_SPAN_KEY)
+        if parent is None:
+            self.trace_id = rec.trace_id
+            self.parent_id = 0
+        elif type(parent) is Span:
+            self.trace_id = parent.trace_id
+            self.parent_id = parent.span_id
+        else:
+            sc = parent.get_span_context()  # type: ignore[attr-defined]
+            if sc.is_valid:
+                self.trace_id = sc.trace_id
+                self.parent_id = sc.span_id
+            else:
+                self.trace_id = rec.trace_id
+                self.parent_id = 0
+        self.span_id = next(rec._ids)
+        # The new context is the parent's plus this span. It is a plain dict
+        # (what Context.copy() returns): the OpenTelemetry API only reads it.
+        new = ctx.copy()
+        new[_SPAN_KEY] = self
+        self._token = _set_ctx(new)
+        self.start_ns = _perf_ns()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token = self._token
+        if token is None:  # tracing was disabled when the block started
+            return
+        end = _perf_ns()
+        try:  # noqa: SIM105 - contextlib.suppress costs more on this hot path
+            _reset_ctx(token)
+        except ValueError:
+            # Left in another context than it was entered in (a generator
+            # resumed elsewhere); the span is still recorded.
+            pass
+        self.end_ns = end
+        self.error = None if exc is None else _error_text(exc)
+        # The finished span itself is the record: no tuple is built here.
+        try:
+            records = _tls.records
+        except AttributeError:
+            records = RECORDER._new_buffer().records
+        records.append(self)
+        if len(records) >= RECORDER.capacity:
+            RECORDER.on_full()
+
+    def __call__(self, func: F) -> F:
+        name, arg = self.name, self.arg
+
+        @functools.wraps(func)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with trace(name, arg):
+                return func(*args, **kwargs)
+
+        return traced  # type: ignore[return-value]
+
+
+trace = Span
+"""``ppetrace.trace(event_name, arg=None)``: see :class:`Span`."""
+
+
+def _after_fork_in_child() -> None:
+    RECORDER.reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
