@@ -112,6 +112,9 @@ class Recorder:
         self.resource_attrs: dict[str, Any] = {}
         self._span_builder: Any = None
         self.on_first_use: Callable[[], None] | None = None
+        # called (under the flush lock) before each flush drains the buffers,
+        # e.g. to resolve CUDA events into span attributes off the hot path
+        self.before_flush: list[Callable[[], None]] = []
         self.dropped = 0
         self.recorded_flushed = 0
         self.exported = 0
@@ -177,6 +180,12 @@ class Recorder:
                         self._buffers.remove(buf)
 
     def _flush_locked(self) -> None:
+        for hook in list(self.before_flush):
+            try:
+                hook()
+            except Exception:
+                self.export_errors += 1
+                _log.exception("ppetrace: before-flush hook %r failed", hook)
         rows: list[SpanRow] = []
         thread_names: dict[int, str] = {}
         offset = self.offset_ns
@@ -260,6 +269,7 @@ class Recorder:
         self.sinks = []
         self.otel_sinks = []
         self.processor = None
+        self.before_flush = []
         self.pid = os.getpid()
 
 

@@ -359,3 +359,26 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+
+
+def test_before_flush_hooks_can_complete_attributes_off_the_hot_path(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    pending: list[dict[str, Any]] = []
+
+    def resolve() -> None:
+        for attrs in pending:
+            attrs["ppetrace.device_dur_ns"] = 1234
+        pending.clear()
+
+    RECORDER.before_flush.append(resolve)
+    try:
+        attrs: dict[str, Any] = {"ppetrace.step": 1}
+        with ppetrace.trace("trainer.step", attrs):
+            pending.append(attrs)
+        ppetrace.flush()
+    finally:
+        RECORDER.before_flush.remove(resolve)
+    (span,) = span_exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["ppetrace.device_dur_ns"] == 1234
