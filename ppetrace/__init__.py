@@ -15,9 +15,10 @@ from ._version import __version__
 if TYPE_CHECKING:
     from ._codeblock import CodeBlock, forward, map, update_parameters
     from ._evaluator import Evaluator
-    from ._registry import runtime_registry, to
+    from ._registry import runtime_of, runtime_registry, to
     from ._runtime import BaseRuntime, PyTorchRuntime
-    from ._trainer import Trainer
+    from ._checkpoint import CheckpointError
+    from ._trainer import StepProfiler, Trainer
     from .module_interface import CallbackInterface, ModuleInterface, Stage
     from .network import AbstractPyTorchNetwork, DataParallelPyTorchNetwork, scale_loss
     from .profilers import Schedule
@@ -28,6 +29,7 @@ _LAZY = {
     "PyTorchRuntime": "._runtime",
     "runtime_registry": "._registry",
     "to": "._registry",
+    "runtime_of": "._registry",
     "CodeBlock": "._codeblock",
     "update_parameters": "._codeblock",
     "forward": "._codeblock",
@@ -39,6 +41,8 @@ _LAZY = {
     "DataParallelPyTorchNetwork": ".network",
     "scale_loss": ".network",
     "Trainer": "._trainer",
+    "StepProfiler": "._trainer",
+    "CheckpointError": "._checkpoint",
     "Evaluator": "._evaluator",
     "Schedule": ".profilers",
 }
@@ -47,6 +51,7 @@ __all__ = [
     "AbstractPyTorchNetwork",
     "BaseRuntime",
     "CallbackInterface",
+    "CheckpointError",
     "CodeBlock",
     "DataParallelPyTorchNetwork",
     "Evaluator",
@@ -54,6 +59,7 @@ __all__ = [
     "PyTorchRuntime",
     "Schedule",
     "Stage",
+    "StepProfiler",
     "Trainer",
     "__version__",
     "bind_context",
@@ -61,6 +67,7 @@ __all__ = [
     "flush",
     "forward",
     "map",
+    "runtime_of",
     "runtime_registry",
     "scale_loss",
     "shutdown",

@@ -1,0 +1,202 @@
+"""Checkpoints: RNG capture, atomic writes and validated loads.
+
+A checkpoint is one ``torch.save`` file holding a dict with the format
+marker ``{"format": "ppetrace.checkpoint", "version": 1, ...}``. The Trainer
+fills it with the module's ``get_state()``, the optimizers, schedulers and
+GradScaler, the RNG states and its counters. Files are written atomically (a
+temporary file in the same folder, ``fsync``, ``os.replace``), so a write that
+fails or is interrupted leaves the previous checkpoint intact. Loading uses
+``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain
+Python containers, numbers and strings, and loading one runs no code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "CheckpointError",
+    "capture_rng",
+    "load_checkpoint",
+    "loader_generators",
+    "restore_rng",
+    "save_atomic",
+]
+
+FORMAT = "ppetrace.checkpoint"
+VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be read, or does not fit what is being resumed."""
+
+
+# -- RNG states ----------------------------------------------------------------
+
+
+def loader_generators(loader: Any) -> list[torch.Generator]:
+    """The distinct ``torch.Generator`` objects a DataLoader draws its order from."""
+    found: list[torch.Generator] = []
+    candidates = [getattr(loader, "generator", None)]
+    for attr in ("sampler", "batch_sampler"):
+        sampler = getattr(loader, attr, None)
+        candidates.append(getattr(sampler, "generator", None))
+        inner = getattr(sampler, "sampler", None)
+        candidates.append(getattr(inner, "generator", None))
+    for gen in candidates:
+        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+            found.append(gen)
+    return found
+
+
+def _numpy_random() -> Any:
+    try:
+        import numpy.random as np_random
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return None
+    return np_random
+
+
+def capture_rng(generators: Iterable[torch.Generator] = ()) -> dict[str, Any]:
+    """Snapshot the RNGs: torch (CPU, and CUDA once initialized), Python, NumPy, ``generators``."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "generators": [g.get_state() for g in generators],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    np_random = _numpy_random()
+    if np_random is not None:
+        kind, keys, pos, has_gauss, gauss = np_random.get_state()
+        state["numpy"] = {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype("int64")),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        }
+    return state
+
+
+def restore_rng(state: Mapping[str, Any], generators: Iterable[torch.Generator] = ()) -> None:
+    """Restore a :func:`capture_rng` snapshot (generators matched by position)."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    gens = list(generators)
+    saved = list(state.get("generators", ()))
+    if len(saved) != len(gens):
+        raise CheckpointError(
+            f"Expected {len(saved)} DataLoader generator(s) as when the checkpoint was written, "
+            f"but the training loader has {len(gens)}. Resume with the same loader setup."
+        )
+    for gen, gen_state in zip(gens, saved, strict=True):
+        gen.set_state(gen_state)
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    np_state = state.get("numpy")
+    np_random = _numpy_random()
+    if np_state is not None and np_random is not None:
+        np_random.set_state(
+            (
+                np_state["kind"],
+                np_state["keys"].numpy().astype("uint32"),
+                np_state["pos"],
+                np_state["has_gauss"],
+                np_state["gauss"],
+            )
+        )
+
+
+# -- files -----------------------------------------------------------------------
+
+
+def save_atomic(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``state`` to ``path`` atomically and return the path.
+
+    The data goes to a temporary file in the same folder, is flushed and
+    fsynced, then renamed over ``path`` with ``os.replace``. On any error the
+    temporary file is removed and ``path`` keeps its previous content.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(dict(state), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a checkpoint written by the Trainer, naming the file and the cause on failure.
+
+    Raises ``FileNotFoundError`` when the file does not exist and
+    :class:`CheckpointError` when it cannot be read or is not a ppetrace
+    checkpoint.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(
+            f"Expected a checkpoint file at resume_from={str(source)!r}, but it does not exist. "
+            "Pass the path of a checkpoint written by the Trainer (checkpoint_dir/last.pt)."
+        )
+    try:
+        state = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"Could not read the checkpoint {str(source)!r}: {type(exc).__name__}: {reason}. "
+            "The file is corrupt, truncated or not a torch checkpoint; resume from another "
+            "checkpoint or start without resume_from."
+        ) from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(
+            f"Expected a ppetrace checkpoint in {str(source)!r}, but it holds "
+            f"{_describe(state)} without the format marker {FORMAT!r}. Pass a file written by "
+            "ppetrace.Trainer."
+        )
+    if state.get("version") != VERSION:
+        raise CheckpointError(
+            f"Expected checkpoint version {VERSION} in {str(source)!r}, but it has version "
+            f"{state.get('version')!r}. Resume with the ppetrace version that wrote it."
+        )
+    return state
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        keys = ", ".join(map(repr, list(value)[:5]))
+        return f"a dict with keys {keys}" if keys else "an empty dict"
+    return f"a {type(value).__name__}"
