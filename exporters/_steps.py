@@ -1,0 +1,219 @@
+"""Which training step each span belongs to, and each step's wall time.
+
+A training step is one ``trainer.step`` span. Its wall time runs from the end
+of the previous ``trainer.step`` under the same parent span on the same
+thread (for the first step, from the start of its own ``trainer.fetch_batch``
+or, without one, its own start) to its end. It splits into:
+
+- ``data_wait_ns``: the ``trainer.fetch_batch`` sibling just before the step,
+  if it starts after the previous step ended;
+- ``compute_ns``: the ``trainer.step`` span itself;
+- ``other_ns``: the rest of the wall time (loop overhead between steps),
+  without sibling ``trainer.validation`` and ``trainer.checkpoint`` spans,
+  which are not step time and are left out of ``wall_ns`` as well.
+
+A span belongs to a step when it is that ``trainer.step``, that step's
+``trainer.fetch_batch``, or a descendant of either. Steps are numbered per
+process in start order (``step_index``); the first ``warmup_steps`` of each
+process are warmup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .frame import _inherit, _parent_positions
+
+__all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps"]
+
+STEP = "trainer.step"
+FETCH = "trainer.fetch_batch"
+#: Sibling spans between steps that are not counted as step time.
+NOT_STEP_TIME = ("trainer.validation", "trainer.checkpoint")
+_BATCH_SIZE_COLUMNS = ("ppetrace.batch_size", "batch_size")
+STEP_COLUMNS = (
+    "step_index",
+    "pid",
+    "rank",
+    "epoch",
+    "step",
+    "batch_idx",
+    "batch_size",
+    "start_ns",
+    "end_ns",
+    "wall_ns",
+    "data_wait_ns",
+    "compute_ns",
+    "other_ns",
+    "device_ns",
+    "warmup",
+)
+
+
+@dataclass
+class StepAssignment:
+    """``step_row``: for each frame row, the row of its ``trainer.step`` (-1 if none).
+    ``steps``: one row per ``trainer.step``, indexed by its frame row, in start order
+    per process, with ``step_index``, ``warmup`` and the wall-time split."""
+
+    step_row: np.ndarray
+    steps: pd.DataFrame
+
+
+def _numeric(frame: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
+    if column not in frame.columns:
+        return np.full(len(rows), np.nan)
+    values = pd.to_numeric(frame[column].iloc[rows], errors="coerce")
+    return np.asarray(values, dtype=float)
+
+
+def _batch_sizes(frame: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    for col in _BATCH_SIZE_COLUMNS:
+        if col in frame.columns:
+            return _numeric(frame, col, rows)
+    return np.full(len(rows), np.nan)
+
+
+def _scan(group: np.ndarray, time: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order items by (group, time, kind); return the order and each position's group start."""
+    order = np.lexsort((kind, time, group))
+    g = group[order]
+    new = np.ones(len(g), dtype=bool)
+    new[1:] = g[1:] != g[:-1]
+    starts = np.maximum.accumulate(np.where(new, np.arange(len(g)), 0))
+    return order, starts
+
+
+def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
+    """Find the steps of ``frame`` and assign every span to one (see the module doc)."""
+    n = len(frame)
+    names = frame["name"].to_numpy(dtype=object)
+    pid = frame["pid"].to_numpy(np.int64)
+    tid = frame["tid"].to_numpy(np.int64)
+    parent = frame["parent_id"].to_numpy(np.uint64)
+    t0 = int(frame["start_ns"].min()) if n else 0
+    # times relative to the first span: exact in float64 (NaN-able) arrays
+    start = frame["start_ns"].to_numpy(np.int64) - t0
+    end = frame["end_ns"].to_numpy(np.int64) - t0
+    step_rows = np.flatnonzero(names == STEP)
+    fetch_rows = np.flatnonzero(names == FETCH)
+    excl_rows = np.flatnonzero(np.isin(names, NOT_STEP_TIME))
+    m = len(step_rows)
+
+    # siblings: the same process, thread and parent span
+    rows = np.concatenate([step_rows, fetch_rows, excl_rows])
+    if len(rows):
+        keys = np.stack([pid[rows], tid[rows], parent[rows].view(np.int64)], axis=1)
+        _, group_all = np.unique(keys, axis=0, return_inverse=True)
+        group_all = group_all.reshape(-1)
+    else:
+        group_all = np.zeros(0, dtype=np.int64)
+    g_step = group_all[:m]
+    g_fetch = group_all[m : m + len(fetch_rows)]
+    g_excl = group_all[m + len(fetch_rows) :]
+    s_start, s_end = start[step_rows], end[step_rows]
+
+    # previous step in the same group, and the fetch between it and this step
+    prev_end = np.full(m, np.nan)
+    fetch_of = np.full(m, -1, dtype=np.int64)  # frame row of the step's fetch
+    k = len(fetch_rows)
+    group = np.concatenate([g_fetch, g_step])
+    time = np.concatenate([end[fetch_rows], s_start])
+    kind = np.concatenate([np.zeros(k, np.int64), np.ones(m, np.int64)])  # fetch first
+    order, gstart = _scan(group, time, kind)
+    if len(order):
+        pos = np.arange(len(order))
+        is_step = order >= k
+        last_fetch = np.maximum.accumulate(np.where(~is_step, pos, -1))
+        last_step = np.maximum.accumulate(np.where(is_step, pos, -1))
+        prev_step = np.concatenate([[-1], last_step[:-1]])  # strictly before
+        floor = np.maximum(prev_step, gstart - 1)
+        sp = pos[is_step]
+        step_i = order[sp] - k  # index into step_rows
+        has_prev = prev_step[sp] >= gstart[sp]
+        prev_end[step_i[has_prev]] = s_end[order[prev_step[sp][has_prev]] - k]
+        has_fetch = last_fetch[sp] > floor[sp]
+        f_i = order[last_fetch[sp][has_fetch]]  # index into fetch_rows
+        cand = fetch_rows[f_i]
+        ok = np.isnan(prev_end[step_i[has_fetch]]) | (start[cand] >= prev_end[step_i[has_fetch]])
+        fetch_of[step_i[has_fetch][ok]] = cand[ok]
+    got = fetch_of >= 0
+    data_wait = np.zeros(m, dtype=np.int64)
+    data_wait[got] = end[fetch_of[got]] - start[fetch_of[got]]
+    gap_start = s_start.astype(float)
+    gap_start[got] = start[fetch_of[got]]
+    wall = s_end - np.where(np.isnan(prev_end), gap_start, prev_end)
+
+    # validation / checkpoint siblings between two steps are not step time
+    excluded = np.zeros(m)
+    if len(excl_rows) and m:
+        e = len(excl_rows)
+        group = np.concatenate([g_excl, g_step])
+        time = np.concatenate([start[excl_rows], s_start])
+        kind = np.concatenate([np.zeros(e, np.int64), np.ones(m, np.int64)])
+        order, gstart = _scan(group, time, kind)
+        is_step = order >= e
+        pos = np.arange(len(order))
+        big = len(order)
+        # the next step at or after each position (scan from the end), within the group
+        nxt = np.minimum.accumulate(np.where(is_step, pos, big)[::-1])[::-1]
+        group_sorted = group[order]
+        xp = pos[~is_step]
+        nx = nxt[xp]
+        valid = nx < big
+        valid[valid] &= group_sorted[nx[valid]] == group_sorted[xp[valid]]
+        x_i = order[xp[valid]]
+        s_i = order[nx[valid]] - e
+        xr = excl_rows[x_i]
+        inside = (end[xr] <= s_start[s_i]) & (
+            np.isnan(prev_end[s_i]) | (start[xr] >= prev_end[s_i])
+        )
+        np.add.at(excluded, s_i[inside], (end[xr] - start[xr])[inside].astype(float))
+    wall_ns = np.rint(wall - excluded).astype(np.int64)
+    compute = s_end - s_start
+    wall_ns = np.maximum(wall_ns, data_wait + compute)
+    other = wall_ns - data_wait - compute
+
+    # number the steps per process in start order
+    by_start = np.lexsort((s_start, pid[step_rows]))
+    step_index = np.zeros(m, dtype=np.int64)
+    if m:
+        p = pid[step_rows][by_start]
+        new = np.ones(m, dtype=bool)
+        new[1:] = p[1:] != p[:-1]
+        first = np.maximum.accumulate(np.where(new, np.arange(m), 0))
+        step_index[by_start] = np.arange(m) - first
+    steps = pd.DataFrame(
+        {
+            "step_index": step_index,
+            "pid": pid[step_rows],
+            "rank": frame["rank"].iloc[step_rows].to_numpy(),
+            "epoch": frame["epoch"].iloc[step_rows].to_numpy(),
+            "step": frame["step"].iloc[step_rows].to_numpy(),
+            "batch_idx": frame["batch_idx"].iloc[step_rows].to_numpy(),
+            "batch_size": _batch_sizes(frame, step_rows),
+            "start_ns": s_start + t0,
+            "end_ns": s_end + t0,
+            "wall_ns": wall_ns,
+            "data_wait_ns": data_wait,
+            "compute_ns": compute,
+            "other_ns": other,
+            "device_ns": _numeric(frame, "device_dur_ns", step_rows),
+            "warmup": step_index < warmup_steps,
+        },
+        index=pd.Index(step_rows, name="row"),
+    ).iloc[by_start]
+    # which step each span belongs to: nearest ancestor (or self) that is a step or its fetch
+    anchor = np.full(n, np.nan)
+    anchor[step_rows] = step_rows
+    anchor[fetch_of[got]] = step_rows[got]
+    if n:
+        ppos = _parent_positions(frame["span_id"].to_numpy(np.uint64), parent, pid)
+        filled = _inherit(anchor, ppos)
+        step_row = np.where(np.isnan(filled), -1, filled).astype(np.int64)
+    else:
+        step_row = np.zeros(0, np.int64)
+    return StepAssignment(step_row, steps[list(STEP_COLUMNS)])

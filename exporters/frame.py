@@ -1,0 +1,555 @@
+"""Spans as a pandas DataFrame: one row per span, in a documented schema.
+
+Build one from live spans with :func:`spans_to_frame` (OpenTelemetry
+``ReadableSpan``s, or ppetrace's :class:`~exporters.SpanBatch`/
+:class:`~exporters.SpanRow`) or from a file with
+:func:`exporters.read_chrome_trace`. Both give the same columns:
+
+==================  ========  =====================================================
+column              dtype     meaning
+==================  ========  =====================================================
+``name``            string    the span name (event name), e.g. ``trainer.step``
+``span_id``         uint64    the span id
+``parent_id``       uint64    the parent's span id; 0 for a root
+``trace_id``        string    the trace id as 32 hex digits (missing if unknown)
+``start_ns``        int64     start, epoch nanoseconds
+``end_ns``          int64     end, epoch nanoseconds
+``dur_ns``          int64     ``end_ns - start_ns``
+``self_ns``         int64     ``dur_ns`` minus the durations of the direct children
+                              on the same thread (children on other threads run
+                              concurrently and are not subtracted)
+``depth``           int64     number of ancestors present in the frame (0 = root)
+``pid``             int64     process id
+``tid``             int64     thread id
+``rank``            Int64     process rank (``ppetrace.rank``), ``<NA>`` if unknown
+``epoch``           Int64     ``ppetrace.epoch``, inherited from the nearest
+                              ancestor that has it
+``step``            Int64     ``ppetrace.step`` (the global optimizer step),
+                              inherited the same way
+``batch_idx``       Int64     ``ppetrace.batch_idx`` (not inherited)
+``stage``           string    ``ppetrace.stage`` (missing if absent)
+``status``          string    ``UNSET``, ``OK`` or ``ERROR``
+``error``           string    ``"Type: message"`` and traceback on failure, else ``""``
+``device_dur_ns``   float64   ``ppetrace.device_dur_ns`` (device time), NaN if absent
+*other attributes*  inferred  every other attribute, one column named by its key
+                              (e.g. ``ppetrace.device``, ``ppetrace.batch_size``)
+==================  ========  =====================================================
+
+The standard ``ppetrace.`` attributes lose their prefix (``ppetrace.epoch`` ->
+``epoch``, ``ppetrace.step`` -> ``step``, ``ppetrace.stage`` -> ``stage``,
+``ppetrace.batch_idx`` -> ``batch_idx``, ``ppetrace.rank`` -> ``rank``,
+``ppetrace.device_dur_ns`` -> ``device_dur_ns``). Rows keep the order in which
+the spans were given. "string" is pandas' default string dtype (``str`` on
+pandas 3, ``object`` before). Integer attribute columns with missing values
+are nullable ``Int64``; float ones are float64 with NaN; booleans are
+``boolean``; strings are strings; mixed or tuple values are objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain, compress, repeat
+from operator import itemgetter as _get
+from operator import methodcaller
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+from opentelemetry.sdk.trace import ReadableSpan
+
+from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
+
+__all__ = ["COLUMNS", "RENAMED_ATTRIBUTES", "empty_frame", "spans_to_frame"]
+
+#: The columns every frame has, in order; other attributes follow, sorted.
+COLUMNS = (
+    "name",
+    "span_id",
+    "parent_id",
+    "trace_id",
+    "start_ns",
+    "end_ns",
+    "dur_ns",
+    "self_ns",
+    "depth",
+    "pid",
+    "tid",
+    "rank",
+    "epoch",
+    "step",
+    "batch_idx",
+    "stage",
+    "status",
+    "error",
+    "device_dur_ns",
+)
+
+#: Attribute keys that become standard columns without their ``ppetrace.`` prefix.
+RENAMED_ATTRIBUTES = {
+    "ppetrace.epoch": "epoch",
+    "ppetrace.step": "step",
+    "ppetrace.stage": "stage",
+    "ppetrace.batch_idx": "batch_idx",
+    "ppetrace.rank": "rank",
+    "ppetrace.device_dur_ns": "device_dur_ns",
+}
+_INHERITED = ("epoch", "step")
+_INT_COLUMNS = ("epoch", "step", "batch_idx", "rank")
+_NONE = type(None)
+
+
+def empty_frame() -> pd.DataFrame:
+    """A frame with the standard columns and no rows."""
+    return _build([], [], [], [], [], [], np.zeros(0, np.int64), [], np.zeros(0, float), [], [], [])
+
+
+def spans_to_frame(
+    spans: Iterable[ReadableSpan] | Iterable[SpanRow] | Iterable[SpanBatch] | SpanBatch,
+) -> pd.DataFrame:
+    """One row per span (schema: this module's doc).
+
+    ``spans`` is an iterable of OpenTelemetry ``ReadableSpan``s, a
+    :class:`SpanBatch`, an iterable of batches, or an iterable of
+    :class:`SpanRow` (then ``pid`` is this process and ``rank`` unknown).
+    """
+    if isinstance(spans, SpanBatch):
+        batches: list[SpanBatch] = [spans]
+    else:
+        items = list(spans)
+        if not items:
+            return empty_frame()
+        first = items[0]
+        if isinstance(first, SpanBatch):
+            batches = items  # type: ignore[assignment]
+        elif isinstance(first, SpanRow):
+            batches = [SpanBatch(rows=items, resource={}, pid=os.getpid())]  # type: ignore[arg-type]
+        elif isinstance(first, ReadableSpan):
+            batches = rows_from_readable_spans(items)  # type: ignore[arg-type]
+        else:
+            raise TypeError(
+                "Expected OpenTelemetry ReadableSpans, SpanRows or SpanBatches, but received "
+                f"{type(first).__name__}."
+            )
+    rows: list[SpanRow] = []
+    pids: list[int] = []
+    ranks: list[float] = []
+    counts: list[int] = []
+    for batch in batches:
+        if not isinstance(batch, SpanBatch):
+            raise TypeError(
+                f"Expected every item to be a SpanBatch, but received {type(batch).__name__}."
+            )
+        rows.extend(batch.rows)
+        rank = (batch.resource or {}).get("ppetrace.rank")
+        pids.append(int(batch.pid))
+        ranks.append(float(rank) if isinstance(rank, int) else np.nan)
+        counts.append(len(batch.rows))
+    if not rows:
+        return empty_frame()
+    n = len(rows)
+    trace_ids = list(map(_get(3), rows))
+    cache = {t: f"{t:032x}" for t in set(trace_ids)}
+    return _build(
+        list(map(_get(0), rows)),
+        np.fromiter(map(_get(1), rows), dtype=np.uint64, count=n),
+        np.fromiter(map(_get(2), rows), dtype=np.uint64, count=n),
+        list(map(cache.__getitem__, trace_ids)),
+        np.fromiter(map(_get(4), rows), dtype=np.int64, count=n),
+        np.fromiter(map(_get(5), rows), dtype=np.int64, count=n),
+        np.repeat(np.asarray(pids, dtype=np.int64), counts),
+        np.fromiter(map(_get(6), rows), dtype=np.int64, count=n),
+        np.repeat(np.asarray(ranks, dtype=float), counts),
+        list(map(_get(7), rows)),
+        list(map(_get(8), rows)),
+        list(map(_get(9), rows)),
+    )
+
+
+def _column(values: list[Any]) -> Any:
+    """A list of attribute values as a typed column."""
+    types = set(map(type, values))
+    has_none = _NONE in types
+    types.discard(_NONE)
+    if types == {int}:
+        try:
+            if has_none:
+                return pd.array(np.array(values, dtype=float), dtype="Int64")
+            return np.array(values, dtype=np.int64)
+        except (OverflowError, ValueError, TypeError):
+            return np.array(values, dtype=object)
+    if types and types <= {int, float}:
+        return np.array(values, dtype=float)
+    if types == {bool}:
+        return pd.array(values, dtype="boolean")
+    return np.array(values, dtype=object)
+
+
+def _values(attrs: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
+    try:
+        return list(map(dict.get, attrs, repeat(key)))  # type: ignore[arg-type]
+    except TypeError:  # a Mapping that is not a dict
+        return [a.get(key) for a in attrs]
+
+
+def _as_float(column: Any) -> np.ndarray:
+    """A numeric column as float64 with NaN for missing; raises TypeError otherwise."""
+    arr = pd.array(column) if not isinstance(column, np.ndarray) else column
+    if isinstance(arr, np.ndarray) and arr.dtype == object:
+        raise TypeError("not numeric")
+    return np.asarray(pd.to_numeric(pd.Series(arr), errors="raise"), dtype=float)
+
+
+def _parent_positions(span_ids: np.ndarray, parent_ids: np.ndarray, pids: np.ndarray) -> np.ndarray:
+    """For each row, the row position of its parent, or -1 (root, or parent not present)."""
+    index = pd.Index(span_ids)
+    if index.is_unique:
+        pos = index.get_indexer(parent_ids)
+    else:
+        multi = pd.MultiIndex.from_arrays([pids, span_ids])
+        if multi.is_unique:
+            pos = multi.get_indexer(pd.MultiIndex.from_arrays([pids, parent_ids]))
+        else:  # the same id twice in one process: the latest one wins
+            where: dict[tuple[int, int], int] = {}
+            for i, key in enumerate(zip(pids.tolist(), span_ids.tolist(), strict=True)):
+                where[key] = i
+            pos = np.array(
+                [
+                    where.get(key, -1)
+                    for key in zip(pids.tolist(), parent_ids.tolist(), strict=True)
+                ],
+                dtype=np.int64,
+            )
+    pos = np.asarray(pos, dtype=np.int64)
+    pos[parent_ids == 0] = -1
+    return pos
+
+
+def _depth(ppos: np.ndarray) -> np.ndarray:
+    n = len(ppos)
+    depth = np.zeros(n, dtype=np.int64)
+    cur = ppos.copy()
+    live = np.flatnonzero(cur >= 0)
+    steps = 0
+    while live.size and steps <= n:
+        depth[live] += 1
+        cur[live] = ppos[cur[live]]
+        live = live[cur[live] >= 0]
+        steps += 1
+    return depth
+
+
+def _inherit(values: np.ndarray, ppos: np.ndarray) -> np.ndarray:
+    """Fill NaN entries from the nearest ancestor that has a value."""
+    out = values.copy()
+    todo = np.flatnonzero(np.isnan(out) & (ppos >= 0))
+    anc = ppos[todo]
+    guard = 0
+    while todo.size and guard <= len(values):
+        got = values[anc]
+        found = ~np.isnan(got)
+        out[todo[found]] = got[found]
+        keep = ~found
+        todo = todo[keep]
+        anc = ppos[anc[keep]]
+        alive = anc >= 0
+        todo = todo[alive]
+        anc = anc[alive]
+        guard += 1
+    return out
+
+
+def _build(
+    names: Sequence[str],
+    span_ids: ArrayLike,
+    parent_ids: ArrayLike,
+    trace_ids: Sequence[str | None],
+    starts: ArrayLike,
+    ends: ArrayLike,
+    pids: ArrayLike,
+    tids: ArrayLike,
+    ranks: ArrayLike,
+    attrs: Sequence[Mapping[str, Any]],
+    statuses: Sequence[str],
+    errors: Sequence[str],
+    *,
+    skip: frozenset[str] = frozenset(),
+) -> pd.DataFrame:
+    """The frame from column-wise inputs (shared by the span and the file readers).
+
+    Attribute keys in ``skip`` are ignored (the reserved ``args`` of a Chrome event).
+    """
+    n = len(names)
+    sid = np.array(span_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    par = np.array(parent_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    start = np.array(starts, dtype=np.int64) if n else np.zeros(0, np.int64)
+    end = np.array(ends, dtype=np.int64) if n else np.zeros(0, np.int64)
+    tid = np.array(tids, dtype=np.int64) if n else np.zeros(0, np.int64)
+    pid = np.asarray(pids, dtype=np.int64)
+    dur = end - start
+    ppos = _parent_positions(sid, par, pid) if n else np.zeros(0, np.int64)
+    has_parent = ppos >= 0
+    safe = np.where(has_parent, ppos, 0)
+    same_thread = has_parent & (tid[safe] == tid) & (pid[safe] == pid)
+    child = np.zeros(n, dtype=np.int64)
+    np.add.at(child, ppos[same_thread], dur[same_thread])
+    columns: dict[str, Any] = {
+        "name": np.array(names, dtype=object),
+        "span_id": sid,
+        "parent_id": par,
+        "trace_id": np.array(trace_ids, dtype=object),
+        "start_ns": start,
+        "end_ns": end,
+        "dur_ns": dur,
+        "self_ns": dur - child,
+        "depth": _depth(ppos),
+        "pid": pid,
+        "tid": tid,
+    }
+    try:
+        keys = sorted(set().union(*attrs).difference(skip))
+    except TypeError:  # keys that are not all strings
+        keys = [k for k in dict.fromkeys(chain.from_iterable(attrs)) if k not in skip]
+    extra: dict[str, Any] = {}
+    standard: dict[str, Any] = {}
+    for key in keys:
+        col = _column(_values(attrs, key))
+        target = RENAMED_ATTRIBUTES.get(key)
+        if target is None:
+            extra[key] = col
+        else:
+            standard[target] = col
+    # rank: the span's own attribute, else the process's
+    rank = np.asarray(ranks, dtype=float)
+    if "rank" in standard:
+        try:
+            own = _as_float(standard["rank"])
+            rank = np.where(np.isnan(own), rank, own)
+        except (TypeError, ValueError):
+            pass
+    standard["rank"] = rank
+    for col in _INT_COLUMNS:
+        values = standard.get(col)
+        if values is None:
+            arr = np.full(n, np.nan)
+        else:
+            try:
+                arr = _as_float(values)
+            except (TypeError, ValueError):
+                columns[col] = values  # not numbers: kept as they are
+                continue
+        if col in _INHERITED:
+            arr = _inherit(arr, ppos)
+        columns[col] = pd.array(arr, dtype="Int64")
+    columns["stage"] = standard.get("stage", np.full(n, None, dtype=object))
+    columns["status"] = np.array(statuses, dtype=object)
+    columns["error"] = np.array(errors, dtype=object)
+    dev = standard.get("device_dur_ns")
+    if dev is None:
+        columns["device_dur_ns"] = np.full(n, np.nan)
+    else:
+        try:
+            columns["device_dur_ns"] = _as_float(dev)
+        except (TypeError, ValueError):
+            columns["device_dur_ns"] = dev
+    ordered = {c: columns[c] for c in COLUMNS}
+    for key in sorted(extra):
+        name = key if key not in ordered else f"attr.{key}"
+        ordered[name] = extra[key]
+    return pd.DataFrame(ordered, index=pd.RangeIndex(n), copy=False)
+
+
+# -- from Chrome trace events -----------------------------------------------------
+
+_RANK_RE = re.compile(r"\brank (\d+)\b")
+
+
+def _rank_by_pid(
+    events: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any]
+) -> dict[int, int]:
+    ranks: dict[int, int] = {}
+    pid, rank = metadata.get("pid"), metadata.get("rank")
+    if isinstance(pid, int) and isinstance(rank, int):
+        ranks[pid] = rank
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            args = e.get("args")
+            p = e.get("pid")
+            if isinstance(args, dict) and isinstance(p, int):
+                m = _RANK_RE.search(str(args.get("name", "")))
+                if m is not None:
+                    ranks[p] = int(m.group(1))
+    processes = metadata.get("processes")
+    if isinstance(processes, Mapping):
+        for key, info in processes.items():
+            if isinstance(info, Mapping) and isinstance(info.get("rank"), int):
+                try:
+                    ranks[int(key)] = int(info["rank"])
+                except ValueError:
+                    continue
+    return ranks
+
+
+def _complete_events(
+    events: Sequence[Mapping[str, Any]], phases: list[Any]
+) -> list[Mapping[str, Any]]:
+    """``X`` events plus ``X`` equivalents of matched ``B``/``E`` pairs."""
+    out: list[Mapping[str, Any]] = list(compress(events, [p == "X" for p in phases]))
+    if "B" not in phases:
+        return out
+    stacks: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
+    for e in events:
+        ph = e.get("ph")
+        if ph == "B":
+            stacks.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        elif ph == "E":
+            stack = stacks.get((e.get("pid"), e.get("tid")))
+            if stack:
+                begin = stack.pop()
+                args = dict(begin.get("args") or {})
+                args.update(e.get("args") or {})
+                try:
+                    dur = float(e["ts"]) - float(begin["ts"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                out.append({**begin, "ph": "X", "dur": dur, "args": args})
+    return out
+
+
+def _ns(values: np.ndarray) -> np.ndarray:
+    """µs values read from JSON as exact integer ns (``round(x * 1000)``)."""
+    return np.rint(values * 1000.0).astype(np.int64)
+
+
+def _ints(values: list[Any]) -> np.ndarray:
+    """Integer ids (pid, tid); anything that is not an int becomes 0."""
+    if set(map(type, values)) <= {int}:
+        return np.array(values, dtype=np.int64)
+    return np.array([v if type(v) is int else 0 for v in values], dtype=np.int64)
+
+
+def _hex_ids(values: list[Any]) -> np.ndarray:
+    """Span ids written as 16 hex digits (ints pass through); raises ValueError if invalid."""
+    if not values:
+        return np.zeros(0, dtype=np.uint64)
+    if set(map(type, values)) == {str} and set(map(len, values)) == {16}:
+        try:
+            return np.frombuffer(bytes.fromhex("".join(values)), dtype=">u8").astype(np.uint64)
+        except ValueError:
+            pass
+    out = []
+    for v in values:
+        if isinstance(v, int):
+            out.append(v)
+        elif v is None:
+            out.append(0)
+        else:
+            out.append(int(str(v), 16))
+    return np.array(out, dtype=np.uint64)
+
+
+def _strs(values: list[Any]) -> list[Any]:
+    return values if set(map(type, values)) <= {str} else [str(v) for v in values]
+
+
+_get_ph = methodcaller("get", "ph")
+_get_args = methodcaller("get", "args")
+_get_ts = methodcaller("get", "ts")
+_get_dur = methodcaller("get", "dur", 0)
+_get_name = methodcaller("get", "name", "")
+_get_pid = methodcaller("get", "pid", 0)
+_get_tid = methodcaller("get", "tid", 0)
+_get_span_id = methodcaller("get", "span_id")
+_get_parent_id = methodcaller("get", "parent_id")
+_get_status = methodcaller("get", "status", "UNSET")
+_get_error = methodcaller("get", "error", "")
+_has_span_id = methodcaller("__contains__", "span_id")
+#: ``args`` keys that are not attributes (an attribute of that name is ``attr.<name>``).
+RESERVED_ARGS = frozenset({"span_id", "parent_id", "status", "error"})
+
+
+def frame_from_chrome_events(
+    events: Sequence[Mapping[str, Any]], origin_ns: int, metadata: Mapping[str, Any]
+) -> pd.DataFrame:
+    """The spans among Chrome trace events as a frame (see :func:`exporters.read_chrome_trace`)."""
+    phases = list(map(_get_ph, events))
+    meta_events = list(compress(events, [p == "M" for p in phases]))
+    xs = _complete_events(events, phases)
+    args = list(map(_get_args, xs))
+    if set(map(type, args)) != {dict}:
+        args = [a if isinstance(a, dict) else {} for a in args]
+    has_id = list(map(_has_span_id, args))
+    with_ids = any(has_id)
+    if with_ids and not all(has_id):  # only spans; other tools' events are not
+        xs = list(compress(xs, has_id))
+        args = list(compress(args, has_id))
+    ts = list(map(_get_ts, xs))
+    if not set(map(type, ts)) <= {int, float}:
+        ok = [type(t) in (int, float) for t in ts]
+        xs, args, ts = list(compress(xs, ok)), list(compress(args, ok)), list(compress(ts, ok))
+    n = len(xs)
+    if n == 0:
+        return empty_frame()
+    start = _ns(np.array(ts, dtype=float)) + origin_ns
+    durs = list(map(_get_dur, xs))
+    if not set(map(type, durs)) <= {int, float}:
+        durs = [d if type(d) in (int, float) else 0 for d in durs]
+    dur = np.maximum(_ns(np.array(durs, dtype=float)), 0)
+    pids = _ints(list(map(_get_pid, xs)))
+    tids = _ints(list(map(_get_tid, xs)))
+    span_ids: ArrayLike
+    parent_ids: ArrayLike
+    try:
+        if not with_ids:
+            raise ValueError("no ids")
+        span_ids = _hex_ids(list(map(_get_span_id, args)))
+        parent_ids = _hex_ids(list(map(_get_parent_id, args)))
+    except ValueError:
+        span_ids, parent_ids = _infer_parents(start, dur, pids, tids)
+    rank_of = _rank_by_pid(meta_events, metadata)
+    ranks = pd.Series(pids).map(rank_of).to_numpy(dtype=float)
+    trace_id = metadata.get("trace_id")
+    trace_ids = [trace_id if isinstance(trace_id, str) else None] * n
+    return _build(
+        _strs(list(map(_get_name, xs))),
+        span_ids,
+        parent_ids,
+        trace_ids,
+        start,
+        start + dur,
+        pids,
+        tids,
+        ranks,
+        args,
+        _strs(list(map(_get_status, args))),
+        _strs(list(map(_get_error, args))),
+        skip=RESERVED_ARGS,
+    )
+
+
+def _infer_parents(
+    start: np.ndarray, dur: np.ndarray, pids: np.ndarray, tids: ArrayLike
+) -> tuple[list[int], list[int]]:
+    """Ids 1..n and parents from nesting on each thread (events without span ids)."""
+    n = len(start)
+    tid = np.asarray(tids, dtype=np.int64)
+    order = np.lexsort((-dur, start, tid, pids))
+    span_ids = list(range(1, n + 1))
+    parents = [0] * n
+    stack: list[tuple[int, int]] = []  # (end, row)
+    key: tuple[int, int] | None = None
+    s_list, e_list = start.tolist(), (start + dur).tolist()
+    p_list, t_list = pids.tolist(), tid.tolist()
+    for i in order.tolist():
+        k = (p_list[i], t_list[i])
+        if k != key:
+            stack = []
+            key = k
+        while stack and stack[-1][0] <= s_list[i]:
+            stack.pop()
+        if stack and e_list[i] <= stack[-1][0]:
+            parents[i] = stack[-1][1] + 1
+        stack.append((e_list[i], i))
+    return span_ids, parents

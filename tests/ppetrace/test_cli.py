@@ -1,0 +1,225 @@
+"""The ppetrace command line: report, compare, merge, exit codes and bad-input messages."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporters import ChromeTraceExporter, SpanBatch, SpanRow, read_chrome_trace
+from ppetrace import __version__
+from ppetrace.cli import main, parse_threshold
+
+T0 = 1_700_000_000_000_000_000
+
+
+def write_run(
+    path: Path,
+    step_ns: Sequence[int],
+    *,
+    name: str = "trainer.step",
+    pid: int = 1234,
+    rank: int = 0,
+) -> Path:
+    """A trace of ``len(step_ns)`` steps, each with a fetch and a backward, exact times."""
+    rows: list[SpanRow] = []
+    t, sid = T0, 100
+    for i, dur in enumerate(step_ns):
+        sid += 1
+        rows.append(SpanRow("trainer.fetch_batch", sid, 1, 7, t, t + 200, 1, {}))
+        t += 300
+        sid += 1
+        rows.append(
+            SpanRow(name, sid, 1, 7, t, t + dur, 1, {"ppetrace.step": i, "ppetrace.batch_size": 8})
+        )
+        rows.append(SpanRow("trainer.backward", sid + 1000, sid, 7, t + 5, t + 5 + dur // 2, 1, {}))
+        t += dur
+    rows.append(SpanRow("trainer.epoch", 1, 0, 7, T0 - 10, t + 10, 1, {"ppetrace.epoch": 0}))
+    rows.sort(key=lambda r: r.start_ns)
+    exporter = ChromeTraceExporter(path)
+    exporter.export_batch(SpanBatch(rows, {"service.name": "cli", "ppetrace.rank": rank}, pid))
+    exporter.shutdown()
+    return path
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _steps(seed: int, median: float, n: int = 25) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.lognormal(np.log(median), 0.05, n)]
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    return write_run(tmp_path / "base.json", _steps(1, 1_000_000))
+
+
+def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"ppetrace {__version__}"
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert all(cmd in text for cmd in ("report", "compare", "merge"))
+    assert main(["compare", "--help"]) == 0
+    assert "--threshold" in capsys.readouterr().out
+
+
+def test_report_prints_the_tables(base: Path) -> None:
+    code, out, err = run("report", str(base))
+    assert code == 0 and err == ""
+    assert "24 steps (1 warmup step excluded; warmup_steps=1)" in out
+    assert "trainer.backward" in out and "samples/s" in out
+    code, out, _ = run("report", str(base), "--warmup", "0", "--top", "2")
+    assert "25 steps" in out and "more events not shown" in out
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "json"])
+def test_report_formats_carry_the_numbers(base: Path, tmp_path: Path, fmt: str) -> None:
+    out_file = tmp_path / f"report.{fmt}"
+    code, out, _ = run("report", str(base), "--format", fmt, "--output", str(out_file))
+    assert code == 0 and out == ""
+    text = out_file.read_text()
+    steps = _steps(1, 1_000_000)[1:]
+    if fmt == "json":
+        events = {e["event"]: e for e in json.loads(text)["events"]}
+        assert events["trainer.step"]["total_ns"] == sum(steps)
+        assert events["trainer.step"]["count"] == 24
+    elif fmt == "csv":
+        line = next(x for x in text.splitlines() if x.startswith("trainer.step,"))
+        assert line.split(",")[1:3] == ["24", str(sum(steps))]
+    else:
+        assert "| trainer.step | 24 |" in text
+
+
+def test_compare_same_run_exits_0(base: Path) -> None:
+    code, out, err = run("compare", str(base), str(base))
+    assert code == 0, err
+    assert "0 regressions" in out
+
+
+def test_compare_a_slower_run_exits_1_with_a_markdown_comment(base: Path, tmp_path: Path) -> None:
+    slow = write_run(tmp_path / "slow.json", _steps(2, 1_300_000))
+    report = tmp_path / "comment.md"
+    code, out, err = run("compare", str(base), str(slow), "--format", "md", "--output", str(report))
+    assert code == 1
+    assert out == "" and "significant regression" in err
+    md = report.read_text()
+    assert md.startswith("### ppetrace compare: ❌")
+    assert "| trainer.step |" in md and "❌ regression" in md
+    # the same slowdown under a 50% threshold is not a regression
+    code, _, _ = run("compare", str(base), str(slow), "--threshold", "50%")
+    assert code == 0
+    code, out, _ = run("compare", str(base), str(slow), "--format", "json")
+    assert code == 1
+    assert sorted(json.loads(out)["regressions"]) == ["trainer.backward", "trainer.step"]
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_bad_inputs_exit_2_with_one_line(base: Path, tmp_path: Path) -> None:
+    not_json = tmp_path / "notes.json"
+    not_json.write_text("these are notes\n")
+    not_trace = tmp_path / "config.json"
+    not_trace.write_text('{"lr": 0.1}')
+    other = write_run(tmp_path / "other.json", [1_000] * 5, name="user.other")
+    cases = {
+        ("report", str(tmp_path / "missing.json")): "no such file",
+        ("report", str(not_json)): "the file is not JSON",
+        ("report", str(not_trace)): "'traceEvents' list), but its keys are ['lr']",
+        ("compare", str(base), str(not_trace)): "'traceEvents' list",
+        ("compare", str(base), str(base), "--threshold", "5"): "Expected a percentage",
+        ("compare", str(base), str(base), "--threshold", "fast"): "Expected a percentage",
+        ("compare", str(base), str(base), "--alpha", "2"): "probability between 0 and 1",
+        ("report", str(base), "--top", "0"): "positive integer for --top",
+        ("report", str(base), "--format", "xml"): "invalid choice",
+        ("report",): "required: TRACE",
+        ("merge", str(tmp_path / "m.json"), str(tmp_path / "missing.json")): "no such file",
+        ("frobnicate",): "invalid choice",
+    }
+    for argv, message in cases.items():
+        code, _, err = run(*argv)
+        assert code == 2, argv
+        assert message in _one_error_line(err), (argv, err)
+    # two runs with no event in common (other only has user.other + fetch/backward/epoch)
+    lonely = tmp_path / "lonely.json"
+    exporter = ChromeTraceExporter(lonely)
+    exporter.export_batch(SpanBatch([SpanRow("user.alone", 5, 0, 1, T0, T0 + 10, 1, {})]))
+    exporter.shutdown()
+    code, _, err = run("compare", str(other), str(lonely))
+    assert code == 2
+    assert "at least one event in common" in _one_error_line(err)
+
+
+def test_a_truncated_trace_is_read_with_a_warning(base: Path, tmp_path: Path) -> None:
+    data = base.read_bytes()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    code, out, err = run("report", str(cut))
+    assert code == 0
+    assert "warning" in _one_error_line(err) and "cut off" in err
+    assert "trainer.step" in out
+    header_only = tmp_path / "header.json"
+    header_only.write_bytes(data[:150])
+    code, _, err = run("report", str(header_only))
+    assert code == 2 and "cut off" in _one_error_line(err)
+
+
+def test_merge_writes_one_timeline(base: Path, tmp_path: Path) -> None:
+    second = write_run(tmp_path / "rank1.json", [2_000] * 3, rank=1)  # same pid 1234
+    out_file = tmp_path / "merged.json"
+    code, out, err = run("merge", str(out_file), str(base), str(second))
+    assert code == 0, err
+    assert out.startswith("Merged 2 traces") and "2 processes" in out
+    frame = read_chrome_trace(out_file)
+    assert sorted(set(frame["pid"])) == [1234, 1235]
+    assert sorted(set(frame["rank"])) == [0, 1]
+
+
+def test_threshold_parsing() -> None:
+    assert parse_threshold("5%") == pytest.approx(0.05)
+    assert parse_threshold(" 12.5% ") == pytest.approx(0.125)
+    assert parse_threshold("0.05") == pytest.approx(0.05)
+    for bad in ("5", "abc", "-5%", "2000%", "nan%"):
+        with pytest.raises(ValueError, match="Expected a"):
+            parse_threshold(bad)
+
+
+def test_python_m_ppetrace_runs_without_importing_torch(base: Path) -> None:
+    version = subprocess.run(
+        [sys.executable, "-m", "ppetrace", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert version.returncode == 0 and version.stdout.strip() == f"ppetrace {__version__}"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from ppetrace.cli import main
+        code = main(["compare", {str(base)!r}, {str(base)!r}, "--format", "md"])
+        print("torch" in sys.modules, code, file=sys.stderr)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "False 0"
+    assert "### ppetrace compare" in result.stdout
