@@ -12,9 +12,11 @@ processor is installed, into SDK ``ReadableSpan`` objects.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import traceback
@@ -23,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -31,6 +33,20 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 from exporters._spans import SpanBatch, SpanRow
+
+
+def _load_speedups() -> Any:
+    """The C hot path, or None (not built, not Linux, or ``PPETRACE_PURE_PYTHON`` set)."""
+    if os.environ.get("PPETRACE_PURE_PYTHON") or not sys.platform.startswith("linux"):
+        # the C clock is CLOCK_MONOTONIC, which is perf_counter_ns on Linux only
+        return None
+    try:
+        return importlib.import_module("ppetrace._speedups")
+    except ImportError:
+        return None
+
+
+_speedups: Any = _load_speedups()
 
 _log = logging.getLogger("ppetrace")
 
@@ -69,7 +85,7 @@ class _ThreadBuffer:
 
     def __init__(self) -> None:
         t = threading.current_thread()
-        self.records: list[Span] = []
+        self.records: list[SpanRow] = []
         self.thread = weakref.ref(t)
         self.tid = threading.get_native_id()
         self.name = t.name
@@ -99,12 +115,15 @@ class Recorder:
         self.capacity = 65_536
         self.trace_id = random.getrandbits(128) or 1
         # span ids: a random 64-bit start, then a counter (next() is atomic)
-        self._ids = iter(range(random.getrandbits(62) + 1, 1 << 64))
+        first_id = random.getrandbits(62) + 1
+        self._ids = iter(range(first_id, 1 << 64))
+        # span clock (perf_counter_ns) -> epoch ns
+        self.offset_ns = time.time_ns() - _perf_ns()
+        if _speedups is not None:
+            _speedups.set_state(True, self.capacity, self.trace_id, first_id, self.offset_ns)
         self._buffers: list[_ThreadBuffer] = []
         self._buffers_lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        # perf_counter_ns -> epoch ns
-        self.offset_ns = time.time_ns() - _perf_ns()
         self.pid = os.getpid()
         self.sinks: list[Any] = []  # objects with export_batch(SpanBatch)
         self.otel_sinks: list[Any] = []  # SpanExporter objects fed ReadableSpans
@@ -121,30 +140,47 @@ class Recorder:
         self.flushes = 0
         self.export_errors = 0
 
+    def apply(self) -> None:
+        """Push ``enabled``, ``capacity`` and ``trace_id`` to the C hot path, if built."""
+        if _speedups is not None:
+            _speedups.set_state(self.enabled, self.capacity, self.trace_id, 0, self.offset_ns)
+
     # -- buffers -------------------------------------------------------------
 
-    def _new_buffer(self) -> _ThreadBuffer:
+    def _new_buffer_object(self) -> _ThreadBuffer:
+        """Register a buffer for the calling thread and return it."""
         hook = self.on_first_use
         if hook is not None:
             self.on_first_use = None
             hook()
         buf = _ThreadBuffer()
-        _tls.records = buf.records
         with self._buffers_lock:
             self._buffers.append(buf)
         return buf
 
-    def on_full(self) -> None:
-        """The calling thread's buffer is full: flush now, or drop if a flush is running."""
+    def _new_buffer(self) -> list[SpanRow]:
+        """Register a buffer for the calling thread and return its record list (C path)."""
+        return self._new_buffer_object().records
+
+    def on_full(self, records: list[SpanRow]) -> None:
+        """A thread's buffer is full: flush now, or drop if a flush is running."""
         if self._flush_lock.acquire(blocking=False):
             try:
                 self._flush_locked()
             finally:
                 self._flush_lock.release()
         else:
-            records = _tls.records
             self.dropped += len(records)
             del records[:]
+
+    def discard_buffered(self) -> int:
+        """Drop every buffered span without exporting it; returns how many (benchmarks)."""
+        n = 0
+        with self._buffers_lock:
+            for buf in self._buffers:
+                n += len(buf.records)
+                del buf.records[:]
+        return n
 
     def buffered(self) -> int:
         with self._buffers_lock:
@@ -157,7 +193,7 @@ class Recorder:
         with self._flush_lock:
             self._flush_locked()
 
-    def _drain(self) -> Iterator[tuple[_ThreadBuffer, list[Span]]]:
+    def _drain(self) -> Iterator[tuple[_ThreadBuffer, list[SpanRow]]]:
         with self._buffers_lock:
             buffers = list(self._buffers)
         dead = []
@@ -188,31 +224,9 @@ class Recorder:
                 _log.exception("ppetrace: before-flush hook %r failed", hook)
         rows: list[SpanRow] = []
         thread_names: dict[int, str] = {}
-        offset = self.offset_ns
         for buf, records in self._drain():
             thread_names[buf.tid] = buf.name
-            tid = buf.tid
-            append = rows.append
-            for sp in records:
-                arg = sp.arg
-                err = sp.error
-                append(
-                    _tuple_new(
-                        SpanRow,
-                        (
-                            sp.name,
-                            sp.span_id,
-                            sp.parent_id,
-                            sp.trace_id,
-                            sp.start_ns + offset,
-                            sp.end_ns + offset,
-                            tid,
-                            arg if type(arg) is dict else _attributes(arg),
-                            "UNSET" if err is None else "ERROR",
-                            err or "",
-                        ),
-                    )
-                )
+            rows.extend(records)
         if not rows:
             return
         self.flushes += 1
@@ -263,6 +277,8 @@ class Recorder:
         """In a forked child: forget the parent's buffers and exporters."""
         global _tls
         _tls = threading.local()
+        if _speedups is not None:
+            _speedups.forget_thread_buffer()
         self._buffers = []
         self._buffers_lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -310,7 +326,7 @@ def _error_text(exc: BaseException) -> str:
 RECORDER = Recorder()
 
 
-class Span(otel_trace.NonRecordingSpan):
+class _SpanAPI:
     """Record the enclosed block as an OpenTelemetry span named ``event_name``.
 
     This class is ``ppetrace.trace``. Use it as ``with ppetrace.trace("name",
@@ -331,6 +347,57 @@ class Span(otel_trace.NonRecordingSpan):
     leaving it does nothing.
     """
 
+    __slots__ = ()
+    name: str
+    arg: Any
+    span_id: int
+    trace_id: int
+    parent_id: int
+    start_ns: int
+    end_ns: int
+    error: str | None
+
+    if TYPE_CHECKING:  # implemented by PySpan in Python and by CSpan in C
+
+        def __init__(self, event_name: str, arg: Any = None) -> None: ...
+
+        def __enter__(self) -> _SpanAPI: ...
+
+        def __exit__(
+            self,
+            exc_type: type[BaseException] | None,
+            exc: BaseException | None,
+            tb: TracebackType | None,
+        ) -> None: ...
+
+    # -- the OpenTelemetry side ------------------------------------------------
+
+    def get_span_context(self) -> otel_trace.SpanContext:
+        # built on request only: the hot path never pays for a SpanContext
+        return otel_trace.SpanContext(
+            self.trace_id, self.span_id, is_remote=False, trace_flags=_SAMPLED
+        )
+
+    def __repr__(self) -> str:
+        return f"ppetrace.Span({self.name!r})"
+
+    def __call__(self, func: F) -> F:
+        name, arg = self.name, self.arg
+
+        @functools.wraps(func)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with trace(name, arg):
+                return func(*args, **kwargs)
+
+        return traced  # type: ignore[return-value]
+
+
+class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
+    """The pure-Python hot path of :class:`Span` (the reference implementation).
+
+    ``ppetrace._speedups`` does the same in C; :data:`Span` is whichever is in use.
+    """
+
     __slots__ = (
         "name",
         "arg",
@@ -341,44 +408,16 @@ class Span(otel_trace.NonRecordingSpan):
         "end_ns",
         "error",
         "_token",
-        "_sc",
     )
-    name: str
-    arg: Any
-    span_id: int
-    trace_id: int
-    parent_id: int
-    start_ns: int
-    end_ns: int
-    error: str | None
     _token: Any
-    _sc: otel_trace.SpanContext
 
     def __init__(self, event_name: str, arg: Any = None) -> None:  # no super(): lazy context
         self.name = event_name
         self.arg = arg if type(arg) in _KEEP_ARG else _describe(arg)
 
-    # -- the OpenTelemetry side ------------------------------------------------
-
-    def get_span_context(self) -> otel_trace.SpanContext:
-        try:
-            return self._sc
-        except AttributeError:
-            sc = self._sc = otel_trace.SpanContext(
-                self.trace_id, self.span_id, is_remote=False, trace_flags=_SAMPLED
-            )
-            return sc
-
-    @property
-    def _context(self) -> otel_trace.SpanContext:  # type: ignore[override]
-        return self.get_span_context()
-
-    def __repr__(self) -> str:
-        return f"ppetrace.Span({self.name!r})"
-
     # -- the hot path ------------------------------------------------------------
 
-    def __enter__(self) -> Span:
+    def __enter__(self) -> PySpan:
         rec = RECORDER
         if not rec.enabled:
             self._token = None
@@ -388,7 +427,7 @@ class Span(otel_trace.NonRecordingSpan):
         if parent is None:
             self.trace_id = rec.trace_id
             self.parent_id = 0
-        elif type(parent) is Span:
+        elif type(parent) is PySpan:
             self.trace_id = parent.trace_id
             self.parent_id = parent.span_id
         else:
@@ -418,6 +457,7 @@ class Span(otel_trace.NonRecordingSpan):
         if token is None:  # tracing was disabled when the block started
             return
         end = _perf_ns()
+        self._token = None
         try:  # noqa: SIM105 - contextlib.suppress costs more on this hot path
             _reset_ctx(token)
         except ValueError:
@@ -425,29 +465,82 @@ class Span(otel_trace.NonRecordingSpan):
             # resumed elsewhere); the span is still recorded.
             pass
         self.end_ns = end
-        self.error = None if exc is None else _error_text(exc)
-        # The finished span itself is the record: no tuple is built here.
+        arg = self.arg
+        offset = RECORDER.offset_ns
         try:
-            records = _tls.records
+            buf = _tls.buf
         except AttributeError:
-            records = RECORDER._new_buffer().records
-        records.append(self)
+            buf = _tls.buf = RECORDER._new_buffer_object()
+        records = buf.records
+        if exc is None:
+            self.error = None
+            row = (
+                self.name,
+                self.span_id,
+                self.parent_id,
+                self.trace_id,
+                self.start_ns + offset,
+                end + offset,
+                buf.tid,
+                arg if type(arg) is dict else _attributes(arg),
+                "UNSET",
+                "",
+            )
+        else:
+            self.error = text = _error_text(exc)
+            row = (
+                self.name,
+                self.span_id,
+                self.parent_id,
+                self.trace_id,
+                self.start_ns + offset,
+                end + offset,
+                buf.tid,
+                arg if type(arg) is dict else _attributes(arg),
+                "ERROR",
+                text,
+            )
+        # the finished span becomes an exporters.SpanRow right here
+        records.append(_tuple_new(SpanRow, row))
         if len(records) >= RECORDER.capacity:
-            RECORDER.on_full()
+            RECORDER.on_full(records)
 
-    def __call__(self, func: F) -> F:
-        name, arg = self.name, self.arg
 
-        @functools.wraps(func)
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            with trace(name, arg):
-                return func(*args, **kwargs)
+def _foreign_parent(parent: Any) -> tuple[int, int] | None:
+    """(trace id, span id) of a parent span that ppetrace did not create."""
+    sc = parent.get_span_context()
+    return (sc.trace_id, sc.span_id) if sc.is_valid else None
 
-        return traced  # type: ignore[return-value]
 
+if _speedups is not None and _CTXVAR is not None:
+
+    class CSpan(_SpanAPI, _speedups.SpanBase, otel_trace.NonRecordingSpan):  # type: ignore[misc]
+        """:class:`Span` with its hot path (``__init__``, ``__enter__``, ``__exit__``) in C."""
+
+        __slots__ = ()
+
+    _speedups.install(
+        _CTXVAR,
+        _SPAN_KEY,
+        "ppetrace.records",
+        RECORDER._new_buffer,
+        RECORDER.on_full,
+        _foreign_parent,
+        _describe,
+        _error_text,
+        SpanRow,
+        _attributes,
+        _EMPTY,
+    )
+    Span: type[_SpanAPI] = CSpan
+else:
+    _speedups = None
+    Span = PySpan
 
 trace = Span
-"""``ppetrace.trace(event_name, arg=None)``: see :class:`Span`."""
+"""``ppetrace.trace(event_name, arg=None)``: see :class:`_SpanAPI` (the C or the
+pure-Python implementation, whichever is in use; ``IMPLEMENTATION`` says which)."""
+IMPLEMENTATION = "c" if _speedups is not None else "python"
 
 
 def _after_fork_in_child() -> None:

@@ -188,6 +188,7 @@ def configure(
         RECORDER.processor = processor if _has_processors(processor) else None
         RECORDER.capacity = buffer_spans
         RECORDER.enabled = bool(enabled)
+        RECORDER.apply()
         RECORDER.sinks = []
         RECORDER.otel_sinks = []
         for exporter in exporters:

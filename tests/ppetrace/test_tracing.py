@@ -131,9 +131,11 @@ def test_current_otel_span_is_the_block_and_user_spans_are_children(
         current = otel_trace.get_current_span()
         inside_id = current.get_span_context().span_id
         assert current.get_span_context().is_valid
-        with user_tracer.start_as_current_span("user.span") as user_span:
-            with ppetrace.trace("under.user"):
-                pass
+        with (
+            user_tracer.start_as_current_span("user.span") as user_span,
+            ppetrace.trace("under.user"),
+        ):
+            pass
     assert inside_id == block.span_id
     ppetrace.flush()
     spans = by_name(span_exporter.get_finished_spans())
@@ -348,7 +350,7 @@ def test_configure_rejects_bad_arguments() -> None:
         ValueError, match="Expected a positive int for buffer_spans, but received 0"
     ):
         ppetrace.configure(buffer_spans=0)
-    with pytest.raises(TypeError, match="Expected an opentelemetry.sdk.trace.TracerProvider"):
+    with pytest.raises(TypeError, match=r"Expected an opentelemetry\.sdk\.trace\.TracerProvider"):
         ppetrace.configure(tracer_provider=object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Expected an exporter with export_batch"):
         ppetrace.configure(exporters=[object()])
