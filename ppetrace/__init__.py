@@ -13,11 +13,11 @@ from ._tracing import bind_context, configure, flush, shutdown, stats, trace
 from ._version import __version__
 
 if TYPE_CHECKING:
+    from ._checkpoint import CheckpointError
     from ._codeblock import CodeBlock, forward, map, update_parameters
     from ._evaluator import Evaluator
     from ._registry import runtime_of, runtime_registry, to
     from ._runtime import BaseRuntime, PyTorchRuntime
-    from ._checkpoint import CheckpointError
     from ._trainer import StepProfiler, Trainer
     from .module_interface import CallbackInterface, ModuleInterface, Stage
     from .network import AbstractPyTorchNetwork, DataParallelPyTorchNetwork, scale_loss

@@ -66,6 +66,7 @@ from ._recorder import RECORDER, trace
 from ._registry import make_runtime, to
 from ._runtime import BaseRuntime, call_hook
 from .module_interface import Stage
+from .profilers import SpanWrapper
 
 __all__ = ["StepProfiler", "Trainer"]
 
@@ -166,6 +167,10 @@ class _Run:
         #: opens the spans of device work (trainer.step, module.train_step, trainer.backward,
         #: trainer.optimizer_step); a profiler may replace it with a drop-in for ``trace``
         self.open_span: Callable[[str, Any], contextlib.AbstractContextManager[Any]] = trace
+        for prof in trainer.profilers:
+            if isinstance(prof, SpanWrapper):  # e.g. profilers.CudaTimer: device time
+                self.open_span = self.evaluator.open_span = prof.span
+                break
 
     def attrs_now(self) -> dict[str, Any]:
         """Span attributes for the current counters (epoch-level spans)."""

@@ -1,0 +1,229 @@
+"""Pyinstrument: the sampled-stack track on the spans' clock, its files and top_functions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ppetrace
+from exporters.chrome import ChromeTraceExporter, load_chrome_trace
+from ppetrace.profilers import Pyinstrument, Schedule
+from ppetrace.profilers._base import PYTHON_TID
+from ppetrace.profilers._pyinstrument import TOP_FUNCTION_COLUMNS, stack_events
+
+
+def _id(func: str, file: str = "/src/m.py", line: int = 1, at: int | None = None) -> str:
+    ident = f"{func}\x00{file}\x00{line}"
+    return ident if at is None else f"{ident}\x01l{at}"
+
+
+THREAD = "MainThread\x00<thread>\x00123"
+
+
+def test_stack_events_nest_merge_shared_prefixes_and_use_the_anchor() -> None:
+    a, b, c = _id("main"), _id("step", line=10), _id("inner", line=20)
+    records = [
+        ([THREAD, _id("main", at=5), b, c], 0.001),  # 1000..2000 ns: main > step > inner
+        ([THREAD, a, _id("step", line=10, at=12)], 0.002),  # 2000..4000: main > step
+        ([THREAD, a], 0.0005),  # 4000..4500: main
+    ]
+    anchor = 1_000_000_000_000
+    events = stack_events(
+        [(list(s), dt * 1e-3) for s, dt in records],  # scale: dt in ms -> µs granularity
+        anchor,
+        start_ns=anchor,
+        end_ns=anchor + 10_000,
+    )
+    got = [(e["name"], e["ts_ns"] - anchor, e["dur_ns"]) for e in events]
+    # "line" attributes (\x01l5) do not split a frame; the thread frame is dropped
+    assert got == [("main", 0, 3500), ("step", 0, 3000), ("inner", 0, 1000)]
+    assert {e["tid"] for e in events} == {PYTHON_TID}
+    assert events[0]["args"] == {"file": "/src/m.py", "line": 1}
+    assert {e["ph"] for e in events} == {"X"}
+
+
+def test_stack_events_are_clipped_to_the_window_and_split_at_a_changed_frame() -> None:
+    anchor = 5_000
+    records = [
+        ([_id("f"), _id("g")], 2e-6),  # 5000..7000, clipped to start at 6000
+        ([_id("f"), _id("h")], 2e-6),  # 7000..9000, clipped to end at 8000
+    ]
+    events = stack_events(records, anchor, start_ns=6_000, end_ns=8_000)
+    got = sorted((e["name"], e["ts_ns"], e["dur_ns"]) for e in events)
+    assert got == [("f", 6_000, 2_000), ("g", 6_000, 1_000), ("h", 7_000, 1_000)]
+
+
+# -- a real run, driven like the Trainer drives its profilers ------------------------------
+
+
+class _Runtime:
+    device_spec = "cpu"
+
+
+class _Trainer:
+    def __init__(self, exporter: Any) -> None:
+        self.trace_exporter = exporter
+        self.runtime = _Runtime()
+        self.global_step = 0
+        self.epoch = 0
+
+
+def run_steps(
+    profilers: Iterable[Any], steps: Iterable[int], work: Callable[[int], Any], exporter: Any
+) -> None:
+    """The Trainer's contract: setup, step_begin / trainer.step span / step_end, teardown."""
+    profilers = list(profilers)
+    trainer = _Trainer(exporter)
+    for p in profilers:
+        p.setup(trainer)
+    try:
+        for step in steps:
+            with ppetrace.trace("trainer.fetch_batch", {"ppetrace.batch_idx": step}):
+                pass
+            for p in profilers:
+                p.step_begin(step)
+            with ppetrace.trace("trainer.step", {"ppetrace.batch_idx": step}):
+                work(step)
+            for p in profilers:
+                p.step_end(step)
+    finally:
+        for p in profilers:
+            p.teardown()
+        ppetrace.flush()
+
+
+@pytest.fixture
+def exporter(tmp_path: Path) -> Iterator[ChromeTraceExporter]:
+    exp = ChromeTraceExporter(tmp_path / "trace.json")
+    ppetrace.configure(exporters=[exp], service_name="profilers-test")
+    yield exp
+    ppetrace.shutdown()
+    ppetrace.configure()
+
+
+def _leaf(i: int) -> int:
+    return i * i
+
+
+def busy_python_work(_: int) -> int:
+    total = 0
+    for i in range(40_000):
+        total += _leaf(i)
+    return total
+
+
+def _spans(events: list[dict[str, Any]], name: str) -> list[tuple[int, int]]:
+    return [
+        (round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000))
+        for e in events
+        if e.get("ph") == "X" and e.get("name") == name and "span_id" in e.get("args", {})
+    ]
+
+
+def test_samples_land_inside_the_step_spans_with_files_and_top_functions(
+    exporter: ChromeTraceExporter, tmp_path: Path
+) -> None:
+    prof = Pyinstrument(
+        interval=0.0002,
+        schedule=Schedule(skip_first=1, wait=0, warmup=1, active=2),
+        output_dir=tmp_path / "prof",
+    )
+    run_steps([prof], range(5), busy_python_work, exporter)
+    ppetrace.shutdown()
+    trace = load_chrome_trace(exporter.path)
+    events = trace.events
+
+    # one window: steps 2-3 (step 0 skipped, step 1 warm-up), complete
+    assert [(w.first_step, w.last_step, w.complete) for w in prof.windows] == [(2, 3, True)]
+    window = prof.windows[0]
+    assert window.info["samples"] > 0
+
+    # the track is named, and its events are on the spans' clock
+    names = {
+        e["tid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    assert names[PYTHON_TID] == "python (sampled)"
+    py = [e for e in events if e.get("tid") == PYTHON_TID and e.get("ph") == "X"]
+    assert py, "no sampled stacks in the trace"
+    steps = _spans(events, "trainer.step")
+    assert len(steps) == 5
+    busy = [e for e in py if e["name"] == "busy_python_work"]
+    assert busy, "the step's function is not on the sampled track"
+    for e in busy:
+        # a sample is taken while busy_python_work runs: its instant (the event's end)
+        # lies inside the trainer.step span that ran it, on steps 2-3 only
+        end = round((e["ts"] + e["dur"]) * 1000)
+        inside = [i for i, (s, t) in enumerate(steps) if s <= end <= t]
+        assert inside and inside[0] in (2, 3), (end, steps)
+    for e in py:  # nothing outside the window
+        start = round(e["ts"] * 1000) + trace.origin_ns
+        assert window.start_ns <= start <= window.end_ns
+    intervals = sorted((round(e["ts"] * 1000), -round(e["dur"] * 1000)) for e in py)
+    open_ends: list[int] = []  # the track nests: no event straddles another's end
+    for start, neg_dur in intervals:
+        while open_ends and open_ends[-1] <= start:
+            open_ends.pop()
+        assert not open_ends or start - neg_dur <= open_ends[-1]
+        open_ends.append(start - neg_dur)
+    leaf = [e for e in py if e["name"] == "_leaf"]
+    assert all(e["args"]["file"] == __file__ for e in leaf)
+
+    # the files of the window
+    html = Path(window.files["html"])
+    speedscope = Path(window.files["speedscope"])
+    assert html.name == "pyinstrument_steps2-3.html" and html.parent == tmp_path / "prof"
+    assert "busy_python_work" in html.read_text(encoding="utf-8")
+    doc = json.loads(speedscope.read_text(encoding="utf-8"))
+    assert doc["$schema"].startswith("https://www.speedscope.app/")
+    assert "busy_python_work" in {f["name"] for f in doc["shared"]["frames"]}
+
+    # top functions: _leaf/busy_python_work carry the self time of the sampled steps
+    top = prof.top_functions()
+    assert list(top.columns) == list(TOP_FUNCTION_COLUMNS)
+    assert top["self_ns"].is_monotonic_decreasing
+    assert set(top["function"].head(3)) & {"_leaf", "busy_python_work"}
+    row = top[top["function"] == "busy_python_work"].iloc[0]
+    assert row["file"] == __file__ and row["total_ns"] >= row["self_ns"]
+    assert top["self_share"].sum() <= 1.0 + 1e-9
+    assert len(prof.top_functions(1)) == 1
+
+
+def test_default_output_dir_is_beside_the_trace(
+    exporter: ChromeTraceExporter, tmp_path: Path
+) -> None:
+    prof = Pyinstrument(schedule=Schedule(warmup=0, active=1), speedscope=False)
+    run_steps([prof], range(2), busy_python_work, exporter)
+    assert prof.windows[0].files["html"] == tmp_path / "trace_profiles" / (
+        "pyinstrument_steps0-0.html"
+    )
+    assert "speedscope" not in prof.windows[0].files
+
+
+def test_outside_the_windows_nothing_is_sampled(
+    exporter: ChromeTraceExporter, tmp_path: Path
+) -> None:
+    prof = Pyinstrument(schedule=Schedule(skip_first=10**9), output_dir=tmp_path)
+    run_steps([prof], range(3), busy_python_work, exporter)
+    ppetrace.shutdown()
+    events = load_chrome_trace(exporter.path).events
+    assert prof.windows == []
+    assert not [e for e in events if e.get("tid") == PYTHON_TID]
+    assert list(tmp_path.glob("*.html")) == []
+    assert prof.top_functions().empty
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, float("nan"), True, "1ms"])
+def test_invalid_interval_is_rejected(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"Expected a positive number of seconds for interval"):
+        Pyinstrument(interval=bad)
+
+
+def test_invalid_top_n_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"Expected a positive int or None for n, but .* 0\."):
+        Pyinstrument().top_functions(0)
