@@ -72,7 +72,7 @@ _perf_ns = time.perf_counter_ns
 _tuple_new = tuple.__new__
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _PRIMITIVES = (str, bool, int, float)
-_KEEP_ARG = frozenset({type(None), dict, str, bool, int, float})
+_KEEP_SCALAR = frozenset({type(None), str, bool, int, float})
 _SAMPLED = otel_trace.TraceFlags(otel_trace.TraceFlags.SAMPLED)
 # The calling thread's record list; its _ThreadBuffer owns the same list.
 _tls = threading.local()
@@ -170,8 +170,10 @@ class Recorder:
             finally:
                 self._flush_lock.release()
         else:
-            self.dropped += len(records)
-            del records[:]
+            # the same lock as the drain, so a flusher never loses or double-counts
+            with self._buffers_lock:
+                self.dropped += len(records)
+                del records[:]
 
     def discard_buffered(self) -> int:
         """Drop every buffered span without exporting it; returns how many (benchmarks)."""
@@ -201,10 +203,12 @@ class Recorder:
             live = buf.records
             if live:
                 # Take the records out in place: the owning thread keeps appending
-                # to the same list object (list slicing and deletion are atomic).
-                n = len(live)
-                records = live[:n]
-                del live[:n]
+                # to the same list object. The lock keeps a thread that drops its
+                # full buffer from clearing it between the copy and the delete.
+                with self._buffers_lock:
+                    n = len(live)
+                    records = live[:n]
+                    del live[:n]
                 yield buf, records
             t = buf.thread()
             if t is None or not t.is_alive():
@@ -239,16 +243,19 @@ class Recorder:
                 self.export_errors += 1
                 _log.exception("ppetrace: exporter %r failed; its spans are lost", sink)
         if self.processor is not None or self.otel_sinks:
-            self._to_otel(batch)
+            self._to_otel(batch)  # builds ReadableSpans only if someone receives them
         self.exported += len(rows)
 
     def _to_otel(self, batch: SpanBatch) -> None:
         builder = self._span_builder
         if builder is None:
             return
+        processor = self.processor if _has_processors(self.processor) else None
+        if processor is None and not self.otel_sinks:
+            return
         spans = [builder(row, batch.thread_names) for row in batch.rows]
-        if self.processor is not None:
-            on_end = self.processor.on_end
+        if processor is not None:
+            on_end = processor.on_end
             for span in spans:
                 try:
                     on_end(span)
@@ -287,6 +294,22 @@ class Recorder:
         self.processor = None
         self.before_flush = []
         self.pid = os.getpid()
+        # fresh span ids, so that spans of parent and child never share one
+        first_id = random.getrandbits(62) + 1
+        self._ids = iter(range(first_id, 1 << 64))
+        if _speedups is not None:
+            _speedups.set_state(
+                self.enabled, self.capacity, self.trace_id, first_id, self.offset_ns
+            )
+
+
+def _has_processors(processor: Any) -> bool:
+    """Whether an SDK span processor has anything to feed (checked at each flush, so
+    processors added to the provider after ``configure`` are served)."""
+    if processor is None:
+        return False
+    inner = getattr(processor, "_span_processors", None)
+    return inner is None or len(inner) > 0
 
 
 def _attr_value(v: Any) -> Any:
@@ -306,21 +329,48 @@ def _attributes(arg: Any) -> Mapping[str, Any]:
     return {"ppetrace.arg": _attr_value(arg)}
 
 
+def _keep_arg(arg: Any) -> bool:
+    """Whether ``arg`` can be kept as is until the flush (the C hot path's rule too)."""
+    t = type(arg)
+    if t in _KEEP_SCALAR:
+        return True
+    if t is dict:
+        return all(type(v) in _KEEP_SCALAR for v in arg.values())
+    return False
+
+
+def _reduce(v: Any) -> Any:
+    if v is None or isinstance(v, _PRIMITIVES):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in v):
+        return tuple(v)
+    return type(v).__qualname__
+
+
 def _describe(arg: Any) -> Any:
-    """Reduce an arbitrary ``arg`` to something safe to keep until the flush."""
+    """Reduce an ``arg`` to something safe to keep until the flush.
+
+    Numbers, strings and tuples of them are kept; any other object (a tensor,
+    a module) becomes its type name, so no reference to it is kept and nothing
+    is formatted (formatting a CUDA tensor would synchronize the device).
+    """
     if isinstance(arg, Mapping):
-        return dict(arg)
-    if isinstance(arg, _PRIMITIVES):
-        return arg
-    if isinstance(arg, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in arg):
-        return tuple(arg)
-    return type(arg).__qualname__
+        return {k: _reduce(v) for k, v in arg.items()}
+    return _reduce(arg)
 
 
 def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__qualname__}: {exc}\n" + "".join(
-        traceback.format_exception(type(exc), exc, exc.__traceback__)
-    )
+    """``"Type: message"`` and the traceback; never raises."""
+    name = type(exc).__qualname__
+    try:
+        head = f"{name}: {exc}"
+    except Exception:
+        head = f"{name}: <unprintable>"
+    try:
+        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        stack = ""
+    return head + "\n" + stack
 
 
 RECORDER = Recorder()
@@ -412,15 +462,27 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
     _token: Any
 
     def __init__(self, event_name: str, arg: Any = None) -> None:  # no super(): lazy context
+        if type(event_name) is not str and not isinstance(event_name, str):
+            raise TypeError(
+                f"Expected a str for event_name, but received {type(event_name).__name__}. "
+                'Pass the event name first, as in ppetrace.trace("data.load", arg) or '
+                '@ppetrace.trace("data.load").'
+            )
         self.name = event_name
-        self.arg = arg if type(arg) in _KEEP_ARG else _describe(arg)
+        self.arg = arg if _keep_arg(arg) else _describe(arg)
+        self._token = None
 
     # -- the hot path ------------------------------------------------------------
 
     def __enter__(self) -> PySpan:
+        if self._token is not None:
+            raise RuntimeError(
+                "Expected a ppetrace.trace instance that is not already entered, but this one "
+                "is open. Create one per block: with ppetrace.trace(name): ..."
+            )
+        self.error = None
         rec = RECORDER
         if not rec.enabled:
-            self._token = None
             return self
         ctx = _get_ctx()
         parent = ctx.get(_SPAN_KEY)
@@ -465,45 +527,41 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
             # resumed elsewhere); the span is still recorded.
             pass
         self.end_ns = end
-        arg = self.arg
-        offset = RECORDER.offset_ns
         try:
-            buf = _tls.buf
-        except AttributeError:
-            buf = _tls.buf = RECORDER._new_buffer_object()
-        records = buf.records
-        if exc is None:
-            self.error = None
-            row = (
-                self.name,
-                self.span_id,
-                self.parent_id,
-                self.trace_id,
-                self.start_ns + offset,
-                end + offset,
-                buf.tid,
-                arg if type(arg) is dict else _attributes(arg),
-                "UNSET",
-                "",
+            if exc is None:
+                status, text = "UNSET", ""
+            else:
+                status = "ERROR"
+                self.error = text = _error_text(exc)
+            arg = self.arg
+            offset = RECORDER.offset_ns
+            try:
+                buf = _tls.buf
+            except AttributeError:
+                buf = _tls.buf = RECORDER._new_buffer_object()
+            records = buf.records
+            # the finished span becomes an exporters.SpanRow right here
+            records.append(
+                _tuple_new(
+                    SpanRow,
+                    (
+                        self.name,
+                        self.span_id,
+                        self.parent_id,
+                        self.trace_id,
+                        self.start_ns + offset,
+                        end + offset,
+                        buf.tid,
+                        arg if type(arg) is dict else _attributes(arg),
+                        status,
+                        text,
+                    ),
+                )
             )
-        else:
-            self.error = text = _error_text(exc)
-            row = (
-                self.name,
-                self.span_id,
-                self.parent_id,
-                self.trace_id,
-                self.start_ns + offset,
-                end + offset,
-                buf.tid,
-                arg if type(arg) is dict else _attributes(arg),
-                "ERROR",
-                text,
-            )
-        # the finished span becomes an exporters.SpanRow right here
-        records.append(_tuple_new(SpanRow, row))
-        if len(records) >= RECORDER.capacity:
-            RECORDER.on_full(records)
+            if len(records) >= RECORDER.capacity:
+                RECORDER.on_full(records)
+        except Exception:  # telemetry never breaks training, nor replaces its exception
+            _log.exception("ppetrace: recording the span %r failed; it is lost", self.name)
 
 
 def _foreign_parent(parent: Any) -> tuple[int, int] | None:

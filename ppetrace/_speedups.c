@@ -64,11 +64,33 @@ now_monotonic_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
 }
 
+static inline int
+is_primitive(PyObject *v)
+{
+    return PyUnicode_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v) ||
+           PyFloat_CheckExact(v);
+}
+
 static int
 keep_arg(PyObject *arg)
 {
-    return arg == Py_None || PyDict_CheckExact(arg) || PyUnicode_CheckExact(arg) ||
-           PyLong_CheckExact(arg) || PyBool_Check(arg) || PyFloat_CheckExact(arg);
+    /* None, a primitive, or a dict whose values are all None or primitives: kept as is.
+     * Anything else goes through describe() so that no reference to objects such as
+     * tensors is kept until the flush. */
+    if (arg == Py_None || is_primitive(arg)) {
+        return 1;
+    }
+    if (PyDict_CheckExact(arg)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(arg, &pos, &key, &value)) {
+            if (value != Py_None && !is_primitive(value)) {
+                return 0;
+            }
+        }
+        return 1;
+    }
+    return 0;
 }
 
 static int
@@ -84,6 +106,14 @@ Span_init(SpanBase *self, PyObject *args, PyObject *kwds)
         }
     }
     else if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:trace", kwlist, &name, &arg)) {
+        return -1;
+    }
+    if (!PyUnicode_Check(name)) {
+        PyErr_Format(PyExc_TypeError,
+                     "Expected a str for event_name, but received %.100s. Pass the event name "
+                     "first, as in ppetrace.trace(\"data.load\", arg) or "
+                     "@ppetrace.trace(\"data.load\").",
+                     Py_TYPE(name)->tp_name);
         return -1;
     }
     Py_INCREF(name);
@@ -105,8 +135,20 @@ static PyObject *
 Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *ctx = NULL, *parent, *new_ctx, *token;
+    if (self->name == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Expected an initialised ppetrace.trace, but __init__ was not run. A "
+                        "subclass's __init__ must call super().__init__(event_name, arg).");
+        return NULL;
+    }
+    if (self->token != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Expected a ppetrace.trace instance that is not already entered, but "
+                        "this one is open. Create one per block: with ppetrace.trace(name): ...");
+        return NULL;
+    }
+    Py_CLEAR(self->error);
     if (!enabled) {
-        Py_CLEAR(self->token);
         Py_INCREF(self);
         return (PyObject *)self;
     }
@@ -284,7 +326,10 @@ Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
     }
     end = now_monotonic_ns();
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "__exit__ expected 3 arguments.");
+        PyErr_Format(PyExc_TypeError,
+                     "Expected 3 arguments for __exit__ (type, value, traceback), but received "
+                     "%zd.",
+                     nargs);
         return NULL;
     }
     if (PyContextVar_Reset(ctxvar, self->token) < 0) {
@@ -300,30 +345,39 @@ Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
     if (exc != Py_None) {
         PyObject *text = PyObject_CallOneArg(error_text_cb, exc);
         if (text == NULL) {
-            return NULL;
+            /* never replace the block's own exception */
+            PyErr_Clear();
+            text = PyUnicode_FromFormat("%.200s: <unprintable>", Py_TYPE(exc)->tp_name);
+            if (text == NULL) {
+                goto lost;
+            }
         }
         Py_XSETREF(self->error, text);
     }
     records = thread_records();
     if (records == NULL) {
-        return NULL;
+        goto lost;
     }
     row = make_row(self);
     if (row == NULL) {
-        return NULL;
+        goto lost;
     }
     rc = PyList_Append(records, row);
     Py_DECREF(row);
     if (rc < 0) {
-        return NULL;
+        goto lost;
     }
     if (PyList_GET_SIZE(records) >= capacity) {
         PyObject *res = PyObject_CallOneArg(on_full_cb, records);
         if (res == NULL) {
-            return NULL;
+            goto lost;
         }
         Py_DECREF(res);
     }
+    Py_RETURN_NONE;
+lost:
+    /* Telemetry never breaks training: report the failure, keep the block's outcome. */
+    PyErr_WriteUnraisable((PyObject *)self);
     Py_RETURN_NONE;
 }
 
@@ -441,7 +495,7 @@ set_state(PyObject *module, PyObject *args)
     }
     offset_ns = offset;
     if (cap < 1) {
-        PyErr_SetString(PyExc_ValueError, "capacity must be positive.");
+        PyErr_Format(PyExc_ValueError, "Expected a positive capacity, but received %zd.", cap);
         return NULL;
     }
     enabled = en;

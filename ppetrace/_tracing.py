@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextvars
 import functools
+import logging
 import os
 import socket
 import threading
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_log = logging.getLogger("ppetrace")
 
 _configure_lock = threading.Lock()
 _configured = False
@@ -156,6 +158,7 @@ def configure(
             f"received {type(tracer_provider).__name__}. Build one with "
             "opentelemetry.sdk.trace.TracerProvider() and add span processors to it."
         )
+    sinks, otel_sinks = _classify(exporters)  # checked before anything changes
     with _configure_lock:
         if _configured:
             RECORDER.flush()
@@ -184,26 +187,19 @@ def configure(
         scope = InstrumentationScope("ppetrace", __version__)
         RECORDER.resource_attrs = dict(resource.attributes)
         RECORDER._span_builder = _make_span_builder(resource, scope)
-        processor = getattr(provider, "_active_span_processor", None) if provider else None
-        RECORDER.processor = processor if _has_processors(processor) else None
+        # kept even while it has no processor: processors added later are served
+        RECORDER.processor = getattr(provider, "_active_span_processor", None) if provider else None
         RECORDER.capacity = buffer_spans
         RECORDER.enabled = bool(enabled)
         RECORDER.apply()
-        RECORDER.sinks = []
-        RECORDER.otel_sinks = []
-        for exporter in exporters:
-            _add(exporter)
+        replaced = [e for e in (*RECORDER.sinks, *RECORDER.otel_sinks) if e not in exporters]
+        RECORDER.sinks = sinks
+        RECORDER.otel_sinks = otel_sinks
         _configured = True
+        _shutdown_all(replaced)
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
-
-
-def _has_processors(processor: Any) -> bool:
-    if processor is None:
-        return False
-    inner = getattr(processor, "_span_processors", None)
-    return inner is None or len(inner) > 0
 
 
 def _ensure_configured() -> None:
@@ -214,17 +210,43 @@ def _ensure_configured() -> None:
 RECORDER.on_first_use = _ensure_configured
 
 
+def _classify(exporters: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """Split exporters into ppetrace ones (``export_batch``) and OpenTelemetry ones."""
+    sinks: list[Any] = []
+    otel_sinks: list[Any] = []
+    for exporter in exporters:
+        if hasattr(exporter, "export_batch"):
+            sinks.append(exporter)
+        elif hasattr(exporter, "export"):
+            otel_sinks.append(exporter)
+        else:
+            raise TypeError(
+                "Expected an exporter with export_batch(batch) (a ppetrace exporter) or "
+                f"export(spans) (an OpenTelemetry SpanExporter), but received "
+                f"{type(exporter).__name__}. Pass exporters.ChromeTraceExporter(path) or an "
+                "OpenTelemetry SpanExporter."
+            )
+    return sinks, otel_sinks
+
+
 def _add(exporter: Any) -> None:
-    if hasattr(exporter, "export_batch"):
-        RECORDER.sinks.append(exporter)
-    elif hasattr(exporter, "export"):
-        RECORDER.otel_sinks.append(exporter)
-    else:
-        raise TypeError(
-            "Expected an exporter with export_batch(batch) (a ppetrace exporter) or "
-            f"export(spans) (an OpenTelemetry SpanExporter), but received "
-            f"{type(exporter).__name__}."
-        )
+    sinks, otel_sinks = _classify([exporter])
+    RECORDER.sinks.extend(sinks)
+    RECORDER.otel_sinks.extend(otel_sinks)
+
+
+def _guarded(what: str, call: Callable[[], Any]) -> None:
+    """Run an exporter's flush or shutdown; log and count a failure, never raise it."""
+    try:
+        call()
+    except Exception:
+        RECORDER.export_errors += 1
+        _log.exception("ppetrace: %s failed", what)
+
+
+def _shutdown_all(exporters: Iterable[Any]) -> None:
+    for exporter in exporters:
+        _guarded(f"shutting down {exporter!r}", exporter.shutdown)
 
 
 def add_exporter(exporter: Any) -> None:
@@ -245,36 +267,38 @@ def remove_exporter(exporter: Any, *, shutdown: bool = True) -> None:
         if exporter in sinks:
             sinks.remove(exporter)
     if shutdown:
-        exporter.shutdown()
+        _shutdown_all([exporter])
 
 
 def flush() -> None:
-    """Push every finished span, from every thread, to the processors and exporters."""
+    """Push every finished span, from every thread, to the processors and exporters.
+
+    An exporter or processor that fails is logged and counted in :func:`stats`;
+    ``flush`` itself never raises because of one.
+    """
     _ensure_configured()
     RECORDER.flush()
     processor = RECORDER.processor
     if processor is not None:
-        processor.force_flush()
+        _guarded("the span processor's force_flush", processor.force_flush)
     for exporter in [*RECORDER.sinks, *RECORDER.otel_sinks]:
         force = getattr(exporter, "force_flush", None)
         if force is not None:
-            force()
+            _guarded(f"force_flush of {exporter!r}", force)
 
 
 def shutdown() -> None:
-    """Flush, then shut down every exporter given to :func:`configure`."""
+    """Flush, then shut down every exporter given to :func:`configure` (failures are
+    logged and counted, never raised)."""
     if not _configured:
         return
     RECORDER.flush()
-    for exporter in [*RECORDER.sinks, *RECORDER.otel_sinks]:
-        try:
-            exporter.shutdown()
-        except Exception:  # pragma: no cover - logged, never raised at exit
-            RECORDER.export_errors += 1
+    exporters = [*RECORDER.sinks, *RECORDER.otel_sinks]
     RECORDER.sinks = []
     RECORDER.otel_sinks = []
+    _shutdown_all(exporters)
     if RECORDER.processor is not None:
-        RECORDER.processor.force_flush()
+        _guarded("the span processor's force_flush", RECORDER.processor.force_flush)
 
 
 def _at_exit() -> None:
