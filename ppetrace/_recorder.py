@@ -382,17 +382,19 @@ class _SpanAPI:
     This class is ``ppetrace.trace``. Use it as ``with ppetrace.trace("name",
     arg):`` or as a decorator ``@ppetrace.trace("name")``. ``arg`` becomes
     attributes: a mapping gives one attribute per key, any other value the
-    attribute ``ppetrace.arg`` (values that are not numbers or strings are
-    reduced to their string form, and objects such as tensors to their type
-    name, so no reference to them is kept). When the block raises, the span
-    gets ERROR status and an ``exception`` event, and the exception propagates
-    unchanged.
+    attribute ``ppetrace.arg``. Values that are not numbers, strings or tuples
+    of them (tensors, modules), also inside a mapping, are reduced to their type
+    name when the span starts, so no reference to them is kept. ``event_name``
+    must be a ``str``. When the block raises, the span gets ERROR status and an
+    ``exception`` event, and the exception propagates unchanged; a failure of
+    the recording itself is logged, never raised.
 
     While the block runs, this object is the OpenTelemetry current span
     (``opentelemetry.trace.get_current_span()``): a non-recording span whose
     ``SpanContext`` is built only when someone asks for it, so spans that user
     code starts there with the OpenTelemetry API are its children. An instance
-    is single-use: enter it once (the decorator makes a new one per call).
+    can be entered again after its block ends, not while it is open (that
+    raises ``RuntimeError``); the decorator makes a new one per call.
     While tracing is disabled (``configure(enabled=False)``), entering and
     leaving it does nothing.
     """
