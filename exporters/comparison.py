@@ -186,22 +186,32 @@ def _check(
     ):
         raise ValueError(
             f"Expected a non-negative fraction for threshold (0.05 is 5%), but received "
-            f"{threshold!r}."
+            f"{threshold!r}. Pass a finite number such as threshold=0.05."
         )
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0.0 < alpha < 1.0):
-        raise ValueError(f"Expected alpha between 0 and 1 (exclusive), but received {alpha!r}.")
+        raise ValueError(
+            f"Expected alpha between 0 and 1 (exclusive), but received {alpha!r}. Pass a "
+            "significance level such as alpha=0.01."
+        )
     if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 2:
-        raise ValueError(f"Expected an int >= 2 for min_samples, but received {min_samples!r}.")
+        raise ValueError(
+            f"Expected an int >= 2 for min_samples, but received {min_samples!r}. Pass the "
+            "fewest samples per run for a verdict, such as min_samples=5."
+        )
     if (
         isinstance(confidence, bool)
         or not isinstance(confidence, float)
         or not (0.0 < confidence < 1.0)
     ):
         raise ValueError(
-            f"Expected confidence between 0 and 1 (exclusive), but received {confidence!r}."
+            f"Expected confidence between 0 and 1 (exclusive), but received {confidence!r}. "
+            "Pass a float level such as confidence=0.95 (not 95)."
         )
     if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 100:
-        raise ValueError(f"Expected an int >= 100 for n_bootstrap, but received {n_bootstrap!r}.")
+        raise ValueError(
+            f"Expected an int >= 100 for n_bootstrap, but received {n_bootstrap!r}. Pass "
+            "the number of bootstrap resamples, such as n_bootstrap=2000."
+        )
 
 
 def compare(

@@ -60,6 +60,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from opentelemetry.sdk.trace import ReadableSpan
 
+from ._errors import TraceError
 from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
 
 __all__ = ["COLUMNS", "RENAMED_ATTRIBUTES", "empty_frame", "spans_to_frame"]
@@ -175,8 +176,8 @@ def _column(values: list[Any]) -> Any:
     types.discard(_NONE)
     if types == {int}:
         try:
-            if has_none:
-                return pd.array(np.array(values, dtype=float), dtype="Int64")
+            if has_none:  # nullable ints: exact (a float64 detour rounds above 2**53)
+                return pd.array(values, dtype="Int64")
             return np.array(values, dtype=np.int64)
         except (OverflowError, ValueError, TypeError):
             return np.array(values, dtype=object)
@@ -423,6 +424,46 @@ def _ns(values: np.ndarray) -> np.ndarray:
     return np.rint(values * 1000.0).astype(np.int64)
 
 
+#: The range of int64 nanoseconds (epoch times from about 1678 to 2262).
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+#: The largest ``ts``/``dur`` (µs) read: its ns stay inside int64.
+_MAX_US = 9.2e15
+#: The largest id that fits the ``uint64`` id columns.
+_MAX_ID = (1 << 64) - 1
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _us_to_ns(values: list[Any], key: str) -> np.ndarray:
+    """``ts`` or ``dur`` values (µs) as int64 ns; :class:`TraceError` if one cannot be."""
+    arr = np.array(values, dtype=float)
+    bad = ~(np.abs(arr) < _MAX_US)  # NaN and infinities too
+    if bad.any():
+        raise TraceError(
+            f"Expected event '{key}' values in microseconds within the int64 nanosecond range "
+            f"(|{key}| < 9.2e15), but received {_clip(values[int(np.argmax(bad))])}. Fix the "
+            f"'{key}' of the events that were written wrong."
+        )
+    return _ns(arr)
+
+
+def _check_origin(origin_ns: Any) -> int:
+    if (
+        isinstance(origin_ns, bool)
+        or not isinstance(origin_ns, (int, np.integer))
+        or not _I64_MIN <= int(origin_ns) <= _I64_MAX
+    ):
+        raise TraceError(
+            "Expected otherData.origin_ns to be epoch nanoseconds within the int64 range "
+            f"(|origin_ns| < 2**63), but received {_clip(origin_ns)}. Fix origin_ns, or remove "
+            "it to read the event times as they are."
+        )
+    return int(origin_ns)
+
+
 def _ints(values: list[Any]) -> np.ndarray:
     """Integer ids (pid, tid); anything that is not an int becomes 0."""
     if set(map(type, values)) <= {int}:
@@ -430,8 +471,13 @@ def _ints(values: list[Any]) -> np.ndarray:
     return np.array([v if type(v) is int else 0 for v in values], dtype=np.int64)
 
 
-def _hex_ids(values: list[Any]) -> np.ndarray:
-    """Span ids written as 16 hex digits (ints pass through); raises ValueError if invalid."""
+def _hex_ids(values: list[Any], key: str = "span_id") -> np.ndarray:
+    """Span ids written as 16 hex digits (ints pass through; None is 0).
+
+    Raises :class:`TraceError` for an id outside ``0..2**64-1`` (``"-1"``, 17 or
+    more significant hex digits) and a plain ``ValueError`` for one that is not
+    hex at all (the caller then infers parents from nesting).
+    """
     if not values:
         return np.zeros(0, dtype=np.uint64)
     if set(map(type, values)) == {str} and set(map(len, values)) == {16}:
@@ -442,11 +488,18 @@ def _hex_ids(values: list[Any]) -> np.ndarray:
     out = []
     for v in values:
         if isinstance(v, int):
-            out.append(v)
+            n = int(v)
         elif v is None:
-            out.append(0)
+            n = 0
         else:
-            out.append(int(str(v), 16))
+            n = int(str(v), 16)
+        if not 0 <= n <= _MAX_ID:
+            raise TraceError(
+                f"Expected span ids of at most 16 hex digits (0 to ffffffffffffffff) in "
+                f"args.{key}, but received {_clip(v)}. Fix the ids, or remove span_id and "
+                "parent_id from every event so that parents are inferred from nesting."
+            )
+        out.append(n)
     return np.array(out, dtype=np.uint64)
 
 
@@ -473,7 +526,13 @@ RESERVED_ARGS = frozenset({"span_id", "parent_id", "status", "error"})
 def frame_from_chrome_events(
     events: Sequence[Mapping[str, Any]], origin_ns: int, metadata: Mapping[str, Any]
 ) -> pd.DataFrame:
-    """The spans among Chrome trace events as a frame (see :func:`exporters.read_chrome_trace`)."""
+    """The spans among Chrome trace events as a frame (see :func:`exporters.read_chrome_trace`).
+
+    Raises :class:`~exporters.TraceError` for values the frame cannot hold: span
+    ids outside ``0..2**64-1``, an ``origin_ns`` or span times outside int64
+    nanoseconds, and non-finite ``ts``/``dur``. Ids that are not hex at all are
+    ignored and parents inferred from nesting, as for events without ids.
+    """
     phases = list(map(_get_ph, events))
     meta_events = list(compress(events, [p == "M" for p in phases]))
     xs = _complete_events(events, phases)
@@ -492,11 +551,22 @@ def frame_from_chrome_events(
     n = len(xs)
     if n == 0:
         return empty_frame()
-    start = _ns(np.array(ts, dtype=float)) + origin_ns
+    origin_ns = _check_origin(origin_ns)
+    ts_ns = _us_to_ns(ts, "ts")
     durs = list(map(_get_dur, xs))
     if not set(map(type, durs)) <= {int, float}:
         durs = [d if type(d) in (int, float) else 0 for d in durs]
-    dur = np.maximum(_ns(np.array(durs, dtype=float)), 0)
+    dur = np.maximum(_us_to_ns(durs, "dur"), 0)
+    wraps = bool((ts_ns > _I64_MAX - dur).any())  # ts + dur past int64
+    first = int(ts_ns.min()) + origin_ns
+    last = _I64_MAX + 1 if wraps else int((ts_ns + dur).max()) + origin_ns
+    if first < _I64_MIN or last > _I64_MAX:
+        raise TraceError(
+            "Expected span times (otherData.origin_ns plus each event's ts and dur) within the "
+            f"int64 nanosecond range, but with origin_ns={origin_ns} they reach beyond it. Fix "
+            "origin_ns or the events' ts and dur."
+        )
+    start = ts_ns + origin_ns
     pids = _ints(list(map(_get_pid, xs)))
     tids = _ints(list(map(_get_tid, xs)))
     span_ids: ArrayLike
@@ -504,8 +574,10 @@ def frame_from_chrome_events(
     try:
         if not with_ids:
             raise ValueError("no ids")
-        span_ids = _hex_ids(list(map(_get_span_id, args)))
-        parent_ids = _hex_ids(list(map(_get_parent_id, args)))
+        span_ids = _hex_ids(list(map(_get_span_id, args)), "span_id")
+        parent_ids = _hex_ids(list(map(_get_parent_id, args)), "parent_id")
+    except TraceError:
+        raise
     except ValueError:
         span_ids, parent_ids = _infer_parents(start, dur, pids, tids)
     rank_of = _rank_by_pid(meta_events, metadata)

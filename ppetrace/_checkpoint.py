@@ -37,7 +37,9 @@ VERSION = 1
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be read, or does not fit what is being resumed."""
+    """A checkpoint that is not a file, cannot be read, is not a ppetrace checkpoint or does
+    not fit what is being resumed; the message names the file. (A missing file raises
+    ``FileNotFoundError``.)"""
 
 
 # -- RNG states ----------------------------------------------------------------
@@ -162,15 +164,22 @@ def _fsync_dir(folder: Path) -> None:
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint written by the Trainer, naming the file and the cause on failure.
 
-    Raises ``FileNotFoundError`` when the file does not exist and
-    :class:`CheckpointError` when it cannot be read or is not a ppetrace
-    checkpoint.
+    Raises ``FileNotFoundError`` when nothing exists at ``path`` and
+    :class:`CheckpointError` when it is not a file, cannot be read or is not
+    a ppetrace checkpoint; every message names the file and what to do.
     """
     source = Path(path)
-    if not source.is_file():
+    if not source.exists():
         raise FileNotFoundError(
             f"Expected a checkpoint file at resume_from={str(source)!r}, but it does not exist. "
-            "Pass the path of a checkpoint written by the Trainer (checkpoint_dir/last.pt)."
+            "Pass the path of a checkpoint written by the Trainer (checkpoint_dir/last.pt), "
+            "or start without resume_from."
+        )
+    if not source.is_file():
+        raise CheckpointError(
+            f"Expected a checkpoint file at resume_from={str(source)!r}, but it is "
+            f"{'a directory' if source.is_dir() else 'not a regular file'}. Pass the path of "
+            "the checkpoint file itself (checkpoint_dir/last.pt)."
         )
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)

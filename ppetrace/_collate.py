@@ -43,11 +43,12 @@ def as_outputs(out: Any) -> tuple[Any, ...]:
 
 
 def _to_host(value: Any) -> Any:
+    """A tensor as a detached CPU copy that owns its memory (a view would keep the whole
+    storage it views alive and hide it from the byte bound); other values unchanged."""
     if isinstance(value, _Tensor):
-        value = value.detach()
-        if value.device.type != "cpu":
-            value = value.cpu()
-        return value
+        if value.device.type == "cpu":
+            return value.detach().clone()
+        return value.detach().to("cpu")
     return value
 
 

@@ -61,7 +61,14 @@ class RuntimeRegistry:
 
     def unregister(self, device_type: str) -> None:
         """Forget the runtime registered for ``device_type`` (``KeyError`` if none)."""
-        del self._classes[device_type]
+        try:
+            del self._classes[device_type]
+        except (KeyError, TypeError):
+            raise KeyError(
+                f"Expected a registered device type to unregister, but received "
+                f"{device_type!r}; registered: {', '.join(self.registered_types()) or 'none'}. "
+                "Pass one of the registered types."
+            ) from None
 
     def registered_types(self) -> list[str]:
         """The registered device types, sorted."""

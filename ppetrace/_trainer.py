@@ -75,6 +75,8 @@ _END = object()
 _TRAIN = Stage.TRAIN.value
 #: The name of the checkpoint file in ``checkpoint_dir``.
 CHECKPOINT_NAME = "last.pt"
+#: The entries of a checkpoint that :meth:`Trainer.fit` restores.
+_CHECKPOINT_ENTRIES = ("module", "optimization", "trainer", "rng")
 
 
 @runtime_checkable
@@ -246,7 +248,14 @@ class Trainer:
         progress: show a progress bar (only when the stream is a terminal).
         progress_stream: where the bar draws (default ``sys.stderr``).
         trace_path: write a Chrome trace of the run here
-            (``exporters.ChromeTraceExporter``).
+            (``exporters.ChromeTraceExporter``). The first ``fit``,
+            ``validate`` or ``test`` call of a Trainer writes ``trace_path``;
+            each later call writes its own file next to it, named by the call
+            and its count (``trace.validate.json``, ``trace.test.json``,
+            ``trace.fit2.json``; ``.json.gz`` stays gzip), so no call
+            overwrites a trace this Trainer wrote. :attr:`last_trace_path`
+            is the file of the current or last call, :attr:`trace_paths` all
+            of them in call order; each call logs its file at INFO level.
         profilers: :class:`StepProfiler` objects.
         amp: mixed precision: bf16 autocast on CPU, float16 autocast with a
             GradScaler on CUDA (runtime options ``autocast``/``grad_scaler``).
@@ -332,6 +341,11 @@ class Trainer:
         self.runtime: BaseRuntime | None = None
         #: the ChromeTraceExporter of the current or last run (``trace_path``), or None
         self.trace_exporter: Any = None
+        #: the trace file of the current or last call, or None (see ``trace_path``)
+        self.last_trace_path: Path | None = None
+        #: every trace file this Trainer wrote, in call order
+        self.trace_paths: list[Path] = []
+        self._trace_calls: dict[str, int] = {}
         #: optimizer steps completed
         self.global_step = 0
         #: the current epoch (zero-based); after a run, the number of epochs completed
@@ -398,8 +412,11 @@ class Trainer:
 
         ``val_loaders`` is one loader or a dict of named loaders.
         ``resume_from`` continues from a checkpoint, mid-epoch if it was
-        written there. An exception ends every open span with ERROR status,
-        flushes the spans and propagates unchanged.
+        written there; a missing file raises ``FileNotFoundError``, one that
+        cannot be read, is not a ppetrace checkpoint or does not fit this run
+        raises :class:`~ppetrace.CheckpointError`, both naming the file. An
+        exception ends every open span with ERROR status, flushes the spans
+        and propagates unchanged.
         """
         adapter = make_adapter(
             module,
@@ -416,7 +433,7 @@ class Trainer:
         run, first_loader, n = self._prepare_fit(adapter)
         if checkpoint is not None:
             self._restore(run, checkpoint, resume_from)
-        with self._session(run, total=None if n is None else n * self.max_epochs):
+        with self._session("fit", run, total=None if n is None else n * self.max_epochs):
             module_ = adapter.module
             attrs = run.attrs_now()
             with trace("trainer.run", attrs):
@@ -456,7 +473,7 @@ class Trainer:
         """
         evaluator = self._evaluator(module, Stage.VAL, loaders, loss_fn, metrics, batch_size)
         runtime, module_ = evaluator.runtime, evaluator.module
-        with self._session(None):
+        with self._session("validate", None):
             attrs = {"ppetrace.step": self.global_step, "ppetrace.stage": Stage.VAL.value}
             attrs.update(runtime.span_attributes)
             loaders_ = evaluator.loaders()
@@ -483,7 +500,7 @@ class Trainer:
         ModuleInterface's ``get_test_dataloaders``).
         """
         evaluator = self._evaluator(module, Stage.TEST, loaders, loss_fn, metrics, batch_size)
-        with self._session(None):
+        with self._session("test", None):
             return evaluator.run(global_step=self.global_step)
 
     # -- setup ---------------------------------------------------------------------
@@ -553,12 +570,16 @@ class Trainer:
         return Evaluator._for_run(adapter, runtime, stage, callbacks, self.max_collated_bytes)
 
     @contextlib.contextmanager
-    def _session(self, run: _Run | None, total: int | None = None) -> Iterator[None]:
-        """Trace exporter, profilers and progress bar around a run; flush at the end."""
+    def _session(self, call: str, run: _Run | None, total: int | None = None) -> Iterator[None]:
+        """Trace exporter, profilers and progress bar around a run; flush at the end.
+
+        ``call`` (``"fit"``, ``"validate"`` or ``"test"``) names the trace file of
+        every call after the first (:meth:`_next_trace_path`).
+        """
         cleanups: list[Callable[[], None]] = []
         try:
             if self.trace_path is not None:
-                self.trace_exporter = self._attach_trace_exporter()
+                self.trace_exporter = self._attach_trace_exporter(call)
                 exporter = self.trace_exporter
                 cleanups.append(lambda: _tracing.remove_exporter(exporter))
             cleanups.insert(0, _tracing.flush)
@@ -584,7 +605,27 @@ class Trainer:
         else:
             _cleanup(cleanups, failing=False)
 
-    def _attach_trace_exporter(self) -> Any:
+    def _next_trace_path(self, call: str) -> Path:
+        """The file for this call: ``trace_path`` unless this Trainer already wrote it, else
+        ``<stem>.<call><suffix>`` (``<stem>.<call><n><suffix>`` for the n-th such call,
+        n >= 2), never a file this Trainer wrote before."""
+        assert self.trace_path is not None
+        path = Path(self.trace_path)
+        count = self._trace_calls.get(call, 0) + 1
+        self._trace_calls[call] = count
+        written = {p.absolute() for p in self.trace_paths}
+        if path.absolute() not in written:
+            return path
+        name = path.name
+        suffix = ".json.gz" if name.endswith(".json.gz") else path.suffix
+        stem = name[: len(name) - len(suffix)] if suffix else name
+        while True:
+            candidate = path.with_name(f"{stem}.{call}{'' if count == 1 else count}{suffix}")
+            if candidate.absolute() not in written:
+                return candidate
+            count += 1
+
+    def _attach_trace_exporter(self, call: str) -> Any:
         try:
             from exporters.chrome import ChromeTraceExporter
         except ImportError as exc:
@@ -592,12 +633,24 @@ class Trainer:
                 f"Expected exporters.ChromeTraceExporter for trace_path={str(self.trace_path)!r}, "
                 f"but it cannot be imported ({exc}). Install ppetrace with its exporters package."
             ) from exc
-        assert self.trace_path is not None
-        exporter = ChromeTraceExporter(self.trace_path)
+        path = self._next_trace_path(call)
+        exporter = ChromeTraceExporter(path)
+        self.last_trace_path = path
+        self.trace_paths.append(path)
+        _log.info("ppetrace: writing the %s trace to %s", call, path)
         _tracing.add_exporter(exporter)
         return exporter
 
     def _restore(self, run: _Run, checkpoint: dict[str, Any], path: Any) -> None:
+        missing = [key for key in _CHECKPOINT_ENTRIES if key not in checkpoint]
+        if missing:
+            raise CheckpointError(
+                f"Expected the entries {', '.join(map(repr, _CHECKPOINT_ENTRIES))} in the "
+                f"checkpoint {str(path)!r}, but {', '.join(map(repr, missing))} "
+                f"{'is' if len(missing) == 1 else 'are'} missing. Resume from a checkpoint "
+                "written by ppetrace.Trainer (checkpoint_dir/last.pt), or start without "
+                "resume_from."
+            )
         try:
             run.adapter.update_state(checkpoint["module"])
             run.optim.load_state_dict(checkpoint["optimization"])

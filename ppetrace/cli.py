@@ -6,8 +6,10 @@ scipy and the OpenTelemetry SDK) and :mod:`ppetrace._version`.
 Exit codes: 0 on success (``compare``: no significant regression), 1 when
 ``compare`` finds a significant regression, 2 on bad input (a missing file,
 a file that is not a JSON trace, runs with no event in common, a bad
-option). Bad input gets a one-line error, never a traceback. A cut-off trace
-is read up to its last complete event, with a one-line warning.
+option). Bad input gets a one-line error, never a traceback; so does any
+unexpected error (``ppetrace: error: <Type>: <message>``, exit code 2, so
+that it is never taken for a regression). A cut-off trace is read up to its
+last complete event, with a one-line warning.
 """
 
 from __future__ import annotations
@@ -201,6 +203,20 @@ _MERGE_DOC = (
 )
 
 
+def _in_file(path: str, message: str) -> str:
+    """``message`` about the trace ``path``, naming the file if it does not already."""
+    if path in message:
+        return message
+    return f"In {path}: {message}"
+
+
+def _unreadable(path: str, exc: OSError) -> _BadInput:
+    return _BadInput(
+        f"Expected a readable trace file at {path}, but reading it failed: "
+        f"{exc.strerror or exc}. Check the path and its permissions."
+    )
+
+
 def _read_frame(path: str, err: IO[str]) -> Any:
     import exporters
 
@@ -210,8 +226,10 @@ def _read_frame(path: str, err: IO[str]) -> Any:
             frame = exporters.read_chrome_trace(path)
         except FileNotFoundError as exc:
             raise _BadInput(str(exc)) from None
-        except (exporters.TraceError, OSError) as exc:
-            raise _BadInput(str(exc)) from None
+        except exporters.TraceError as exc:
+            raise _BadInput(_in_file(path, str(exc))) from None
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
     for w in caught:
         if issubclass(w.category, exporters.TraceTruncatedWarning):
             err.write(f"ppetrace: warning: {w.message}\n")
@@ -227,7 +245,10 @@ def _emit(text: str, output: str | None, out: IO[str]) -> None:
     try:
         Path(output).write_text(text, encoding="utf-8")
     except OSError as exc:
-        raise _BadInput(f"Could not write {output}: {exc.strerror or exc}.") from None
+        raise _BadInput(
+            f"Expected a writable file path for --output, but writing {output} failed: "
+            f"{exc.strerror or exc}. Pass a file path in a folder you can write to."
+        ) from None
 
 
 def _report(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -266,17 +287,35 @@ def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_REGRESSION if comparison.has_regression else EXIT_OK
 
 
+def _not_writable(out: str, exc: OSError) -> _BadInput:
+    return _BadInput(
+        f"Expected a writable file path for OUT (the merged trace to write), but writing "
+        f"{out} failed: {exc.strerror or exc}. Pass a file path in a folder you can write to."
+    )
+
+
 def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
+    if Path(args.out).is_dir():
+        raise _BadInput(
+            f"Expected a file path for OUT (the merged trace to write), but {args.out} is a "
+            f"directory. Pass a file name, such as {Path(args.out) / 'merged.json'}."
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", exporters.TraceTruncatedWarning)
         try:
             merged = exporters.merge_traces(args.out, args.inputs)
         except FileNotFoundError as exc:
+            if exc.filename is None:  # a missing input, named in the message
+                raise _BadInput(str(exc)) from None
+            raise _not_writable(args.out, exc) from None
+        except exporters.TraceError as exc:
             raise _BadInput(str(exc)) from None
-        except (exporters.TraceError, OSError) as exc:
-            raise _BadInput(str(exc)) from None
+        except OSError as exc:
+            if exc.filename is not None and str(exc.filename) in args.inputs:
+                raise _unreadable(str(exc.filename), exc) from None
+            raise _not_writable(args.out, exc) from None
     for w in caught:
         if issubclass(w.category, exporters.TraceTruncatedWarning):
             err.write(f"ppetrace: warning: {w.message}\n")
@@ -323,6 +362,10 @@ def main(
     except KeyboardInterrupt:
         err.write("ppetrace: interrupted\n")
         return 130
+    except Exception as exc:  # last resort: one line, and never exit 1 ("regression")
+        message = " ".join(str(exc).split()) or "(no message)"
+        err.write(f"ppetrace: error: {type(exc).__name__}: {message}\n")
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":  # pragma: no cover

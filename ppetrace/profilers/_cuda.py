@@ -2,14 +2,23 @@
 
 The spans of hooks that launch device work record an event pair on the
 device stream, one right after the span opens and one right before it
-closes. Nothing waits for the device there. The pairs are resolved at the
-next flush of the recorder (``RECORDER.before_flush``), where waiting for an
-event is allowed, into:
+closes. Nothing waits for the device there. At each flush of the recorder
+(``RECORDER.before_flush``) the pairs whose end event the device has
+already reached (``EventSource.query``) are resolved; a flush can run inside
+a hook (a full span buffer flushes from the hook whose span just closed), so
+it never waits for the device. Pairs still in flight are carried over to
+the next flush, and the rest is resolved, waiting for the device, in
+:meth:`CudaTimer.teardown` at the end of the run, outside every hook. The
+results are:
 
 - the span attribute ``ppetrace.device_dur_ns`` (the frame's
   ``device_dur_ns`` column and the report's device columns);
 - an ``X`` event per timed span on the "cuda device time" track of the
   Chrome trace.
+
+A span whose pair is still in flight when a flush exports the span itself
+goes out without ``ppetrace.device_dur_ns``; its device-track event is
+written all the same once the pair resolves.
 
 Where the device track puts an event: the device's clock has no fixed
 relation to the host's, so the track is reconstructed. The first outermost
@@ -73,11 +82,15 @@ DEFAULT_TIMED_SPANS = frozenset(
 @runtime_checkable
 class EventSource(Protocol):
     """Device events: ``record()`` enqueues a timestamp event on the current stream and
-    returns it without waiting; ``elapsed_ns(start, end)`` returns the device time in
-    ns between two recorded events, waiting for ``end`` if needed (called only at
-    flush time, never inside a hook)."""
+    returns it without waiting; ``query(event)`` says, without waiting, whether the
+    device has reached a recorded event; ``elapsed_ns(start, end)`` returns the device
+    time in ns between two recorded events, waiting for ``end`` if needed. The timer
+    calls ``elapsed_ns`` with an ``end`` that ``query`` has not confirmed only in
+    :meth:`CudaTimer.teardown`, never inside a hook."""
 
     def record(self) -> Any: ...
+
+    def query(self, event: Any) -> bool: ...
 
     def elapsed_ns(self, start: Any, end: Any) -> int: ...
 
@@ -116,9 +129,14 @@ class CudaEventSource:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
+    def query(self, event: Any) -> bool:
+        """Whether the device has completed ``event`` (no wait)."""
+        return bool(event.query())
+
     def elapsed_ns(self, start: Any, end: Any) -> int:
-        """Device ns from ``start`` to ``end``; waits for ``end`` (flush time only)."""
-        end.synchronize()
+        """Device ns from ``start`` to ``end``; waits for ``end`` unless it has completed."""
+        if not end.query():
+            end.synchronize()
         return max(0, round(start.elapsed_time(end) * 1_000_000))
 
 
@@ -204,8 +222,10 @@ class CudaTimer(Profiler):
 
     The Trainer opens timed spans with :meth:`span` (a drop-in for
     ``ppetrace.trace``) or wraps the block inside its span with :meth:`wrap`.
-    Results are resolved at each recorder flush (module doc). A span still
-    open at a flush is resolved at a later one.
+    Each recorder flush resolves the pairs the device has completed, without
+    waiting (module doc); a span still open, or whose device work is still
+    running, at a flush is resolved at a later one, and :meth:`teardown`
+    waits for the rest.
     """
 
     track_name = "cuda device time"
@@ -230,8 +250,8 @@ class CudaTimer(Profiler):
             )
         if source is not None and not isinstance(source, EventSource):
             raise TypeError(
-                "Expected an EventSource (record() and elapsed_ns(start, end)) for source, but "
-                f"received {type(source).__name__}."
+                "Expected an EventSource (record(), query(event) and elapsed_ns(start, end)) "
+                f"for source, but received {type(source).__name__}. Add the missing methods."
             )
         self.spans = names
         self.schedule = schedule
@@ -241,6 +261,8 @@ class CudaTimer(Profiler):
         self.active = False
         self._installed = False
         self._lock = threading.Lock()
+        # one resolve at a time; a flush finding it taken skips (never waits in a hook)
+        self._resolving = threading.Lock()
         self._records: list[_Timed] = []
         self._stack: list[_Timed] = []
         self._last_root: _Timed | None = None
@@ -250,6 +272,12 @@ class CudaTimer(Profiler):
 
     def __repr__(self) -> str:
         return f"CudaTimer(spans={sorted(self.spans)!r}, schedule={self.schedule!r})"
+
+    @property
+    def pending(self) -> int:
+        """Timed spans not resolved yet: still open, or their device work still running."""
+        with self._lock:
+            return len(self._records)
 
     def _named_tracks(self) -> dict[int, str]:
         return {DEVICE_TID: self.track_name}
@@ -290,10 +318,14 @@ class CudaTimer(Profiler):
             self._emit_ready()
 
     def teardown(self) -> None:
-        """Resolve what is left (one flush), add it to the trace and unhook from the recorder."""
+        """End of the run, outside every hook: wait for the device to finish the pairs still
+        pending, resolve them, flush (so that their spans carry the attribute), add the
+        device events to the trace and unhook from the recorder."""
         self.active = False
         try:
             if self._installed and self._records:
+                with self._resolving:
+                    self._resolve(wait=True)
                 RECORDER.flush()
             self._emit_ready()
         finally:
@@ -368,11 +400,23 @@ class CudaTimer(Profiler):
     # -- resolving (at flush) ----------------------------------------------------------
 
     def resolve(self) -> None:
-        """Turn finished event pairs into ``ppetrace.device_dur_ns`` and device-track events.
+        """The ``RECORDER.before_flush`` hook: turn the event pairs that the device has
+        completed into ``ppetrace.device_dur_ns`` and device-track events.
 
-        Runs under the recorder's flush lock, before the buffers are drained;
-        waits for the device to reach the pairs' end events.
+        Runs under the recorder's flush lock, before the buffers are drained,
+        possibly inside a hook: it never waits for the device. Pairs not
+        completed yet stay pending for a later flush or :meth:`teardown`.
         """
+        if not self._resolving.acquire(blocking=False):
+            return  # teardown is resolving (and may be waiting): leave it to it
+        try:
+            self._resolve(wait=False)
+        finally:
+            self._resolving.release()
+
+    def _resolve(self, *, wait: bool) -> None:
+        """Resolve the pending pairs: those whose end event has completed (``wait=False``),
+        or all closed ones, waiting for the device (``wait=True``)."""
         source = self.source
         if source is None:
             return
@@ -380,22 +424,33 @@ class CudaTimer(Profiler):
             records, self._records = self._records, []
         keep: list[_Timed] = []
         ready: list[dict[str, Any]] = []
+        # roots are placed in order; once one's start is not reached, later ones wait too
+        can_place = True
         for rec in records:
             try:
-                if rec.root is None:
-                    self._place_root(rec, source)
-                if rec.end is None:
+                if rec.root is None and rec.pos_ns is None:
+                    can_place = can_place and (wait or source.query(rec.start))
+                    if can_place:
+                        self._place_root(rec, source)
+                # a child's position is measured to its start event: that must be reached too
+                if rec.end is None or not (
+                    wait
+                    or (source.query(rec.end) and (rec.root is None or source.query(rec.start)))
+                ):
+                    keep.append(rec)  # still open, or the device is not there yet
+                    continue
+                root = rec.root if rec.root is not None else rec
+                if root.pos_ns is None and wait:
+                    self._place_root(root, source)
+                if root.pos_ns is None:  # an earlier root is not placed yet
                     keep.append(rec)
                     continue
                 dur = source.elapsed_ns(rec.start, rec.end)
                 rec.attrs[DEVICE_DUR_ATTRIBUTE] = dur
-                root = rec.root
-                if root is None:
+                if root is rec:
                     pos = rec.pos_ns
                 else:
-                    if root.pos_ns is None:
-                        self._place_root(root, source)
-                    pos = root.pos_ns + source.elapsed_ns(root.start, rec.start)  # type: ignore[operator]
+                    pos = root.pos_ns + source.elapsed_ns(root.start, rec.start)
             except Exception:
                 self.errors += 1
                 _log.exception("ppetrace: resolving the device time of %s failed", rec.name)

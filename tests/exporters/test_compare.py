@@ -214,11 +214,31 @@ def test_no_regression_headline(run_builder: Callable[..., RunBuilder]) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"threshold": -0.1}, "Expected a non-negative fraction for threshold"),
-        ({"alpha": 1.5}, "Expected alpha between 0 and 1"),
-        ({"min_samples": 1}, "Expected an int >= 2 for min_samples, but received 1"),
-        ({"confidence": 95}, "Expected confidence between 0 and 1"),
-        ({"n_bootstrap": 10}, "Expected an int >= 100 for n_bootstrap"),
+        (
+            {"threshold": -0.1},
+            r"^Expected a non-negative fraction for threshold \(0\.05 is 5%\), but received "
+            r"-0\.1\. Pass a finite number such as threshold=0\.05\.$",
+        ),
+        (
+            {"alpha": 1.5},
+            r"^Expected alpha between 0 and 1 \(exclusive\), but received 1\.5\. Pass a "
+            r"significance level such as alpha=0\.01\.$",
+        ),
+        (
+            {"min_samples": 1},
+            r"^Expected an int >= 2 for min_samples, but received 1\. Pass the fewest samples "
+            r"per run for a verdict, such as min_samples=5\.$",
+        ),
+        (
+            {"confidence": 95},
+            r"^Expected confidence between 0 and 1 \(exclusive\), but received 95\. Pass a "
+            r"float level such as confidence=0\.95 \(not 95\)\.$",
+        ),
+        (
+            {"n_bootstrap": 10},
+            r"^Expected an int >= 100 for n_bootstrap, but received 10\. Pass the number of "
+            r"bootstrap resamples, such as n_bootstrap=2000\.$",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -265,3 +266,88 @@ def test_a_missing_file_or_directory_is_reported(tmp_path: Path) -> None:
         read_chrome_trace(tmp_path / "missing.json")
     with pytest.raises(TraceError, match="but it is a directory"):
         read_chrome_trace(tmp_path)
+
+
+def test_integer_attributes_with_missing_values_stay_exact(
+    run_builder: Callable[..., RunBuilder],
+) -> None:
+    rb = run_builder()
+    big = 2**60 + 1  # not representable in float64
+    rb.span("a", 0, 10, 0, {"user.bytes": big, "user.flag": True})
+    rb.span("b", 20, 30, 0, {"user.flag": False})
+    rb.span("c", 40, 50, 0, {"user.bytes": -big})
+    frame = spans_to_frame(rb.batch()).set_index("name")
+    assert str(frame["user.bytes"].dtype) == "Int64"
+    assert frame.loc["a", "user.bytes"] == big
+    assert frame.loc["c", "user.bytes"] == -big
+    assert pd.isna(frame.loc["b", "user.bytes"])
+    assert str(frame["user.flag"].dtype) == "boolean"  # bools are not ints
+
+
+def _trace_file(
+    tmp_path: Path, span_id: Any = "0000000000000001", origin_ns: Any = 0, ts: Any = 1.0
+) -> Path:
+    events = [
+        {
+            "ph": "X",
+            "name": "trainer.step",
+            "pid": 1,
+            "tid": 1,
+            "ts": ts,
+            "dur": 2.0,
+            "args": {"span_id": span_id, "parent_id": "0000000000000000"},
+        }
+    ]
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"otherData": {"origin_ns": origin_ns}, "traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("span_id", ["-1", "123456789012345678", -1, 2**64])
+def test_span_ids_out_of_range_are_a_trace_error(tmp_path: Path, span_id: Any) -> None:
+    with pytest.raises(
+        TraceError,
+        match=(
+            r"^Expected span ids of at most 16 hex digits \(0 to ffffffffffffffff\) in "
+            rf"args\.span_id, but received {re.escape(repr(span_id))}\. Fix the ids, or remove "
+            r"span_id and parent_id from every event so that parents are inferred from nesting\.$"
+        ),
+    ):
+        read_chrome_trace(_trace_file(tmp_path, span_id=span_id))
+
+
+def test_the_largest_span_id_and_non_hex_ids_are_still_read(tmp_path: Path) -> None:
+    frame = read_chrome_trace(_trace_file(tmp_path, span_id="ffffffffffffffff"))
+    assert frame["span_id"].tolist() == [2**64 - 1]
+    frame = read_chrome_trace(_trace_file(tmp_path, span_id="not hex"))  # parents inferred
+    assert frame["span_id"].tolist() == [1]
+
+
+def test_an_origin_out_of_the_int64_range_is_a_trace_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        TraceError,
+        match=(
+            r"^Expected otherData\.origin_ns to be epoch nanoseconds within the int64 range "
+            r"\(\|origin_ns\| < 2\*\*63\), but received 100000000000000000000000\. Fix "
+            r"origin_ns, or remove it to read the event times as they are\.$"
+        ),
+    ):
+        read_chrome_trace(_trace_file(tmp_path, origin_ns=10**23))
+    with pytest.raises(
+        TraceError,
+        match=(
+            r"^Expected span times \(otherData\.origin_ns plus each event's ts and dur\) within "
+            r"the int64 nanosecond range, but with origin_ns=9223372036854775000 they reach "
+            r"beyond it\. Fix origin_ns or the events' ts and dur\.$"
+        ),
+    ):
+        read_chrome_trace(_trace_file(tmp_path, origin_ns=2**63 - 808))
+    with pytest.raises(
+        TraceError,
+        match=(
+            r"^Expected event 'ts' values in microseconds within the int64 nanosecond range "
+            r"\(\|ts\| < 9\.2e15\), but received 1e\+20\. Fix the 'ts' of the events that were "
+            r"written wrong\.$"
+        ),
+    ):
+        read_chrome_trace(_trace_file(tmp_path, ts=1e20))

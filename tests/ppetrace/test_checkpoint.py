@@ -222,8 +222,43 @@ def _fit_resuming(path: Path) -> torch.nn.Module:
 
 def test_missing_resume_file_is_named(tmp_path: Path) -> None:
     missing = tmp_path / "nope.pt"
-    with pytest.raises(FileNotFoundError, match=r"resume_from='.*nope\.pt', but it does not exist"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=(
+            r"^Expected a checkpoint file at resume_from='.*nope\.pt', but it does not exist\. "
+            r"Pass the path of a checkpoint written by the Trainer \(checkpoint_dir/last\.pt\), "
+            r"or start without resume_from\.$"
+        ),
+    ):
         _fit_resuming(missing)
+
+
+def test_a_directory_as_resume_file_is_a_checkpoint_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        CheckpointError,
+        match=(
+            r"^Expected a checkpoint file at resume_from='.*', but it is a directory\. Pass the "
+            r"path of the checkpoint file itself \(checkpoint_dir/last\.pt\)\.$"
+        ),
+    ):
+        load_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_without_rng_states_names_the_file_and_the_entry(tmp_path: Path) -> None:
+    train(0, tmp_path, every=None, use_generator=False)
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    del state["rng"]
+    incomplete = tmp_path / "no_rng.pt"
+    torch.save(state, incomplete)
+    with pytest.raises(
+        CheckpointError,
+        match=(
+            r"^Expected the entries 'module', 'optimization', 'trainer', 'rng' in the checkpoint "
+            r"'.*no_rng\.pt', but 'rng' is missing\. Resume from a checkpoint written by "
+            r"ppetrace\.Trainer \(checkpoint_dir/last\.pt\), or start without resume_from\.$"
+        ),
+    ):
+        _fit_resuming(incomplete)
 
 
 def test_corrupt_resume_file_is_named_with_the_reason(tmp_path: Path) -> None:

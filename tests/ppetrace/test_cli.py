@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -223,3 +224,80 @@ def test_python_m_ppetrace_runs_without_importing_torch(base: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "False 0"
     assert "### ppetrace compare" in result.stdout
+
+
+def _odd_trace(path: Path, *, span_id: str = "0000000000000001", origin_ns: int = 0) -> Path:
+    event = {
+        "ph": "X",
+        "name": "trainer.step",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1.0,
+        "dur": 2.0,
+        "args": {"span_id": span_id, "parent_id": "0000000000000000", "ppetrace.step": 0},
+    }
+    path.write_text(json.dumps({"otherData": {"origin_ns": origin_ns}, "traceEvents": [event]}))
+    return path
+
+
+def test_out_of_range_ids_and_origins_exit_2_with_one_line(base: Path, tmp_path: Path) -> None:
+    negative = _odd_trace(tmp_path / "negative.json", span_id="-1")
+    too_long = _odd_trace(tmp_path / "long.json", span_id="123456789012345678")
+    far = _odd_trace(tmp_path / "far.json", origin_ns=10**23)
+    ids = r"Expected span ids of at most 16 hex digits \(0 to ffffffffffffffff\) in args\.span_id"
+    cases = {
+        ("report", str(negative)): rf"^ppetrace report: error: In .*negative\.json: {ids}, "
+        r"but received '-1'\. Fix the ids",
+        ("report", str(too_long)): rf"{ids}, but received '123456789012345678'\.",
+        ("report", str(far)): r"In .*far\.json: Expected otherData\.origin_ns to be epoch "
+        r"nanoseconds within the int64 range \(\|origin_ns\| < 2\*\*63\), but received "
+        r"100000000000000000000000\. Fix origin_ns",
+        # exit code 1 would mean "regression": a bad candidate must give 2
+        ("compare", str(base), str(negative)): rf"^ppetrace compare: error: .*negative.* {ids}",
+    }
+    for argv, pattern in cases.items():
+        code, _, err = run(*argv)
+        assert code == 2, (argv, err)
+        assert re.search(pattern, _one_error_line(err)), (argv, err)
+
+
+def test_an_unexpected_error_exits_2_with_one_line(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import exporters
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("pandas changed its mind\nsecond line")
+
+    monkeypatch.setattr(exporters, "step_report", broken)
+    code, _, err = run("report", str(base))
+    assert code == 2
+    assert _one_error_line(err) == (
+        "ppetrace: error: RuntimeError: pandas changed its mind second line"
+    )
+    monkeypatch.setattr(exporters, "compare", broken)
+    code, _, err = run("compare", str(base), str(base))
+    assert code == 2  # never 1, which means "significant regression"
+    assert _one_error_line(err).startswith("ppetrace: error: RuntimeError: ")
+
+
+def test_merge_into_a_directory_says_out_must_be_a_file(base: Path, tmp_path: Path) -> None:
+    code, _, err = run("merge", str(tmp_path), str(base))
+    assert code == 2
+    assert re.fullmatch(
+        r"ppetrace merge: error: Expected a file path for OUT \(the merged trace to write\), "
+        rf"but {re.escape(str(tmp_path))} is a directory\. Pass a file name, such as "
+        rf"{re.escape(str(tmp_path / 'merged.json'))}\.",
+        _one_error_line(err),
+    )
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code, _, err = run("merge", str(blocker / "merged.json"), str(base))
+    assert code == 2
+    assert re.search(
+        r"^ppetrace merge: error: Expected a writable file path for OUT \(the merged trace to "
+        r"write\), but writing .*merged\.json failed: .*\. Pass a file path in a folder you can "
+        r"write to\.$",
+        _one_error_line(err),
+    )
+    assert "Errno" not in err

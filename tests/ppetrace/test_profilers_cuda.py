@@ -17,27 +17,50 @@ from ppetrace.profilers._base import DEVICE_TID
 
 
 class FakeEvent:
-    __slots__ = ("t",)
+    __slots__ = ("t", "done")
 
-    def __init__(self, t: int) -> None:
+    def __init__(self, t: int, done: bool) -> None:
         self.t = t
+        self.done = done
 
 
 class FakeSource:
-    """Events stamped with a device clock the test moves; counts the waits."""
+    """Events stamped with a device clock the test moves. ``reached`` says whether the
+    device has reached new events at once (else ``catch_up()`` does it); ``calls`` lists
+    every call, with a ``"synchronize"`` where ``elapsed_ns`` had to wait for its end."""
 
     def __init__(self) -> None:
         self.device_ns = 0
         self.recorded = 0
-        self.waits = 0
+        self.waits = 0  # elapsed_ns calls
+        self.reached = True
+        self.events: list[FakeEvent] = []
+        self.calls: list[str] = []
 
     def record(self) -> FakeEvent:
         self.recorded += 1
-        return FakeEvent(self.device_ns)
+        self.calls.append("record")
+        event = FakeEvent(self.device_ns, self.reached)
+        self.events.append(event)
+        return event
+
+    def query(self, event: FakeEvent) -> bool:
+        self.calls.append("query")
+        return event.done
 
     def elapsed_ns(self, start: FakeEvent, end: FakeEvent) -> int:
         self.waits += 1
+        if not end.done:
+            self.calls.append("synchronize")
+            for event in self.events[: self.events.index(end) + 1]:  # the stream runs in order
+                event.done = True
+        self.calls.append("elapsed_ns")
         return end.t - start.t
+
+    def catch_up(self) -> None:
+        """The device reaches every event recorded so far."""
+        for event in self.events:
+            event.done = True
 
 
 class _Runtime:
@@ -131,6 +154,85 @@ def test_a_span_open_at_a_flush_is_resolved_at_a_later_flush(
         source.device_ns += 20
     ppetrace.flush()
     assert _device_durs(span_exporter)["trainer.step"] == [25]
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def add_events(self, events: Any) -> None:
+        self.events.extend(events)
+
+
+def test_a_pair_the_device_has_not_reached_is_resolved_at_a_later_flush_without_a_wait(
+    span_exporter: InMemorySpanExporter, timer: CudaTimer
+) -> None:
+    source = timer.source
+    assert isinstance(source, FakeSource)
+    sink = ListSink()
+    timer.setup(_Trainer(sink))
+    source.reached = False  # the device runs behind the host
+
+    def step(i: int, device_ns: int) -> None:
+        timer.step_begin(i)
+        with timer.span("trainer.step", {"ppetrace.batch_idx": i}):
+            source.device_ns += device_ns
+        timer.step_end(i)
+
+    step(0, 40)
+    with ppetrace.trace("runtime.train_post_step"):
+        ppetrace.flush()  # e.g. a full buffer, flushed inside a hook
+    assert "synchronize" not in source.calls and source.waits == 0
+    assert timer.resolved == 0 and timer.pending == 1  # carried over
+    source.catch_up()
+    step(1, 60)
+    ppetrace.flush()  # step 0 has completed by now, step 1 has not
+    assert "synchronize" not in source.calls
+    assert timer.resolved == 1 and timer.pending == 1
+    step(2, 80)  # still buffered at the end of the run
+    before = len(source.calls)
+    timer.teardown()  # the end of the run, outside every hook: waits for steps 1 and 2
+    assert "synchronize" not in source.calls[:before] and "synchronize" in source.calls
+    assert timer.resolved == 3 and timer.pending == 0
+    device = [(e["name"], e["dur_ns"]) for e in sink.events if e.get("ph") == "X"]
+    assert device == [("trainer.step", 40), ("trainer.step", 60), ("trainer.step", 80)]
+    durs = {
+        (s.attributes or {})["ppetrace.batch_idx"]: (s.attributes or {}).get(
+            "ppetrace.device_dur_ns"
+        )
+        for s in span_exporter.get_finished_spans()
+        if s.name == "trainer.step"
+    }
+    # steps 0 and 1 left with a flush before the device got there: they have their
+    # device-track event only; step 2 was still buffered and gets the attribute too
+    assert durs == {0: None, 1: None, 2: 80}
+
+
+def test_teardown_waits_outside_the_flush_and_flushes_the_attributes(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    source = FakeSource()
+    source.reached = False
+    timer = CudaTimer(source=source)
+    timer.setup(_Trainer())
+    flush_calls: list[list[str]] = []
+
+    def spy() -> None:  # the calls made while the recorder flushes
+        flush_calls.append(list(source.calls))
+
+    with timer.span("trainer.backward", {}):
+        source.device_ns += 9
+    RECORDER.before_flush.insert(0, spy)
+    RECORDER.before_flush.append(spy)
+    try:
+        timer.teardown()
+    finally:
+        RECORDER.before_flush.remove(spy)
+        RECORDER.before_flush.remove(spy)
+    before, after = flush_calls
+    assert "synchronize" in before  # the wait happened before the flush began
+    assert before == after  # and the flush's own resolve called nothing
+    assert _device_durs(span_exporter) == {"trainer.backward": [9]}
 
 
 def test_the_device_track_nests_and_follows_the_device_clock(
@@ -273,7 +375,23 @@ def test_a_failing_source_never_breaks_the_block(
 def test_invalid_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match=r"Expected an iterable of event names for spans"):
         CudaTimer(spans="trainer.step")
-    with pytest.raises(TypeError, match=r"Expected an EventSource \(record\(\) and elapsed_ns"):
+    with pytest.raises(
+        TypeError,
+        match=(
+            r"^Expected an EventSource \(record\(\), query\(event\) and elapsed_ns\(start, end\)\) "
+            r"for source, but received object\. Add the missing methods\.$"
+        ),
+    ):
         CudaTimer(source=object())  # type: ignore[arg-type]
+
+    class NoQuery:  # the protocol before query() existed
+        def record(self) -> FakeEvent:
+            return FakeEvent(0, True)
+
+        def elapsed_ns(self, start: FakeEvent, end: FakeEvent) -> int:
+            return 0
+
+    with pytest.raises(TypeError, match=r"but received NoQuery\. Add the missing methods\.$"):
+        CudaTimer(source=NoQuery())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"Expected a ppetrace.profilers.Schedule or None"):
         CudaTimer(schedule=3)  # type: ignore[arg-type]

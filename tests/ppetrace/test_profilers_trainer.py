@@ -122,6 +122,9 @@ class _CountingSource:
         self.events += 1
         return self.events * 1000
 
+    def query(self, event: int) -> bool:
+        return True  # the fake device is never behind
+
     def elapsed_ns(self, start: int, end: int) -> int:
         return end - start
 

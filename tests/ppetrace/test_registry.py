@@ -53,6 +53,24 @@ def test_default_registry_serves_cpu_and_cuda_with_pytorch_runtime() -> None:
         assert runtime_registry.get_runtime_class_for_device_spec(spec) is PyTorchRuntime
 
 
+def test_unregistering_an_unknown_type_lists_the_registered_ones() -> None:
+    registry = RuntimeRegistry()
+    registry.register("cpu", PyTorchRuntime)
+    registry.register("my_device", MyDeviceRuntime)
+    with pytest.raises(
+        KeyError,
+        match=(
+            r"Expected a registered device type to unregister, but received 'tpu'; registered: "
+            r"cpu, my_device\. Pass one of the registered types\."
+        ),
+    ):
+        registry.unregister("tpu")
+    registry.unregister("my_device")
+    assert registry.registered_types() == ["cpu"]
+    with pytest.raises(KeyError, match=r"received 'my_device'; registered: cpu\."):
+        registry.unregister("my_device")
+
+
 def test_indexed_spec_resolves_through_its_type() -> None:
     registry = RuntimeRegistry(fallback_class=None)
     registry.register("cuda", CudaRuntime)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import inspect
+import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar, NamedTuple
 
@@ -179,6 +180,51 @@ def test_subclass_overriding_trace_sees_every_hook(span_exporter: InMemorySpanEx
     assert NvtxLikeRuntime.events == expected
     # super().trace inside the override keeps the spans
     assert span_names(span_exporter) == [f"runtime.{hook}" for hook, _ in HOOK_CALLS]
+
+
+def test_call_hook_opens_the_span_without_calling_the_default_trace(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    default_trace = BaseRuntime.trace.__func__.__code__  # type: ignore[attr-defined]
+    runtime = PyTorchRuntime("cpu", {})
+    called: list[Any] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            called.append(frame.f_code)
+
+    sys.setprofile(profile)
+    try:
+        call_hook(runtime, "train_epoch_begin", {"ppetrace.epoch": 3}, MODULE)
+    finally:
+        sys.setprofile(None)
+    assert default_trace not in called
+    ppetrace.flush()
+    (span,) = span_exporter.get_finished_spans()
+    assert span.name == "runtime.train_epoch_begin"
+    assert span.attributes is not None and span.attributes["ppetrace.epoch"] == 3
+
+
+def test_a_trace_assigned_to_a_class_later_sees_the_next_hooks(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    class Late(PyTorchRuntime):
+        pass
+
+    runtime = Late("cpu", {})
+    call_hook(runtime, "train_cleanup", None, MODULE)  # the default trace
+    seen: list[str | None] = []
+
+    def traced(cls: type, event_name: str | None, arg: Any) -> Any:
+        seen.append(event_name)
+        return BaseRuntime.trace.__func__(cls, event_name, arg)  # type: ignore[attr-defined]
+
+    Late.trace = classmethod(traced)  # type: ignore[assignment, method-assign]
+    call_hook(runtime, "train_cleanup", None, MODULE)
+    del Late.trace
+    call_hook(runtime, "train_cleanup", None, MODULE)
+    assert seen == ["runtime.train_cleanup"]
+    assert span_names(span_exporter) == ["runtime.train_cleanup"] * 3
 
 
 def test_to_and_codeblocks_go_through_an_overridden_trace(

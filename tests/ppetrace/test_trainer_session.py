@@ -143,6 +143,63 @@ def test_trace_path_attaches_a_chrome_exporter_for_the_run(
     assert "after.run" not in exp.rows  # removed at the end of the run
 
 
+def _trace_run(trainer: ppetrace.Trainer, calls: str) -> None:
+    net = torch.nn.Linear(8, 4)
+    for call in calls.split():
+        if call == "fit":
+            fit(trainer)
+        elif call == "validate":
+            trainer.validate(net, loader(), loss_fn=F.cross_entropy)
+        else:
+            trainer.test(net, loader(), loss_fn=F.cross_entropy)
+
+
+def test_fit_validate_and_test_on_one_trainer_each_keep_their_trace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from exporters import read_chrome_trace
+
+    trainer = ppetrace.Trainer(max_epochs=1, trace_path=tmp_path / "trace.json", progress=False)
+    assert trainer.last_trace_path is None and trainer.trace_paths == []
+    with caplog.at_level("INFO", logger="ppetrace"):
+        _trace_run(trainer, "fit validate test")
+    paths = [
+        tmp_path / "trace.json",
+        tmp_path / "trace.validate.json",
+        tmp_path / "trace.test.json",
+    ]
+    assert trainer.trace_paths == paths
+    assert trainer.last_trace_path == paths[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
+    fit_names, val_names, test_names = (set(read_chrome_trace(p)["name"]) for p in paths)
+    assert {"trainer.run", "trainer.step"} <= fit_names
+    assert "trainer.validation" in val_names and "trainer.step" not in val_names
+    assert "evaluator.step" in test_names and "trainer.validation" not in test_names
+    assert [r.getMessage() for r in caplog.records if "trace to" in r.getMessage()] == [
+        f"ppetrace: writing the fit trace to {paths[0]}",
+        f"ppetrace: writing the validate trace to {paths[1]}",
+        f"ppetrace: writing the test trace to {paths[2]}",
+    ]
+
+
+def test_later_calls_never_overwrite_a_trace_and_gzip_stays_gzip(tmp_path: Path) -> None:
+    from exporters import read_chrome_trace
+
+    trainer = ppetrace.Trainer(max_epochs=1, trace_path=tmp_path / "t.json.gz", progress=False)
+    _trace_run(trainer, "validate fit fit validate")
+    assert [p.name for p in trainer.trace_paths] == [
+        "t.json.gz",
+        "t.fit.json.gz",
+        "t.fit2.json.gz",
+        "t.validate2.json.gz",
+    ]
+    for path in trainer.trace_paths:
+        assert path.read_bytes()[:2] == b"\x1f\x8b"  # gzip
+        assert len(read_chrome_trace(path)) > 0
+    assert "trainer.step" not in set(read_chrome_trace(trainer.trace_paths[0])["name"])
+    assert "trainer.step" in set(read_chrome_trace(trainer.trace_paths[2])["name"])
+
+
 def test_trace_exporter_is_removed_when_the_run_fails(fake_chrome: type[FakeChrome]) -> None:
     class Fail(ppetrace.CallbackInterface):
         def on_begin_train_epoch(self, global_step: int, epoch: int) -> None:
