@@ -134,6 +134,9 @@ class Recorder:
         # called (under the flush lock) before each flush drains the buffers,
         # e.g. to resolve CUDA events into span attributes off the hot path
         self.before_flush: list[Callable[[], None]] = []
+        # True while a full buffer is flushed from inside a traced block: a
+        # before-flush hook must not wait for a device then
+        self.inline_flush = False
         self.dropped = 0
         self.recorded_flushed = 0
         self.exported = 0
@@ -165,9 +168,11 @@ class Recorder:
     def on_full(self, records: list[SpanRow]) -> None:
         """A thread's buffer is full: flush now, or drop if a flush is running."""
         if self._flush_lock.acquire(blocking=False):
+            self.inline_flush = True
             try:
                 self._flush_locked()
             finally:
+                self.inline_flush = False
                 self._flush_lock.release()
         else:
             # the same lock as the drain, so a flusher never loses or double-counts

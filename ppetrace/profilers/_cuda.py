@@ -4,21 +4,21 @@ The spans of hooks that launch device work record an event pair on the
 device stream, one right after the span opens and one right before it
 closes. Nothing waits for the device there. At each flush of the recorder
 (``RECORDER.before_flush``) the pairs whose end event the device has
-already reached (``EventSource.query``) are resolved; a flush can run inside
-a hook (a full span buffer flushes from the hook whose span just closed), so
-it never waits for the device. Pairs still in flight are carried over to
-the next flush, and the rest is resolved, waiting for the device, in
-:meth:`CudaTimer.teardown` at the end of the run, outside every hook. The
-results are:
+already reached (``EventSource.query``) are resolved. A flush forced by a
+full span buffer runs inside a hook (the one whose span just closed;
+``RECORDER.inline_flush`` is then true), so it never waits for the device:
+pairs still in flight are carried over. An explicit flush (the Trainer's, at
+the end of each epoch and of the run, outside every hook) waits for them,
+and :meth:`CudaTimer.teardown` resolves whatever is left. The results are:
 
 - the span attribute ``ppetrace.device_dur_ns`` (the frame's
   ``device_dur_ns`` column and the report's device columns);
 - an ``X`` event per timed span on the "cuda device time" track of the
   Chrome trace.
 
-A span whose pair is still in flight when a flush exports the span itself
-goes out without ``ppetrace.device_dur_ns``; its device-track event is
-written all the same once the pair resolves.
+A span whose pair is still in flight when a buffer-full flush exports the
+span itself goes out without ``ppetrace.device_dur_ns``; its device-track
+event is written all the same once the pair resolves.
 
 Where the device track puts an event: the device's clock has no fixed
 relation to the host's, so the track is reconstructed. The first outermost
@@ -403,14 +403,17 @@ class CudaTimer(Profiler):
         """The ``RECORDER.before_flush`` hook: turn the event pairs that the device has
         completed into ``ppetrace.device_dur_ns`` and device-track events.
 
-        Runs under the recorder's flush lock, before the buffers are drained,
-        possibly inside a hook: it never waits for the device. Pairs not
-        completed yet stay pending for a later flush or :meth:`teardown`.
+        Runs under the recorder's flush lock, before the buffers are drained. A
+        flush forced by a full buffer runs inside a hook (``RECORDER.inline_flush``):
+        then it never waits for the device, and pairs not completed yet stay
+        pending for a later flush or :meth:`teardown`. An explicit flush (the
+        Trainer's at the end of each epoch, outside every hook) waits for the
+        device, so every span it exports carries its device time.
         """
         if not self._resolving.acquire(blocking=False):
             return  # teardown is resolving (and may be waiting): leave it to it
         try:
-            self._resolve(wait=False)
+            self._resolve(wait=not RECORDER.inline_flush)
         finally:
             self._resolving.release()
 

@@ -181,12 +181,12 @@ def test_a_pair_the_device_has_not_reached_is_resolved_at_a_later_flush_without_
 
     step(0, 40)
     with ppetrace.trace("runtime.train_post_step"):
-        ppetrace.flush()  # e.g. a full buffer, flushed inside a hook
+        RECORDER.on_full([])  # a full buffer, flushed inside a hook
     assert "synchronize" not in source.calls and source.waits == 0
     assert timer.resolved == 0 and timer.pending == 1  # carried over
     source.catch_up()
     step(1, 60)
-    ppetrace.flush()  # step 0 has completed by now, step 1 has not
+    RECORDER.on_full([])  # again from a full buffer: step 0 has completed, step 1 has not
     assert "synchronize" not in source.calls
     assert timer.resolved == 1 and timer.pending == 1
     step(2, 80)  # still buffered at the end of the run
@@ -206,6 +206,23 @@ def test_a_pair_the_device_has_not_reached_is_resolved_at_a_later_flush_without_
     # steps 0 and 1 left with a flush before the device got there: they have their
     # device-track event only; step 2 was still buffered and gets the attribute too
     assert durs == {0: None, 1: None, 2: 80}
+
+
+def test_an_explicit_flush_outside_hooks_waits_so_every_span_gets_its_device_time(
+    span_exporter: InMemorySpanExporter, timer: CudaTimer
+) -> None:
+    source = timer.source
+    assert isinstance(source, FakeSource)
+    timer.setup(_Trainer(ListSink()))
+    source.reached = False  # the device runs behind the host
+    timer.step_begin(0)
+    with timer.span("trainer.step", {"ppetrace.batch_idx": 0}):
+        source.device_ns += 70
+    timer.step_end(0)
+    ppetrace.flush()  # the Trainer's end-of-epoch flush
+    assert "synchronize" in source.calls
+    assert _device_durs(span_exporter) == {"trainer.step": [70]}
+    timer.teardown()
 
 
 def test_teardown_waits_outside_the_flush_and_flushes_the_attributes(
