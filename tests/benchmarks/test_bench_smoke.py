@@ -1,0 +1,181 @@
+"""Smoke tests of the benchmark suite at tiny size: every row is there; no timing is asserted."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import ppetrace
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not installed
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_memory, bench_trainer, run  # noqa: E402
+
+BUDGETED = {
+    "hotpath.otel",
+    "hotpath.floor",
+    "hotpath.nullcontext",
+    "trainer.tiny.ppetrace",
+    "trainer.mlp.ppetrace",
+    "export.chrome",
+    "export.frame",
+    "memory.steady",
+    "profilers.off",
+}
+PEER_ROWS = {
+    f"trainer.{w}.{v}" for w in ("tiny", "mlp") for v in ("ppe", "ppe_profile", "lightning")
+}
+
+
+def test_quick_run_writes_every_row_to_json_and_markdown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, md = tmp_path / "results.json", tmp_path / "table.md"
+    code = run.main(["--quick", "--no-profile", "--json", str(out), "--markdown", str(md)])
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    rows = {r["id"]: r for r in data["rows"]}
+    expected = set(itertools.chain.from_iterable(run.ROW_IDS.values()))
+    assert set(rows) == expected, data["details"]["errors"]
+    assert expected >= BUDGETED
+    assert code == (1 if data["failed"] else 0)
+    for row_id, row in rows.items():
+        if row_id in BUDGETED:
+            assert row["status"] in ("PASS", "FAIL"), row
+            assert row["budget"] != "–"
+        elif row_id in PEER_ROWS:
+            variant = row_id.rsplit(".", 1)[1]
+            installed = bench_trainer.peer_available(variant)
+            assert row["status"] == ("info" if installed else "not installed"), row
+        else:
+            assert row["status"] in ("info", "not installed"), row
+        if row["status"] in ("PASS", "FAIL", "info"):
+            assert row["measured"] != "–", row
+    # one table, printed and in Markdown, with one line per row
+    assert printed.count("\n") > len(rows)
+    for row in data["rows"]:
+        assert row["what"] in printed
+    table = md.read_text().splitlines()
+    assert len(table) == len(rows) + 2 and table[0].startswith("| what | measured |")
+    assert data["markdown"] == md.read_text()
+    assert data["mode"] == "quick" and data["command"].startswith("python -m benchmarks.run")
+    assert data["date"] and data["environment"]["torch"]
+    # the traced run's trace was read back into a report with every step
+    tiny = data["details"]["trainer_tiny"]
+    assert tiny["report_steps"] == run.SIZES["quick"]["tiny_steps"]
+    assert len(tiny["times_ns"]["hand"]) == run.SIZES["quick"]["trainer_rounds"]
+    assert ppetrace.stats().buffered == 0
+
+
+def test_a_missing_peer_is_reported_not_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in ("lightning", "pytorch_pfn_extras"):
+        monkeypatch.setitem(sys.modules, module, None)  # import now raises ImportError
+    res = bench_trainer.measure("tiny", steps=3, rounds=1)
+    assert res.missing == {
+        "ppe": "not installed",
+        "ppe_profile": "not installed",
+        "lightning": "not installed",
+    }
+    assert set(res.times_ns) == {"hand", "ppetrace", "ppetrace_nofile", "ppetrace_off"}
+    assert res.report_steps == 3
+
+    details: dict[str, object] = {}
+    size = dict(run.SIZES["quick"], tiny_steps=3, mlp_steps=2, trainer_rounds=1)
+    rows = {r.id: r for r in run.trainer_rows(size, details)}
+    for row_id in PEER_ROWS:
+        assert rows[row_id].status == "not installed"
+    table = run.render_table(list(rows.values()))
+    assert table.count("not installed") == len(PEER_ROWS)
+    assert run.measure_ppe_record(10, 1) is None
+
+
+def test_trainer_measure_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"Expected a positive int for steps, but received 0\."):
+        bench_trainer.measure("tiny", steps=0, rounds=1)
+    with pytest.raises(ValueError, match=r"Unknown workload 'huge'; expected one of tiny, mlp\."):
+        bench_trainer.measure("huge", steps=1, rounds=1)
+    with pytest.raises(ValueError, match=r"Expected 'hand' among the variants"):
+        bench_trainer.measure("tiny", steps=1, rounds=1, variants=["ppetrace"])
+    with pytest.raises(ValueError, match=r"Unknown variant 'keras'"):
+        bench_trainer.measure("tiny", steps=1, rounds=1, variants=["hand", "keras"])
+
+
+def test_trainer_result_ratios_pair_rounds() -> None:
+    res = bench_trainer.TrainerResult("tiny", steps=10, rounds=3, threads=1)
+    res.times_ns = {"hand": [100, 200, 100], "ppetrace": [110, 300, 120]}
+    assert res.paired_ratio("ppetrace") == pytest.approx(1.2)  # median of 1.1, 1.5, 1.2
+    assert res.best_ratio("ppetrace") == pytest.approx(1.1)
+    assert res.us_per_step("hand") == pytest.approx(0.01)
+    lo, hi = res.paired_ci("ppetrace")
+    assert 1.1 <= lo <= 1.2 <= hi <= 1.5  # within the spread of the paired ratios
+
+
+def test_profile_export_names_the_exporter_functions() -> None:
+    found = run.profile_export("chrome", 10_000, top=4)
+    assert found["spans"] == 10_000 and found["total_ns_per_span"] > 0
+    assert len(found["functions"]) == 4
+    assert any(f["file"].startswith("exporters/") for f in found["functions"]), found
+    assert "export.chrome: pyinstrument over 10,000 spans" in run.render_hot_spots(
+        {"export.chrome": found}
+    )
+
+
+def test_profile_names_ppetrace_functions() -> None:
+    found = bench_trainer.profile_traced("tiny", steps=150, top=5)
+    assert found["steps"] == 150 and 0 < len(found["functions"]) <= 5
+    for f in found["functions"]:
+        assert f["file"].startswith(("ppetrace/", "exporters/", "opentelemetry/")), f
+    assert found["library_us_per_step"] >= found["functions"][0]["us_per_step"] > 0
+    text = run.render_hot_spots({"trainer.tiny.ppetrace": found})
+    assert found["functions"][0]["function"] in text
+
+
+def test_memory_phases_with_an_injected_rss() -> None:
+    readings = iter([100, 150, 160, 175, 170])  # start, 3 flushes, end
+    calls: list[int] = []
+
+    def rss() -> int:
+        calls.append(1)
+        return next(readings)
+
+    res = bench_memory.measure(200, checkpoint=50, flush_every=100, rss=rss)
+    assert len(calls) == 5  # flushes at 50 (checkpoint), 100 and 200 spans
+    assert (res["rss_start"], res["rss_checkpoint"], res["rss_end"]) == (100, 150, 170)
+    assert res["growth_warmup"] == 50 and res["growth_steady"] == 20 and res["rss_peak"] == 175
+    assert [s for s, _ in res["rss_series"]] == [0, 50, 100, 200]
+    assert res["exported"] == 200 and res["dropped"] == 0 and res["trace_bytes"] > 0
+    assert bench_memory.verdict(res, budget_mb=1e-4) is True  # 20 B < 100 B
+    assert bench_memory.verdict(res, budget_mb=1e-5) is False
+
+
+def test_memory_measure_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match=r"Expected checkpoint < spans, but received"):
+        bench_memory.measure(100, checkpoint=100)
+    with pytest.raises(ValueError, match=r"Expected an int of at least 10 for spans"):
+        bench_memory.measure(5, checkpoint=1)
+    with pytest.raises(ValueError, match=r"Expected sink 'chrome' or 'null'"):
+        bench_memory.measure(100, checkpoint=50, sink="disk")  # type: ignore[arg-type]
+
+
+def test_run_suite_rejects_an_unknown_section() -> None:
+    with pytest.raises(ValueError, match=r"Unknown section 'gpu'; expected some of hot path"):
+        run.run_suite(run.SIZES["quick"], ["gpu"])
+
+
+def test_markdown_marks_budgets_and_escapes_pipes() -> None:
+    rows = [
+        run.Row(id="a", what="x | y", measured="1 ns", ratio=1.5, budget="<= 2.00x", status="PASS"),
+        run.Row(id="b", what="peer", status="not installed"),
+    ]
+    md = run.render_markdown(rows).splitlines()
+    assert md[2] == "| x \\| y | 1 ns | – | 1.500x | <= 2.00x | **PASS** |"
+    assert md[3] == "| peer | – | – | – | – | not installed |"
+    text = run.render_table(rows).splitlines()
+    assert text[0].split() == ["what", "measured", "reference", "ratio", "budget", "result"]
+    assert text[2].startswith("x | y") and text[2].endswith("PASS")

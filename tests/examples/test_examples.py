@@ -1,0 +1,174 @@
+"""Smoke tests at tiny size: quickstart, transformer_lm, custom_runtime and the CI step."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import ppetrace
+from exporters import read_chrome_trace
+from ppetrace import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+WORKFLOW = ROOT / ".github" / "workflows" / "ppetrace-bench.yml"
+
+
+def load(relative: str) -> ModuleType:
+    path = EXAMPLES / relative
+    name = "example_" + relative.replace("/", "_").removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quickstart_writes_a_trace_and_prints_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "trace.json"
+    code = load("quickstart.py").main(["--epochs", "1", "--samples", "256", "--trace", str(trace)])
+    assert code == 0
+    frame = read_chrome_trace(trace)
+    steps = frame[frame["name"] == "trainer.step"]
+    assert len(steps) == 256 // 64  # default batch size 64: four steps
+    assert sorted(steps["batch_idx"]) == [0, 1, 2, 3]
+    assert {"trainer.run", "trainer.validation", "evaluator.step"} <= set(frame["name"])
+    out = capsys.readouterr().out
+    assert "steps/s" in out
+    assert "trainer.step" in out
+    assert f"Wrote {trace}: open it in https://ui.perfetto.dev or chrome://tracing." in out
+
+
+def test_transformer_lm_learns_and_traces_validation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = load("transformer_lm.py")
+    trace = tmp_path / "lm.json"
+    history = example.main(
+        [
+            "--epochs", "2", "--samples", "256", "--length", "4", "--symbols", "6",
+            "--batch-size", "32", "--d-model", "32", "--layers", "1",
+            "--no-progress", "--trace", str(trace),
+        ]
+    )  # fmt: skip
+    losses, accuracy = history["val_loss"], history["val_accuracy"]
+    assert len(losses) == 2 and losses[1] < losses[0]  # validation every epoch, and it learns
+    assert losses[0] < math.log(6) * 1.5  # a sane cross-entropy over 6 symbols
+    assert all(0.0 <= a <= 1.0 for a in accuracy)
+    frame = read_chrome_trace(trace)
+    counts = frame["name"].value_counts()
+    assert counts["trainer.step"] == 2 * (256 // 32)
+    assert counts["trainer.validation"] == 2
+    assert counts["module.val_step"] == 2 * math.ceil(64 / 256)  # 64 val sentences, batch 256
+    assert "token accuracy" in capsys.readouterr().out
+
+
+def test_transformer_lm_data_is_a_reversal_language() -> None:
+    example = load("transformer_lm.py")
+    inputs, targets = example.reversal_sentences(5, 3, 4, seed=0)
+    assert inputs.shape == targets.shape == (5, 2 * 3 + 1)
+    assert (inputs[:, 0] == example.BOS).all() and (inputs[:, 4] == example.SEP).all()
+    prefix = inputs[:, 1:4]
+    assert (targets[:, 4:] == prefix.flip(1)).all()  # after <sep>: the prefix reversed
+    assert (targets[:, :3] == example.IGNORE).all()  # the random prefix is not scored
+    assert ((prefix >= example.SPECIAL) & (prefix < example.SPECIAL + 4)).all()
+
+
+def test_custom_runtime_is_registered_and_traces_its_hooks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = load("custom_runtime.py")
+    trace = tmp_path / "runtime.json"
+    try:
+        result = example.main(
+            ["--epochs", "2", "--samples", "256", "--batch-size", "32", "--trace", str(trace)]
+        )
+        cls = ppetrace.runtime_registry.get_runtime_class_for_device_spec("my_device:0")
+        assert cls is example.MyDeviceRuntime
+    finally:
+        ppetrace.runtime_registry.unregister("my_device")
+    batches = 2 * (256 // 32)
+    calls = result["calls"]
+    assert calls["runtime.train_pre_step"] == calls["runtime.train_post_step"] == batches
+    assert calls["runtime.train_epoch_begin"] == 2
+    mse = result["val_mse"]
+    assert len(mse) == 2 and mse[1] < mse[0]
+
+    frame = read_chrome_trace(trace)
+    pre = frame[frame["name"] == "runtime.train_pre_step"]
+    assert len(pre) == batches
+    assert set(pre["ppetrace.runtime"]) == {"MyDeviceRuntime"}
+    assert set(pre["ppetrace.device"]) == {"my_device"}
+    # the runtime's own trace() numbered each call of the hook
+    assert sorted(pre["my_device.call"].astype(int)) == list(range(1, batches + 1))
+    # the Trainer's own spans do not go through the runtime's trace()
+    steps = frame[frame["name"] == "trainer.step"]
+    assert len(steps) == batches and steps["my_device.call"].isna().all()
+    assert "runtime.convert_batch" in capsys.readouterr().out
+
+
+def test_custom_runtime_moves_batches_to_float32() -> None:
+    import torch
+
+    example = load("custom_runtime.py")
+    runtime = example.MyDeviceRuntime("my_device", None)
+    x = torch.zeros(2, dtype=torch.float64)
+    labels = torch.zeros(2, dtype=torch.int64)
+    moved = runtime.convert_batch({"x": x, "labels": labels})
+    assert moved["x"].dtype == torch.float32 and moved["labels"].dtype == torch.int64
+
+
+def test_ci_bench_step_twice_then_compare(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    step = load("ci/bench_step.py")
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    for out in (base, cand):
+        argv = ["--out", str(out), "--steps", "12", "--hidden", "16", "--warmup-steps", "2"]
+        assert step.main(argv) == 0
+        assert len(read_chrome_trace(out).query("name == 'trainer.step'")) == 12
+    comment = tmp_path / "comment.md"
+    code = cli.main(
+        ["compare", str(base), str(cand), "--warmup", "2", "--format", "md", "--output",
+         str(comment)]
+    )  # fmt: skip
+    assert code in (0, 1)  # 1 would be a (noise) regression; 2 would be bad input
+    text = comment.read_text()
+    assert text.startswith("### ppetrace compare")
+    assert "| trainer.step |" in text
+    capsys.readouterr()
+
+
+def test_ci_bench_step_rejects_zero_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    step = load("ci/bench_step.py")
+    with pytest.raises(SystemExit) as exc:
+        step.main(["--steps", "0"])
+    assert exc.value.code == 2
+    assert "expected a positive integer, but received '0'" in capsys.readouterr().err
+
+
+def test_ci_workflow_stores_the_baseline_and_gates_pull_requests() -> None:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: the workflow is not parsed")
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    triggers = doc.get("on", doc.get(True))  # YAML 1.1 reads the key `on` as True
+    assert triggers["push"]["branches"] == ["main"] and "pull_request" in triggers
+    assert doc["permissions"]["pull-requests"] == "write"
+    steps = doc["jobs"]["bench"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "python examples/ci/bench_step.py --out cand.json" in runs
+    assert "ppetrace compare baseline/base.json cand.json" in runs
+    assert "--format md --output comment.md" in runs
+    assert "gh pr comment" in runs and "--body-file comment.md" in runs
+    uploads = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert len(uploads) == 1 and uploads[0]["with"]["name"] == "ppetrace-baseline"
+    assert "refs/heads/main" in uploads[0]["if"]
+    downloads = [s for s in steps if str(s.get("uses", "")).startswith("actions/download-artifact")]
+    assert downloads[0]["with"]["name"] == "ppetrace-baseline"
+    gate = steps[-1]
+    assert "exit 1" in gate["run"] and "steps.compare.outputs.code != '0'" in gate["if"]
