@@ -1,8 +1,10 @@
-"""Builds the optional C hot path of ``ppetrace.trace`` (``ppetrace._speedups``).
+"""Builds the optional C parts: the hot path of ``ppetrace.trace``
+(``ppetrace._speedups``) and the Chrome event assembly of the exporters
+(``exporters._speedups``).
 
 Everything else is configured in pyproject.toml. When no C compiler is present,
-the build of the extension is skipped and ppetrace uses its pure-Python
-implementation of the same hot path.
+the builds are skipped and both packages use their pure-Python implementations
+of the same work.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,12 @@ setup(
             sources=["ppetrace/_speedups.c"],
             optional=True,
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension(
+            "exporters._speedups",
+            sources=["exporters/_speedups.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ]
 )

@@ -45,6 +45,7 @@ A JSON object in the Chrome "JSON Object Format", which Perfetto and the
 from __future__ import annotations
 
 import gzip
+import importlib
 import io
 import json
 import logging
@@ -85,6 +86,19 @@ __all__ = [
 ]
 
 _log = logging.getLogger("exporters")
+
+
+def _load_speedups() -> Any:
+    """The C event assembler, or None (not built, or ``PPETRACE_PURE_PYTHON`` set)."""
+    if os.environ.get("PPETRACE_PURE_PYTHON"):
+        return None
+    try:
+        return importlib.import_module("exporters._speedups")
+    except ImportError:
+        return None
+
+
+_speedups: Any = _load_speedups()
 
 #: Event-name prefixes that name an owner (the ``cat`` of an ``X`` event).
 OWNERS = frozenset({"trainer", "runtime", "module", "network", "callback", "evaluator"})
@@ -585,6 +599,9 @@ def _encode_columns(
     statuses = list(map(_get_status, rows))
     for status in set(statuses).difference(strs):
         strs[status] = _quote(status)
+    attrs = _attribute_strings(exporter, list(map(_get_attrs, rows)))
+    if _speedups is not None:  # the same events, assembled in C
+        return _speedups.encode_x_events(rows, prefixes, strs, attrs, origin, _quote)
     errors = [',"error":' + _quote(e) if e else "" for e in map(_get_error, rows)]
     ts_whole, ts_frac = _split_us(start - origin)
     dur_whole, dur_frac = _split_us(np.maximum(end - start, 0))
@@ -600,7 +617,7 @@ def _encode_columns(
             dur_frac,
             _hex16(list(map(_get_span_id, rows))),
             _hex16_repeated(list(map(_get_parent_id, rows))),
-            _attribute_strings(exporter, list(map(_get_attrs, rows))),
+            attrs,
             map(strs.__getitem__, statuses),
             errors,
             strict=True,

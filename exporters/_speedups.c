@@ -1,0 +1,224 @@
+/*
+ * Assembling Chrome trace "X" events in C.
+ *
+ * exporters/chrome.py keeps the reference implementation (one f-string per
+ * span) and uses this module when it was built (see setup.py; the build is
+ * optional). Python still does everything that needs judgement: the order of
+ * the rows, the per-name prefixes, the attribute strings and the quoting of
+ * error texts. This module only does the per-row arithmetic and concatenation:
+ *
+ *   prefix tid ,"ts": us ,"dur": us ,"args":{"span_id":"hex16","parent_id":"hex16"
+ *   attrs ,"status": status [,"error": quoted-error] }}
+ *
+ * with ts = start_ns - origin_ns and dur = max(end_ns - start_ns, 0) written
+ * as exact decimal microseconds (three fraction digits).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Buf;
+
+static int
+buf_reserve(Buf *b, Py_ssize_t extra)
+{
+    if (b->len + extra <= b->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra) {
+        cap *= 2;
+    }
+    char *data = PyMem_Realloc(b->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int
+buf_add(Buf *b, const char *s, Py_ssize_t n)
+{
+    if (buf_reserve(b, n) < 0) {
+        return -1;
+    }
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static int
+buf_add_str(Buf *b, PyObject *s)
+{
+    Py_ssize_t n;
+    const char *p = PyUnicode_AsUTF8AndSize(s, &n);
+    if (p == NULL) {
+        return -1;
+    }
+    return buf_add(b, p, n);
+}
+
+static int
+buf_add_us(Buf *b, long long ns)
+{
+    /* integer ns as decimal µs: 1234567 -> "1234.567", -1 -> "-0.001" */
+    char tmp[48];
+    unsigned long long mag = ns < 0 ? (unsigned long long)(-(ns + 1)) + 1ULL : (unsigned long long)ns;
+    int n = snprintf(tmp, sizeof tmp, "%s%llu.%03llu", ns < 0 ? "-" : "", mag / 1000ULL,
+                     mag % 1000ULL);
+    return buf_add(b, tmp, n);
+}
+
+static int
+buf_add_hex16(Buf *b, unsigned long long v)
+{
+    char tmp[24];
+    int n = snprintf(tmp, sizeof tmp, "%016llx", v);
+    return buf_add(b, tmp, n);
+}
+
+static int
+item_ll(PyObject *row, Py_ssize_t i, long long *out)
+{
+    PyObject *v = PyTuple_GET_ITEM(row, i);
+    *out = PyLong_AsLongLong(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+item_ull(PyObject *row, Py_ssize_t i, unsigned long long *out)
+{
+    PyObject *v = PyTuple_GET_ITEM(row, i);
+    *out = PyLong_AsUnsignedLongLong(v);
+    return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* encode_x_events(rows, prefixes, statuses, attrs, origin_ns, quote) -> list[str]
+ *
+ * rows:     sequence of SpanRow tuples (name, span_id, parent_id, trace_id,
+ *           start_ns, end_ns, tid, attributes, status, error)
+ * prefixes: dict name -> '{"ph":"X",...,"tid":'
+ * statuses: dict status -> quoted status
+ * attrs:    list of str, one per row (',"key":value...' or '')
+ * quote:    callable(str) -> JSON string literal (for error texts)
+ */
+static PyObject *
+encode_x_events(PyObject *module, PyObject *args)
+{
+    PyObject *rows, *prefixes, *statuses, *attrs, *quote, *seq = NULL, *out = NULL;
+    long long origin;
+    Buf b = {NULL, 0, 0};
+    if (!PyArg_ParseTuple(args, "OO!O!O!LO:encode_x_events", &rows, &PyDict_Type, &prefixes,
+                          &PyDict_Type, &statuses, &PyList_Type, &attrs, &origin, &quote)) {
+        return NULL;
+    }
+    seq = PySequence_Fast(rows, "Expected a sequence of span rows.");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (PyList_GET_SIZE(attrs) != n) {
+        PyErr_Format(PyExc_ValueError,
+                     "Expected one attribute string per row (%zd), but received %zd.", n,
+                     PyList_GET_SIZE(attrs));
+        goto fail;
+    }
+    out = PyList_New(n);
+    if (out == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *prefix, *status, *error, *event;
+        long long start, end, tid;
+        unsigned long long span_id, parent_id;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+            goto fail;
+        }
+        prefix = PyDict_GetItemWithError(prefixes, PyTuple_GET_ITEM(row, 0));
+        if (prefix == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_KeyError, "A span name has no prefix.");
+            }
+            goto fail;
+        }
+        status = PyDict_GetItemWithError(statuses, PyTuple_GET_ITEM(row, 8));
+        if (status == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_KeyError, "A span status has no encoding.");
+            }
+            goto fail;
+        }
+        if (item_ull(row, 1, &span_id) < 0 || item_ull(row, 2, &parent_id) < 0 ||
+            item_ll(row, 4, &start) < 0 || item_ll(row, 5, &end) < 0 ||
+            item_ll(row, 6, &tid) < 0) {
+            goto fail;
+        }
+        char tidbuf[32];
+        int tidlen = snprintf(tidbuf, sizeof tidbuf, "%lld", tid);
+        b.len = 0;
+        if (buf_add_str(&b, prefix) < 0 || buf_add(&b, tidbuf, tidlen) < 0 ||
+            buf_add(&b, ",\"ts\":", 6) < 0 || buf_add_us(&b, start - origin) < 0 ||
+            buf_add(&b, ",\"dur\":", 7) < 0 || buf_add_us(&b, end > start ? end - start : 0) < 0 ||
+            buf_add(&b, ",\"args\":{\"span_id\":\"", 20) < 0 || buf_add_hex16(&b, span_id) < 0 ||
+            buf_add(&b, "\",\"parent_id\":\"", 15) < 0 || buf_add_hex16(&b, parent_id) < 0 ||
+            buf_add(&b, "\"", 1) < 0 || buf_add_str(&b, PyList_GET_ITEM(attrs, i)) < 0 ||
+            buf_add(&b, ",\"status\":", 10) < 0 || buf_add_str(&b, status) < 0) {
+            goto fail;
+        }
+        error = PyTuple_GET_ITEM(row, 9);
+        if (PyUnicode_Check(error) && PyUnicode_GET_LENGTH(error) > 0) {
+            PyObject *quoted = PyObject_CallOneArg(quote, error);
+            if (quoted == NULL) {
+                goto fail;
+            }
+            int rc = buf_add(&b, ",\"error\":", 9) < 0 || buf_add_str(&b, quoted) < 0;
+            Py_DECREF(quoted);
+            if (rc) {
+                goto fail;
+            }
+        }
+        if (buf_add(&b, "}}", 2) < 0) {
+            goto fail;
+        }
+        event = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
+        if (event == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, event);
+    }
+    PyMem_Free(b.data);
+    Py_DECREF(seq);
+    return out;
+fail:
+    PyMem_Free(b.data);
+    Py_XDECREF(out);
+    Py_XDECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef module_methods[] = {
+    {"encode_x_events", encode_x_events, METH_VARARGS,
+     "Assemble Chrome X events from span rows and pre-encoded parts."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT, "exporters._speedups", "Chrome trace event assembly in C.", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&speedups_module);
+}

@@ -1,0 +1,47 @@
+"""The C event assembler writes exactly what the pure-Python encoder writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporters import ChromeTraceExporter, SpanRow, chrome
+
+pytestmark = pytest.mark.skipif(chrome._speedups is None, reason="exporters._speedups not built")
+
+
+def _rows() -> list[SpanRow]:
+    base = 1_700_000_000_123_456_789
+    return [
+        SpanRow("trainer.step", 2**64 - 1, 0, 7, base, base + 1_234_567, 42, {"ppetrace.step": 3}),
+        SpanRow(
+            'user "quoted" \\ name é',
+            5,
+            2**64 - 1,
+            7,
+            base - 1,  # before the origin: a negative ts
+            base - 1,  # zero duration
+            2**31,
+            {"weird key \n": 'välue\t"x"', "t": (1, 2.5, "a"), "b": True, "n": None},
+        ),
+        SpanRow("runtime.convert_batch", 9, 5, 7, base + 10, base + 5, 1, {}, "ERROR", "E: x\ny"),
+        SpanRow("module.train_step", 10, 5, 7, base + 10, base + 999_999, 1, {"f": 0.1}, "OK", ""),
+    ]
+
+
+def test_c_and_python_encoders_agree(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = _rows()
+    origin = 1_700_000_000_000_000_000
+    exporter = ChromeTraceExporter(str(tmp_path) + "/a.json")  # type: ignore[operator]
+    try:
+        fast = chrome._encode_columns(exporter, rows, 1234, origin)
+        monkeypatch.setattr(chrome, "_speedups", None)
+        slow = chrome._encode_columns(exporter, rows, 1234, origin)
+    finally:
+        exporter.shutdown()
+    assert fast == slow
+    assert len(fast) == 4
+    assert any('"ts":-0.001' in e or '"ts":123456.788' in e for e in fast)
+    assert any('"parent_id":"ffffffffffffffff"' in e for e in fast)
+    assert any('"error":"E: x\\ny"' in e for e in fast)
