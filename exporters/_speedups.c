@@ -15,7 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <stdio.h>
+#include <math.h>
 #include <string.h>
 
 typedef struct {
@@ -67,22 +67,67 @@ buf_add_str(Buf *b, PyObject *s)
 }
 
 static int
+buf_add_ull(Buf *b, unsigned long long v)
+{
+    char tmp[24];
+    int i = 24;
+    do {
+        tmp[--i] = (char)('0' + (v % 10ULL));
+        v /= 10ULL;
+    } while (v);
+    return buf_add(b, tmp + i, 24 - i);
+}
+
+static int
+buf_add_ll(Buf *b, long long v)
+{
+    if (v < 0) {
+        if (buf_add(b, "-", 1) < 0) {
+            return -1;
+        }
+        return buf_add_ull(b, (unsigned long long)(-(v + 1)) + 1ULL);
+    }
+    return buf_add_ull(b, (unsigned long long)v);
+}
+
+static int
 buf_add_us(Buf *b, long long ns)
 {
     /* integer ns as decimal µs: 1234567 -> "1234.567", -1 -> "-0.001" */
-    char tmp[48];
     unsigned long long mag = ns < 0 ? (unsigned long long)(-(ns + 1)) + 1ULL : (unsigned long long)ns;
-    int n = snprintf(tmp, sizeof tmp, "%s%llu.%03llu", ns < 0 ? "-" : "", mag / 1000ULL,
-                     mag % 1000ULL);
-    return buf_add(b, tmp, n);
+    unsigned long long frac = mag % 1000ULL;
+    char f[4] = {'.', (char)('0' + frac / 100), (char)('0' + (frac / 10) % 10),
+                 (char)('0' + frac % 10)};
+    if (ns < 0 && buf_add(b, "-", 1) < 0) {
+        return -1;
+    }
+    if (buf_add_ull(b, mag / 1000ULL) < 0) {
+        return -1;
+    }
+    return buf_add(b, f, 4);
 }
 
 static int
 buf_add_hex16(Buf *b, unsigned long long v)
 {
-    char tmp[24];
-    int n = snprintf(tmp, sizeof tmp, "%016llx", v);
-    return buf_add(b, tmp, n);
+    static const char digits[] = "0123456789abcdef";
+    char tmp[16];
+    for (int i = 15; i >= 0; i--) {
+        tmp[i] = digits[v & 0xF];
+        v >>= 4;
+    }
+    return buf_add(b, tmp, 16);
+}
+
+static int
+ascii_only(const char *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((unsigned char)s[i] >= 128) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 static int
@@ -163,10 +208,8 @@ encode_x_events(PyObject *module, PyObject *args)
             item_ll(row, 6, &tid) < 0) {
             goto fail;
         }
-        char tidbuf[32];
-        int tidlen = snprintf(tidbuf, sizeof tidbuf, "%lld", tid);
         b.len = 0;
-        if (buf_add_str(&b, prefix) < 0 || buf_add(&b, tidbuf, tidlen) < 0 ||
+        if (buf_add_str(&b, prefix) < 0 || buf_add_ll(&b, tid) < 0 ||
             buf_add(&b, ",\"ts\":", 6) < 0 || buf_add_us(&b, start - origin) < 0 ||
             buf_add(&b, ",\"dur\":", 7) < 0 || buf_add_us(&b, end > start ? end - start : 0) < 0 ||
             buf_add(&b, ",\"args\":{\"span_id\":\"", 20) < 0 || buf_add_hex16(&b, span_id) < 0 ||
@@ -190,9 +233,19 @@ encode_x_events(PyObject *module, PyObject *args)
         if (buf_add(&b, "}}", 2) < 0) {
             goto fail;
         }
-        event = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
-        if (event == NULL) {
-            goto fail;
+        if (ascii_only(b.data, b.len)) {
+            /* the usual case: every part is ASCII (names and values are JSON-escaped) */
+            event = PyUnicode_New(b.len, 127);
+            if (event == NULL) {
+                goto fail;
+            }
+            memcpy(PyUnicode_DATA(event), b.data, (size_t)b.len);
+        }
+        else {
+            event = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
+            if (event == NULL) {
+                goto fail;
+            }
         }
         PyList_SET_ITEM(out, i, event);
     }
@@ -206,7 +259,179 @@ fail:
     return NULL;
 }
 
+
+/* encode_attrs(attrs, heads, strings, head_of, encode_value) -> list[str] | None
+ *
+ * Each row's attributes as ',"key":value...' in sorted key order, None values
+ * skipped: what chrome._attribute_strings writes. heads caches key -> ',"key":'
+ * (made by head_of), strings caches str value -> JSON literal. Values that are
+ * not exact bool/int/float/str go through encode_value. Returns None when the
+ * keys of a row cannot be sorted (the caller then uses the Python encoder).
+ */
+static int
+add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
+{
+    PyObject *text;
+    if (v == Py_True) {
+        return buf_add(b, "true", 4);
+    }
+    if (v == Py_False) {
+        return buf_add(b, "false", 5);
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow && !(x == -1 && PyErr_Occurred())) {
+            return buf_add_ll(b, x);
+        }
+        PyErr_Clear();
+        text = PyObject_Str(v);
+    }
+    else if (PyUnicode_CheckExact(v)) {
+        text = PyDict_GetItemWithError(strings, v);
+        if (text != NULL) {
+            return buf_add_str(b, text);
+        }
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        text = PyObject_CallOneArg(encode_value, v);
+        if (text == NULL) {
+            return -1;
+        }
+        if (PyDict_GET_SIZE(strings) > 65536) {
+            PyDict_Clear(strings);
+        }
+        if (PyDict_SetItem(strings, v, text) < 0) {
+            Py_DECREF(text);
+            return -1;
+        }
+    }
+    else if (PyFloat_CheckExact(v) && isfinite(PyFloat_AS_DOUBLE(v))) {
+        text = PyObject_Repr(v);
+    }
+    else {
+        text = PyObject_CallOneArg(encode_value, v);
+    }
+    if (text == NULL) {
+        return -1;
+    }
+    int rc = buf_add_str(b, text);
+    Py_DECREF(text);
+    return rc;
+}
+
+static PyObject *
+encode_attrs(PyObject *module, PyObject *args)
+{
+    PyObject *attrs, *heads, *strings, *head_of, *encode_value, *out = NULL, *keys = NULL;
+    Buf b = {NULL, 0, 0};
+    if (!PyArg_ParseTuple(args, "O!O!O!OO:encode_attrs", &PyList_Type, &attrs, &PyDict_Type,
+                          &heads, &PyDict_Type, &strings, &head_of, &encode_value)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(attrs);
+    out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyList_GET_ITEM(attrs, i), *row;
+        if (!PyDict_CheckExact(d)) {
+            Py_ssize_t size = PyObject_Size(d);
+            if (size < 0) {
+                goto fail;
+            }
+            if (size > 0) {
+                goto fallback; /* a non-empty Mapping that is not a dict */
+            }
+            row = PyUnicode_New(0, 127); /* an empty mapping (ppetrace's arg None) */
+            if (row == NULL) {
+                goto fail;
+            }
+            PyList_SET_ITEM(out, i, row);
+            continue;
+        }
+        b.len = 0;
+        if (PyDict_GET_SIZE(d) > 0) {
+            keys = PyDict_Keys(d);
+            if (keys == NULL) {
+                goto fail;
+            }
+            if (PyList_Sort(keys) < 0) {
+                if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+                    PyErr_Clear();
+                    goto fallback;
+                }
+                goto fail;
+            }
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(keys); k++) {
+                PyObject *key = PyList_GET_ITEM(keys, k);
+                PyObject *v = PyDict_GetItemWithError(d, key), *head;
+                if (v == NULL) {
+                    if (PyErr_Occurred()) {
+                        goto fail;
+                    }
+                    continue;
+                }
+                if (v == Py_None) {
+                    continue;
+                }
+                head = PyDict_GetItemWithError(heads, key);
+                if (head == NULL) {
+                    if (PyErr_Occurred()) {
+                        goto fail;
+                    }
+                    head = PyObject_CallOneArg(head_of, key);
+                    if (head == NULL) {
+                        goto fail;
+                    }
+                    int rc = PyDict_SetItem(heads, key, head);
+                    Py_DECREF(head); /* the dict holds it */
+                    if (rc < 0) {
+                        goto fail;
+                    }
+                }
+                if (buf_add_str(&b, head) < 0 || add_value(&b, v, strings, encode_value) < 0) {
+                    goto fail;
+                }
+            }
+            Py_CLEAR(keys);
+        }
+        if (ascii_only(b.data, b.len)) {
+            row = PyUnicode_New(b.len, 127);
+            if (row == NULL) {
+                goto fail;
+            }
+            if (b.len) {
+                memcpy(PyUnicode_DATA(row), b.data, (size_t)b.len);
+            }
+        }
+        else {
+            row = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
+            if (row == NULL) {
+                goto fail;
+            }
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+    PyMem_Free(b.data);
+    return out;
+fallback:
+    PyMem_Free(b.data);
+    Py_XDECREF(keys);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(b.data);
+    Py_XDECREF(keys);
+    Py_XDECREF(out);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
+    {"encode_attrs", encode_attrs, METH_VARARGS,
+     "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_events", encode_x_events, METH_VARARGS,
      "Assemble Chrome X events from span rows and pre-encoded parts."},
     {NULL, NULL, 0, NULL},

@@ -229,6 +229,9 @@ class ChromeTraceExporter(SpanExporter):
         self._prefixes: dict[int, dict[str, str]] = {}
         # (attribute key, value type) -> value -> ',"key":value'
         self._values: dict[tuple[str, type], dict[Any, str]] = {}
+        # caches of the C encoder: attribute key -> ',"key":', str value -> JSON literal
+        self._heads: dict[Any, str] = {}
+        self._strings: dict[str, str] = {}
         self._strs: dict[str, str] = {}
         self._seen_pids: set[int] = set()
         self._thread_names: dict[tuple[int, int], str | None] = {}
@@ -516,6 +519,11 @@ def _split_us(ns: np.ndarray) -> tuple[list[str], list[str]]:
     return whole, frac
 
 
+def _head_of(key: Any) -> str:
+    """``,"key":`` for an attribute key (keys that clash with ppetrace's args get ``attr.``)."""
+    return "," + _quote(f"attr.{key}" if key in _RESERVED_ARGS else str(key)) + ":"
+
+
 def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, Any]]) -> list[str]:
     """Each row's attributes as ``,"key":value...`` (JSON), built one key at a time.
 
@@ -523,6 +531,12 @@ def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, A
     (cached); mixed-type keys go through the general encoder per row.
     """
     n = len(attrs)
+    if _speedups is not None:  # the same strings, built in C (None: use the code below)
+        encoded = _speedups.encode_attrs(
+            attrs, exporter._heads, exporter._strings, _head_of, _encode_value
+        )
+        if encoded is not None:
+            return encoded  # type: ignore[no-any-return]
     try:
         keys = sorted(set().union(*attrs))  # sorted: the same output on every run
     except TypeError:  # keys that are not all strings
@@ -536,7 +550,7 @@ def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, A
             col = list(map(dict.get, attrs, repeat(key)))  # type: ignore[arg-type]
         except TypeError:  # a Mapping that is not a dict
             col = [a.get(key) for a in attrs]
-        head = "," + _quote(f"attr.{key}" if key in _RESERVED_ARGS else str(key)) + ":"
+        head = _head_of(key)
         try:
             distinct = set(col)
         except TypeError:  # an unhashable value

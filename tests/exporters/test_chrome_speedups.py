@@ -45,3 +45,32 @@ def test_c_and_python_encoders_agree(
     assert any('"ts":-0.001' in e or '"ts":123456.788' in e for e in fast)
     assert any('"parent_id":"ffffffffffffffff"' in e for e in fast)
     assert any('"error":"E: x\\ny"' in e for e in fast)
+
+
+def test_c_and_python_attribute_encoders_agree(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import enum
+    from types import MappingProxyType
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    attrs = [
+        {"b": 1, "a": "x", "n": None, "status": "clash"},
+        MappingProxyType({}),
+        {"big": 2**70, "neg": -5, "f": 0.1, "nan": float("nan"), "inf": float("-inf")},
+        {"t": (1, "é", 2.5), "l": [True, None], "enum": Color.RED, "obj": object.__name__},
+        {"bool": True, "false": False, "uni": "ünïcode \u2028 \"q\" \\"},
+        {},
+    ]
+    exporter = chrome.ChromeTraceExporter(str(tmp_path) + "/b.json")  # type: ignore[operator]
+    try:
+        fast = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
+        monkeypatch.setattr(chrome, "_speedups", None)
+        slow = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
+    finally:
+        exporter.shutdown()
+    assert fast == slow
+    assert fast[0] == ',"a":"x","b":1,"attr.status":"clash"'
+    assert fast[1] == "" and fast[5] == ""
