@@ -429,7 +429,199 @@ fail:
     return NULL;
 }
 
+
+/* row_columns(rows) -> (names, trace_ids, attributes, statuses, errors,
+ *                      span_ids, parent_ids, starts, ends, tids)
+ *
+ * The columns of a list of SpanRow tuples: five lists of the objects, then five
+ * bytearrays of native uint64 (ids) and int64 (times, thread ids) for
+ * numpy.frombuffer. What frame.spans_to_frame does with itemgetter and fromiter.
+ */
+static PyObject *
+row_columns(PyObject *module, PyObject *arg)
+{
+    PyObject *lists[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject *arrays[5] = {NULL, NULL, NULL, NULL, NULL};
+    static const Py_ssize_t list_fields[5] = {0, 3, 7, 8, 9};
+    static const Py_ssize_t array_fields[5] = {1, 2, 4, 5, 6};
+    PyObject *result = NULL;
+    if (!PyList_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "Expected a list of span rows, but received %.100s.",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    for (int c = 0; c < 5; c++) {
+        lists[c] = PyList_New(n);
+        arrays[c] = PyByteArray_FromStringAndSize(NULL, n * 8);
+        if (lists[c] == NULL || arrays[c] == NULL) {
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(arg, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+            goto done;
+        }
+        for (int c = 0; c < 5; c++) {
+            PyList_SET_ITEM(lists[c], i, Py_NewRef(PyTuple_GET_ITEM(row, list_fields[c])));
+        }
+        for (int c = 0; c < 5; c++) {
+            PyObject *v = PyTuple_GET_ITEM(row, array_fields[c]);
+            char *dst = PyByteArray_AS_STRING(arrays[c]) + i * 8;
+            if (c < 2) {
+                unsigned long long x = PyLong_AsUnsignedLongLong(v);
+                if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+                    goto done;
+                }
+                memcpy(dst, &x, 8);
+            }
+            else {
+                long long x = PyLong_AsLongLong(v);
+                if (x == -1 && PyErr_Occurred()) {
+                    goto done;
+                }
+                memcpy(dst, &x, 8);
+            }
+        }
+    }
+    result = PyTuple_Pack(10, lists[0], lists[1], lists[2], lists[3], lists[4], arrays[0],
+                          arrays[1], arrays[2], arrays[3], arrays[4]);
+done:
+    for (int c = 0; c < 5; c++) {
+        Py_XDECREF(lists[c]);
+        Py_XDECREF(arrays[c]);
+    }
+    return result;
+}
+
+
+/* typed_column(attrs, key) -> (kind, data, mask)
+ *
+ * One attribute key across rows, typed as frame._column would type it:
+ *   "i": all present values are exact ints within int64: data = int64 bytes,
+ *        mask = missing bytes (1 = missing) or None when none is missing;
+ *   "f": exact ints and floats: data = float64 bytes with NaN for missing;
+ *   "b": all present values are bools: data = bool bytes, mask = missing bytes;
+ *   "o": anything else: data = the list of values (None for missing).
+ */
+static PyObject *
+lookup(PyObject *mapping, PyObject *key)
+{
+    /* mapping.get(key) as a new reference (Py_None when absent) */
+    PyObject *v;
+    if (PyDict_CheckExact(mapping)) {
+        v = PyDict_GetItemWithError(mapping, key);
+        if (v == NULL) {
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        }
+        return Py_NewRef(v);
+    }
+    Py_ssize_t size = PyObject_Size(mapping);
+    if (size < 0) {
+        return NULL;
+    }
+    if (size == 0) {
+        return Py_NewRef(Py_None);
+    }
+    return PyObject_CallMethod(mapping, "get", "O", key);
+}
+
+static PyObject *
+typed_column(PyObject *module, PyObject *args)
+{
+    PyObject *attrs, *key, *values = NULL, *data = NULL, *mask = NULL, *result = NULL;
+    int ints = 0, floats = 0, bools = 0, others = 0, missing = 0;
+    if (!PyArg_ParseTuple(args, "O!O:typed_column", &PyList_Type, &attrs, &key)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(attrs);
+    values = PyList_New(n);
+    if (values == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = lookup(PyList_GET_ITEM(attrs, i), key);
+        if (v == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(values, i, v);
+        if (v == Py_None) {
+            missing = 1;
+        }
+        else if (PyBool_Check(v)) {
+            bools = 1;
+        }
+        else if (PyLong_CheckExact(v)) {
+            ints = 1;
+        }
+        else if (PyFloat_CheckExact(v)) {
+            floats = 1;
+        }
+        else {
+            others = 1;
+        }
+    }
+    if (others || !(ints || floats || bools) || (bools && (ints || floats))) {
+        result = Py_BuildValue("(sOO)", "o", values, Py_None);
+        goto done;
+    }
+    data = PyByteArray_FromStringAndSize(NULL, n * 8);
+    mask = PyByteArray_FromStringAndSize(NULL, n);
+    if (data == NULL || mask == NULL) {
+        goto done;
+    }
+    char *d = PyByteArray_AS_STRING(data), *m = PyByteArray_AS_STRING(mask);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        m[i] = (char)(v == Py_None);
+        if (bools) {
+            d[i] = (char)(v == Py_True);
+        }
+        else if (ints && !floats) {
+            long long x = 0;
+            if (v != Py_None) {
+                int overflow = 0;
+                x = PyLong_AsLongLongAndOverflow(v, &overflow);
+                if (overflow || (x == -1 && PyErr_Occurred())) {
+                    PyErr_Clear();
+                    result = Py_BuildValue("(sOO)", "o", values, Py_None);
+                    goto done;
+                }
+            }
+            memcpy(d + i * 8, &x, 8);
+        }
+        else {
+            double x = v == Py_None ? Py_NAN : PyFloat_AsDouble(v);
+            if (x == -1.0 && PyErr_Occurred()) {
+                goto done;
+            }
+            memcpy(d + i * 8, &x, 8);
+        }
+    }
+    if (bools) {
+        if (PyByteArray_Resize(data, n) < 0) {
+            goto done;
+        }
+        result = Py_BuildValue("(sOO)", "b", data, mask);
+    }
+    else if (ints && !floats) {
+        result = Py_BuildValue("(sOO)", "i", data, missing ? mask : Py_None);
+    }
+    else {
+        result = Py_BuildValue("(sOO)", "f", data, Py_None);
+    }
+done:
+    Py_XDECREF(values);
+    Py_XDECREF(data);
+    Py_XDECREF(mask);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
+    {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
+    {"row_columns", row_columns, METH_O, "The columns of a list of span rows."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_events", encode_x_events, METH_VARARGS,

@@ -536,7 +536,7 @@ def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, A
             attrs, exporter._heads, exporter._strings, _head_of, _encode_value
         )
         if encoded is not None:
-            return encoded  # type: ignore[no-any-return]
+            return encoded
     try:
         keys = sorted(set().union(*attrs))  # sorted: the same output on every run
     except TypeError:  # keys that are not all strings

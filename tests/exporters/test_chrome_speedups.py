@@ -61,7 +61,7 @@ def test_c_and_python_attribute_encoders_agree(
         MappingProxyType({}),
         {"big": 2**70, "neg": -5, "f": 0.1, "nan": float("nan"), "inf": float("-inf")},
         {"t": (1, "é", 2.5), "l": [True, None], "enum": Color.RED, "obj": object.__name__},
-        {"bool": True, "false": False, "uni": "ünïcode \u2028 \"q\" \\"},
+        {"bool": True, "false": False, "uni": 'ünïcode \u2028 "q" \\'},
         {},
     ]
     exporter = chrome.ChromeTraceExporter(str(tmp_path) + "/b.json")  # type: ignore[operator]
@@ -74,3 +74,41 @@ def test_c_and_python_attribute_encoders_agree(
     assert fast == slow
     assert fast[0] == ',"a":"x","b":1,"attr.status":"clash"'
     assert fast[1] == "" and fast[5] == ""
+
+
+def test_c_and_python_frame_columns_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    from exporters import frame, spans_to_frame
+
+    rows = _rows()
+    fast = spans_to_frame(rows)
+    monkeypatch.setattr(frame, "_speedups", None)
+    slow = spans_to_frame(rows)
+    pd.testing.assert_frame_equal(fast, slow)
+    assert fast["span_id"].tolist()[0] == 2**64 - 1
+
+
+def test_c_and_python_typed_attribute_columns_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import MappingProxyType
+
+    import pandas as pd
+
+    from exporters import SpanRow, frame, spans_to_frame
+
+    attrs: list[object] = [
+        {"i": 1, "im": 2**62, "f": 1, "b": True, "s": "x", "big": 2**70, "mix": True},
+        MappingProxyType({}),
+        {"i": -3, "f": 2.5, "b": False, "s": "y", "big": 1, "mix": 2, "none": None},
+        {"i": 7, "im": None, "f": None, "b": None, "s": None, "big": None},
+    ]
+    rows = [
+        SpanRow(f"e{i}", i + 1, 0, 7, 1_000 * i, 1_000 * i + 500, 1, a)  # type: ignore[arg-type]
+        for i, a in enumerate(attrs)
+    ]
+    fast = spans_to_frame(rows)
+    monkeypatch.setattr(frame, "_speedups", None)
+    slow = spans_to_frame(rows)
+    pd.testing.assert_frame_equal(fast, slow)
+    assert str(fast["im"].dtype) == "Int64" and fast["im"].tolist()[0] == 2**62
+    assert fast["i"].dtype == "int64" or str(fast["i"].dtype) == "Int64"
