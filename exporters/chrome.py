@@ -594,8 +594,14 @@ def _encode_columns(
     timestamps by file order).
     """
     n = len(rows)
-    start = np.fromiter(map(_get_start, rows), dtype=np.int64, count=n)
-    end = np.fromiter(map(_get_end, rows), dtype=np.int64, count=n)
+    if _speedups is not None:
+        rows = rows if type(rows) is list else list(rows)
+        cols = _speedups.row_columns(rows)
+        start = np.frombuffer(cols[7], dtype=np.int64)
+        end = np.frombuffer(cols[8], dtype=np.int64)
+    else:
+        start = np.fromiter(map(_get_start, rows), dtype=np.int64, count=n)
+        end = np.fromiter(map(_get_end, rows), dtype=np.int64, count=n)
     if n > 1:
         d = np.diff(start)
         if (d < 0).any() or ((d == 0) & (np.diff(end) > 0)).any():
@@ -603,17 +609,23 @@ def _encode_columns(
             rows = [rows[i] for i in order.tolist()]
             start = start[order]
             end = end[order]
-    names = list(map(_get_name, rows))
+            if _speedups is not None:
+                cols = _speedups.row_columns(rows)
+    if _speedups is not None:
+        names, statuses, row_attrs = cols[0], cols[3], cols[2]
+    else:
+        names = list(map(_get_name, rows))
+        statuses = list(map(_get_status, rows))
+        row_attrs = list(map(_get_attrs, rows))
     prefixes = exporter._prefixes.get(pid)
     if prefixes is None:
         prefixes = exporter._prefixes[pid] = {}
     for name in set(names).difference(prefixes):
         prefixes[name] = exporter._prefix(pid, name)
     strs = exporter._strs
-    statuses = list(map(_get_status, rows))
     for status in set(statuses).difference(strs):
         strs[status] = _quote(status)
-    attrs = _attribute_strings(exporter, list(map(_get_attrs, rows)))
+    attrs = _attribute_strings(exporter, row_attrs)
     if _speedups is not None:  # the same events, assembled in C
         return _speedups.encode_x_events(rows, prefixes, strs, attrs, origin, _quote)
     errors = [',"error":' + _quote(e) if e else "" for e in map(_get_error, rows)]
