@@ -14,7 +14,8 @@ result, in ``--out``:
 - ``trace_profiles/``: each window's pyinstrument HTML page and speedscope
   file and the Kineto trace.
 
-It prints the step report with the ``top_functions`` table added.
+It prints the step report, which includes the ``top_functions`` table that
+Pyinstrument stored in the trace.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
     schedule = Schedule(skip_first=2, wait=0, warmup=1, active=3)
-    pyinstrument = Pyinstrument(interval=0.0005, schedule=schedule)
+    pyinstrument = Pyinstrument(interval=0.0005, schedule=schedule, top=10)
     profilers = [
         pyinstrument,
         TorchProfiler(schedule=schedule, record_shapes=True),
@@ -94,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     report = step_report(read_chrome_trace(trace_path), warmup_steps=1)
-    report.tables["top_functions"] = pyinstrument.top_functions(10)
+    # the top_functions table is stored in the trace by Pyinstrument: the report shows it
     print(render(report, "table"))
     print("Tracks in the trace:")
     for name in track_names(trace_path):

@@ -845,11 +845,24 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> pd.DataFrame:
     files), only those are spans; events that other tools added (profiler
     stacks, kernels, counters) are left out. Without ids, parents are
     inferred from nesting per thread. ``frame.attrs`` holds ``metadata``
-    (``otherData``), ``truncated`` and ``path``. A cut-off file is read with
+    (``otherData``), ``truncated``, ``path`` and, when the file has ``M`` events
+    named ``ppetrace.table`` (``args``: ``name``, ``columns``, ``rows``; the
+    Pyinstrument profiler writes ``top_functions``), ``tables``, which
+    :func:`exporters.step_report` adds to its report. A cut-off file is read with
     a :class:`TraceTruncatedWarning`.
     """
     trace = load_chrome_trace(path)
     frame = trace.to_frame()
+    tables = {
+        str(e["args"]["name"]): {"columns": e["args"]["columns"], "rows": e["args"]["rows"]}
+        for e in trace.events
+        if e.get("ph") == "M"
+        and e.get("name") == "ppetrace.table"
+        and isinstance(e.get("args"), dict)
+        and {"name", "columns", "rows"} <= set(e["args"])
+    }
+    if tables:
+        frame.attrs["tables"] = tables  # plain data: pandas copies attrs around
     frame.attrs["metadata"] = trace.metadata
     frame.attrs["path"] = trace.path
     frame.attrs["truncated"] = trace.truncated

@@ -90,8 +90,9 @@ class StepReport:
     - ``throughput``: a :class:`Throughput`.
     - ``warmup_steps``: the requested warmup; ``excluded_steps``: how many
       steps it removed; ``total_steps``: steps found; ``spans``: spans counted.
-    - ``tables``: extra named tables that other components add (for example a
-      profiler's ``top_functions``); the renderers print them last.
+    - ``tables``: extra named tables: those stored in the trace file (the
+      Pyinstrument profiler stores ``top_functions``) and any that other code
+      adds; the renderers print them last.
     """
 
     events: pd.DataFrame
@@ -163,7 +164,22 @@ def step_report(frame: pd.DataFrame, *, warmup_steps: int = 1) -> StepReport:
         excluded_steps=int(len(steps) - len(kept_steps)),
         total_steps=len(steps),
         spans=len(counted),
+        tables=_stored_tables(frame),
     )
+
+
+def _stored_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Tables stored in the trace file (``frame.attrs["tables"]``, e.g. ``top_functions``)."""
+    stored = frame.attrs.get("tables")
+    if not isinstance(stored, dict):
+        return {}
+    out: dict[str, pd.DataFrame] = {}
+    for name, table in stored.items():
+        try:
+            out[str(name)] = pd.DataFrame(table["rows"], columns=table["columns"])
+        except (KeyError, TypeError, ValueError):
+            continue  # a malformed table is left out, never fatal
+    return out
 
 
 def _event_table(frame: pd.DataFrame, in_step: np.ndarray, wall_total: float) -> pd.DataFrame:

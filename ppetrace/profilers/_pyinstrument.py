@@ -188,7 +188,10 @@ class Pyinstrument(ScheduledProfiler):
         output_dir: str | os.PathLike[str] | None = None,
         html: bool = True,
         speedscope: bool = True,
+        top: int = 20,
     ) -> None:
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise ValueError(f"Expected a positive int for top, but received {top!r}.")
         if (
             isinstance(interval, bool)
             or not isinstance(interval, (int, float))
@@ -203,6 +206,8 @@ class Pyinstrument(ScheduledProfiler):
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.html = bool(html)
         self.speedscope = bool(speedscope)
+        #: rows of the ``top_functions`` table written into the trace at the end of fit
+        self.top = top
         self._dir: Path | None = self.output_dir
         self._profiler: Any = None
         self._anchor_ns = 0
@@ -261,6 +266,28 @@ class Pyinstrument(ScheduledProfiler):
 
     def _teardown(self) -> None:
         self._abort()
+        self._emit_top_functions()
+
+    def _emit_top_functions(self) -> None:
+        """Write the ``top_functions`` table into the trace (an ``M`` event named
+        ``ppetrace.table``), so every step report built from the file shows it."""
+        if not self._stats or self.sink is None:
+            return
+        table = self.top_functions(self.top)
+        self.emit(
+            [
+                {
+                    "ph": "M",
+                    "name": "ppetrace.table",
+                    "tid": 0,
+                    "args": {
+                        "name": "top_functions",
+                        "columns": list(table.columns),
+                        "rows": table.to_numpy(dtype=object).tolist(),
+                    },
+                }
+            ]
+        )
 
     def _write_files(self, session: Any, window: ProfileWindow) -> None:
         if not (self.html or self.speedscope) or self._dir is None:

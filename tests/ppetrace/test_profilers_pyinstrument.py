@@ -227,3 +227,25 @@ def test_invalid_interval_is_rejected(bad: Any) -> None:
 def test_invalid_top_n_is_rejected() -> None:
     with pytest.raises(ValueError, match=r"Expected a positive int or None for n, but .* 0\."):
         Pyinstrument().top_functions(0)
+
+
+def test_the_top_functions_table_is_stored_in_the_trace_and_shown_by_the_report(
+    exporter: ChromeTraceExporter, tmp_path: Path
+) -> None:
+    from exporters import read_chrome_trace, render, step_report
+
+    prof = Pyinstrument(
+        interval=0.0002, schedule=Schedule(warmup=0, active=3), output_dir=tmp_path, top=5
+    )
+    run_steps([prof], range(4), busy_python_work, exporter)
+    ppetrace.shutdown()
+    expected = prof.top_functions(5)
+    assert not expected.empty
+    report = step_report(read_chrome_trace(exporter.path), warmup_steps=0)
+    stored = report.tables["top_functions"]
+    assert list(stored.columns) == list(TOP_FUNCTION_COLUMNS)
+    assert stored["function"].tolist() == expected["function"].tolist()
+    assert stored["self_ns"].tolist() == expected["self_ns"].tolist()
+    assert "top_functions" in render(report, "table")
+    with pytest.raises(ValueError, match="Expected a positive int for top, but received 0"):
+        Pyinstrument(top=0)
