@@ -45,7 +45,6 @@ A JSON object in the Chrome "JSON Object Format", which Perfetto and the
 from __future__ import annotations
 
 import gzip
-import importlib
 import io
 import json
 import logging
@@ -68,6 +67,7 @@ import numpy as np
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from ._accel import SPEEDUPS as _speedups
 from ._errors import TraceError
 from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
 
@@ -87,18 +87,6 @@ __all__ = [
 
 _log = logging.getLogger("exporters")
 
-
-def _load_speedups() -> Any:
-    """The C event assembler, or None (not built, or ``PPETRACE_PURE_PYTHON`` set)."""
-    if os.environ.get("PPETRACE_PURE_PYTHON"):
-        return None
-    try:
-        return importlib.import_module("exporters._speedups")
-    except ImportError:
-        return None
-
-
-_speedups: Any = _load_speedups()
 
 #: Event-name prefixes that name an owner (the ``cat`` of an ``X`` event).
 OWNERS = frozenset({"trainer", "runtime", "module", "network", "callback", "evaluator"})

@@ -47,7 +47,6 @@ are nullable ``Int64``; float ones are float64 with NaN; booleans are
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,6 +60,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from opentelemetry.sdk.trace import ReadableSpan
 
+from ._accel import SPEEDUPS as _speedups
 from ._errors import TraceError
 from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
 
@@ -101,19 +101,6 @@ RENAMED_ATTRIBUTES = {
 _INHERITED = ("epoch", "step")
 _INT_COLUMNS = ("epoch", "step", "batch_idx", "rank")
 _NONE = type(None)
-
-
-def _load_speedups() -> Any:
-    """The C column extractor, or None (not built, or ``PPETRACE_PURE_PYTHON`` set)."""
-    if os.environ.get("PPETRACE_PURE_PYTHON"):
-        return None
-    try:
-        return importlib.import_module("exporters._speedups")
-    except ImportError:
-        return None
-
-
-_speedups: Any = _load_speedups()
 
 
 def empty_frame() -> pd.DataFrame:
