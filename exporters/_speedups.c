@@ -529,24 +529,39 @@ lookup(PyObject *mapping, PyObject *key)
 }
 
 static PyObject *
+borrowed_get(PyObject *mapping, PyObject *key, int *slow)
+{
+    /* mapping.get(key) borrowed for exact dicts (Py_None when absent); sets *slow for
+     * other non-empty mappings, whose values need a real get() */
+    if (PyDict_CheckExact(mapping)) {
+        PyObject *v = PyDict_GetItemWithError(mapping, key);
+        return v != NULL ? v : (PyErr_Occurred() ? NULL : Py_None);
+    }
+    Py_ssize_t size = PyObject_Size(mapping);
+    if (size < 0) {
+        return NULL;
+    }
+    if (size > 0) {
+        *slow = 1;
+    }
+    return Py_None;
+}
+
+static PyObject *
 typed_column(PyObject *module, PyObject *args)
 {
     PyObject *attrs, *key, *values = NULL, *data = NULL, *mask = NULL, *result = NULL;
-    int ints = 0, floats = 0, bools = 0, others = 0, missing = 0;
+    int ints = 0, floats = 0, bools = 0, others = 0, missing = 0, slow = 0;
     if (!PyArg_ParseTuple(args, "O!O:typed_column", &PyList_Type, &attrs, &key)) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(attrs);
-    values = PyList_New(n);
-    if (values == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = lookup(PyList_GET_ITEM(attrs, i), key);
+    /* pass 1: the kinds of the values (borrowed: no list is built for numbers) */
+    for (Py_ssize_t i = 0; i < n && !slow; i++) {
+        PyObject *v = borrowed_get(PyList_GET_ITEM(attrs, i), key, &slow);
         if (v == NULL) {
-            goto done;
+            return NULL;
         }
-        PyList_SET_ITEM(values, i, v);
         if (v == Py_None) {
             missing = 1;
         }
@@ -563,9 +578,8 @@ typed_column(PyObject *module, PyObject *args)
             others = 1;
         }
     }
-    if (others || !(ints || floats || bools) || (bools && (ints || floats))) {
-        result = Py_BuildValue("(sOO)", "o", values, Py_None);
-        goto done;
+    if (slow || others || !(ints || floats || bools) || (bools && (ints || floats))) {
+        goto as_objects;
     }
     data = PyByteArray_FromStringAndSize(NULL, n * 8);
     mask = PyByteArray_FromStringAndSize(NULL, n);
@@ -574,7 +588,10 @@ typed_column(PyObject *module, PyObject *args)
     }
     char *d = PyByteArray_AS_STRING(data), *m = PyByteArray_AS_STRING(mask);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyList_GET_ITEM(values, i);
+        PyObject *v = borrowed_get(PyList_GET_ITEM(attrs, i), key, &slow);
+        if (v == NULL) {
+            goto done;
+        }
         m[i] = (char)(v == Py_None);
         if (bools) {
             d[i] = (char)(v == Py_True);
@@ -586,8 +603,9 @@ typed_column(PyObject *module, PyObject *args)
                 x = PyLong_AsLongLongAndOverflow(v, &overflow);
                 if (overflow || (x == -1 && PyErr_Occurred())) {
                     PyErr_Clear();
-                    result = Py_BuildValue("(sOO)", "o", values, Py_None);
-                    goto done;
+                    Py_CLEAR(data);
+                    Py_CLEAR(mask);
+                    goto as_objects;
                 }
             }
             memcpy(d + i * 8, &x, 8);
@@ -612,6 +630,20 @@ typed_column(PyObject *module, PyObject *args)
     else {
         result = Py_BuildValue("(sOO)", "f", data, Py_None);
     }
+    goto done;
+as_objects:
+    values = PyList_New(n);
+    if (values == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = lookup(PyList_GET_ITEM(attrs, i), key);
+        if (v == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(values, i, v);
+    }
+    result = Py_BuildValue("(sOO)", "o", values, Py_None);
 done:
     Py_XDECREF(values);
     Py_XDECREF(data);
