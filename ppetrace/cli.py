@@ -111,6 +111,16 @@ def _positive(name: str) -> Callable[[str], int]:
     return parse
 
 
+def _add_warmup(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--warmup",
+        type=_non_negative("--warmup"),
+        default=1,
+        metavar="N",
+        help="steps to leave out at the start of each process (default: 1)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ppetrace`` command."""
     parser = _Parser(
@@ -128,13 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--format", choices=("table", "md", "csv", "json"), default="table", dest="fmt"
     )
-    report.add_argument(
-        "--warmup",
-        type=_non_negative("--warmup"),
-        default=1,
-        metavar="N",
-        help="steps to leave out at the start of each process (default: 1)",
-    )
+    _add_warmup(report)
     report.add_argument(
         "--top",
         type=_positive("--top"),
@@ -164,13 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--format", choices=("table", "md", "json"), default="table", dest="fmt")
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
-    comp.add_argument(
-        "--warmup",
-        type=_non_negative("--warmup"),
-        default=1,
-        metavar="N",
-        help="steps to leave out at the start of each process (default: 1)",
-    )
+    _add_warmup(comp)
     comp.add_argument(
         "--min-samples",
         type=_positive("--min-samples"),

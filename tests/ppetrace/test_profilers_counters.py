@@ -5,29 +5,18 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from profiler_harness import FakeTrainer
 
 import ppetrace
 from exporters.chrome import ChromeTraceExporter, load_chrome_trace
 from ppetrace.profilers import Schedule, SystemCounters
 
 
-class _Runtime:
-    device_spec = "cpu"
-
-
-class _Trainer:
-    def __init__(self, exporter: Any = None) -> None:
-        self.trace_exporter = exporter
-        self.runtime = _Runtime()
-
-
 def _drive(counters: SystemCounters, steps: range, exporter: Any = None) -> None:
-    counters.setup(_Trainer(exporter))
+    counters.setup(FakeTrainer(exporter))
     try:
         for step in steps:
             counters.step_begin(step)
@@ -48,15 +37,6 @@ def _counting() -> dict[str, Any]:
         return float(last[0])
 
     return {"calls": calls, "mem": lambda: 10.0 * last[0]}
-
-
-@pytest.fixture
-def exporter(tmp_path: Path) -> Iterator[ChromeTraceExporter]:
-    exp = ChromeTraceExporter(tmp_path / "trace.json")
-    ppetrace.configure(exporters=[exp])
-    yield exp
-    ppetrace.shutdown()
-    ppetrace.configure()
 
 
 def test_step_sampling_gives_counter_events_and_a_frame(exporter: ChromeTraceExporter) -> None:
@@ -122,7 +102,7 @@ def test_the_sampler_thread_runs_only_between_setup_and_teardown() -> None:
 
     counters = SystemCounters(interval=0.001, counters={"n": probe})
     assert sampler_threads() == []  # nothing runs before setup
-    counters.setup(_Trainer())
+    counters.setup(FakeTrainer())
     try:
         assert len(sampler_threads()) == 1
         counters.step_begin(0)  # the thread samples; the steps do not

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from profiler_harness import FakeTrainer
 
 import ppetrace
 from exporters.chrome import ChromeTraceExporter, load_chrome_trace
@@ -63,15 +65,7 @@ class FakeSource:
             event.done = True
 
 
-class _Runtime:
-    def __init__(self, device: str) -> None:
-        self.device_spec = device
-
-
-class _Trainer:
-    def __init__(self, exporter: Any = None, device: str = "cuda") -> None:
-        self.trace_exporter = exporter
-        self.runtime = _Runtime(device)
+_Trainer = functools.partial(FakeTrainer, device="cuda")
 
 
 @pytest.fixture

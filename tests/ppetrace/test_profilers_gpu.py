@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from profiler_harness import FakeTrainer
 
 import ppetrace
 from exporters.chrome import ChromeTraceExporter, load_chrome_trace
@@ -21,14 +23,7 @@ pytestmark = [
 ]
 
 
-class _Runtime:
-    device_spec = "cuda"
-
-
-class _Trainer:
-    def __init__(self, exporter: Any = None) -> None:
-        self.trace_exporter = exporter
-        self.runtime = _Runtime()
+_Trainer = functools.partial(FakeTrainer, device="cuda")
 
 
 def _matmuls(x: torch.Tensor, n: int) -> torch.Tensor:

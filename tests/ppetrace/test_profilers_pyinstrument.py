@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from profiler_harness import run_steps
 
 import ppetrace
 from exporters.chrome import ChromeTraceExporter, load_chrome_trace
@@ -58,51 +58,6 @@ def test_stack_events_are_clipped_to_the_window_and_split_at_a_changed_frame() -
 
 
 # -- a real run, driven like the Trainer drives its profilers ------------------------------
-
-
-class _Runtime:
-    device_spec = "cpu"
-
-
-class _Trainer:
-    def __init__(self, exporter: Any) -> None:
-        self.trace_exporter = exporter
-        self.runtime = _Runtime()
-        self.global_step = 0
-        self.epoch = 0
-
-
-def run_steps(
-    profilers: Iterable[Any], steps: Iterable[int], work: Callable[[int], Any], exporter: Any
-) -> None:
-    """The Trainer's contract: setup, step_begin / trainer.step span / step_end, teardown."""
-    profilers = list(profilers)
-    trainer = _Trainer(exporter)
-    for p in profilers:
-        p.setup(trainer)
-    try:
-        for step in steps:
-            with ppetrace.trace("trainer.fetch_batch", {"ppetrace.batch_idx": step}):
-                pass
-            for p in profilers:
-                p.step_begin(step)
-            with ppetrace.trace("trainer.step", {"ppetrace.batch_idx": step}):
-                work(step)
-            for p in profilers:
-                p.step_end(step)
-    finally:
-        for p in profilers:
-            p.teardown()
-        ppetrace.flush()
-
-
-@pytest.fixture
-def exporter(tmp_path: Path) -> Iterator[ChromeTraceExporter]:
-    exp = ChromeTraceExporter(tmp_path / "trace.json")
-    ppetrace.configure(exporters=[exp], service_name="profilers-test")
-    yield exp
-    ppetrace.shutdown()
-    ppetrace.configure()
 
 
 def _leaf(i: int) -> int:

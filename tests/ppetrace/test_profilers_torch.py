@@ -5,12 +5,13 @@ from __future__ import annotations
 import decimal
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from profiler_harness import run_steps
 
 import ppetrace
 from exporters.chrome import ChromeTraceExporter, load_chrome_trace
@@ -143,48 +144,6 @@ def test_invalid_activities_are_rejected() -> None:
 
 
 # -- a real CPU run, driven like the Trainer drives its profilers --------------------------
-
-
-class _Runtime:
-    device_spec = "cpu"
-
-
-class _Trainer:
-    def __init__(self, exporter: Any) -> None:
-        self.trace_exporter = exporter
-        self.runtime = _Runtime()
-
-
-def run_steps(
-    profilers: Iterable[Any], steps: Iterable[int], work: Callable[[int], Any], exporter: Any
-) -> None:
-    profilers = list(profilers)
-    trainer = _Trainer(exporter)
-    for p in profilers:
-        p.setup(trainer)
-    try:
-        for step in steps:
-            with ppetrace.trace("trainer.fetch_batch"):
-                pass
-            for p in profilers:
-                p.step_begin(step)
-            with ppetrace.trace("trainer.step", {"ppetrace.batch_idx": step}):
-                work(step)
-            for p in profilers:
-                p.step_end(step)
-    finally:
-        for p in profilers:
-            p.teardown()
-        ppetrace.flush()
-
-
-@pytest.fixture
-def exporter(tmp_path: Path) -> Iterator[ChromeTraceExporter]:
-    exp = ChromeTraceExporter(tmp_path / "trace.json")
-    ppetrace.configure(exporters=[exp], service_name="profilers-test")
-    yield exp
-    ppetrace.shutdown()
-    ppetrace.configure()
 
 
 def _train_step() -> Callable[[int], None]:
