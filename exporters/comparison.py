@@ -34,6 +34,7 @@ import pandas as pd
 from scipy import stats
 
 from ._errors import TraceError
+from ._pandas import records_frame
 from ._render import fmt_ns, fmt_pct, json_records, markdown, text_table
 from ._steps import assign_steps
 
@@ -272,12 +273,13 @@ def compare(
             else:
                 p = float(stats.mannwhitneyu(c, b, alternative="two-sided").pvalue)
             row["p_value"] = 1.0 if np.isnan(p) else p
-            event_seed = (seed * 1_000_003 + zlib.crc32(event.encode())) % (2**63)
+            key = zlib.crc32(event.encode("utf-8", "surrogatepass"))
+            event_seed = (seed * 1_000_003 + key) % (2**63)
             row["ci_low"], row["ci_high"] = _bootstrap_ci(
                 b, c, n_boot=n_bootstrap, confidence=confidence, seed=event_seed
             )
         rows.append(row)
-    table = pd.DataFrame(rows)
+    table = records_frame(rows)
     tested = table["p_value"].notna().to_numpy()
     p_holm = np.full(len(table), np.nan)
     p_holm[tested] = holm(table.loc[tested, "p_value"].to_numpy())
@@ -293,11 +295,12 @@ def compare(
         else:
             verdicts.append(Verdict.UNCHANGED)
     table["verdict"] = verdicts
-    table["_order"] = table["verdict"].map(_ORDER)
-    table["_size"] = -(table["change"].abs().fillna(0.0))
-    table = table.sort_values(["_order", "_size", "event"], kind="stable").drop(
-        columns=["_order", "_size"]
-    )
+    size = np.nan_to_num(np.abs(table["change"].to_numpy(dtype=float)), nan=0.0)
+    events = list(table["event"])
+    # verdict, then the largest change, then the name; sorted in Python, since
+    # pandas would store the names as strings first (see _pandas)
+    order = sorted(range(len(table)), key=lambda i: (_ORDER[verdicts[i]], -size[i], events[i]))
+    table = table.iloc[order]
     return Comparison(
         events=table.reset_index(drop=True),
         added=added,

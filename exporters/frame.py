@@ -42,7 +42,9 @@ The standard ``ppetrace.`` attributes lose their prefix (``ppetrace.epoch`` ->
 the spans were given. "string" is pandas' default string dtype (``str`` on
 pandas 3, ``object`` before). Integer attribute columns with missing values
 are nullable ``Int64``; float ones are float64 with NaN; booleans are
-``boolean``; strings are strings; mixed or tuple values are objects.
+``boolean``; strings are strings; mixed or tuple values are objects. A string
+column holding a string that is not valid UTF-8 (a lone surrogate) stays
+``object`` when pandas keeps strings in pyarrow, which refuses such strings.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from ._accel import SPEEDUPS as _speedups
 from ._errors import TraceError
+from ._pandas import dataframe
 from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
 
 __all__ = ["COLUMNS", "RENAMED_ATTRIBUTES", "empty_frame", "spans_to_frame"]
@@ -399,7 +402,7 @@ def _build(
     for key in sorted(extra):
         name = key if key not in ordered else f"attr.{key}"
         ordered[name] = extra[key]
-    return pd.DataFrame(ordered, index=pd.RangeIndex(n), copy=False)
+    return dataframe(ordered, index=pd.RangeIndex(n))
 
 
 # -- from Chrome trace events -----------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ._pandas import series
 from ._render import fmt_count, fmt_ns, fmt_pct, json_records, json_value, markdown, text_table
 from ._steps import assign_steps
 
@@ -188,9 +189,11 @@ def _event_table(frame: pd.DataFrame, in_step: np.ndarray, wall_total: float) ->
             {"event": object}
         )
     dur = frame["dur_ns"].to_numpy(np.int64)
+    # grouped by integer codes: any name works, whatever pandas' string storage
+    codes, names = pd.factorize(frame["name"].to_numpy(dtype=object))
     data = pd.DataFrame(
         {
-            "event": frame["name"].to_numpy(dtype=object),
+            "event": codes,
             "dur": dur,
             "self": frame["self_ns"].to_numpy(np.int64),
             "in_step": np.where(in_step, dur, 0),
@@ -225,9 +228,14 @@ def _event_table(frame: pd.DataFrame, in_step: np.ndarray, wall_total: float) ->
             out["device_total_ns"] = dg.sum(min_count=1)
             out["device_mean_ns"] = dg.mean()
             columns += ["device_total_ns", "device_mean_ns"]
-    out = out.reset_index().rename(columns={"index": "event"})
-    out = out.sort_values(["total_ns", "event"], ascending=[False, True], kind="stable")
-    return out[columns].reset_index(drop=True)
+    labels = np.asarray(names, dtype=object)[out.index.to_numpy(dtype=np.int64)]
+    totals = out["total_ns"].to_numpy()
+    # largest total first, then by name; sorted in Python, since pandas would
+    # store the names as strings first (see _pandas)
+    order = sorted(range(len(out)), key=lambda i: (-totals[i], labels[i]))
+    out = out.iloc[order].reset_index(drop=True)
+    out.insert(0, "event", series(labels[order]))
+    return out[columns]
 
 
 def _throughput(steps: pd.DataFrame) -> Throughput:

@@ -236,12 +236,22 @@ def _read_frame(path: str, err: IO[str]) -> Any:
     return frame
 
 
+def _write(stream: IO[str], text: str) -> None:
+    """Write ``text``; characters the stream cannot encode (a lone surrogate in a
+    span name, an emoji on a Latin-1 terminal) are written as backslash escapes."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+
+
 def _emit(text: str, output: str | None, out: IO[str]) -> None:
     if output is None:
-        out.write(text)
+        _write(out, text)
         return
     try:
-        Path(output).write_text(text, encoding="utf-8")
+        Path(output).write_text(text, encoding="utf-8", errors="backslashreplace")
     except OSError as exc:
         raise _BadInput(
             f"Expected a writable file path for --output, but writing {output} failed: "
@@ -355,14 +365,14 @@ def main(
     try:
         return _COMMANDS[args.command](args, out, err)
     except _BadInput as exc:
-        err.write(f"ppetrace {args.command}: error: {exc}\n")
+        _write(err, f"ppetrace {args.command}: error: {exc}\n")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         err.write("ppetrace: interrupted\n")
         return 130
     except Exception as exc:  # last resort: one line, and never exit 1 ("regression")
         message = " ".join(str(exc).split()) or "(no message)"
-        err.write(f"ppetrace: error: {type(exc).__name__}: {message}\n")
+        _write(err, f"ppetrace: error: {type(exc).__name__}: {message}\n")
         return EXIT_BAD_INPUT
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import importlib.util
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from exporters import SpanBatch, SpanRow
@@ -121,3 +123,24 @@ class RunBuilder:
 def run_builder() -> Callable[..., RunBuilder]:
     """A factory of :class:`RunBuilder`s."""
     return RunBuilder
+
+
+def _storages() -> list[Any]:
+    arrow = pytest.param(
+        "pyarrow",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("pyarrow") is None, reason="pyarrow is not installed"
+        ),
+    )
+    return ["python", arrow]
+
+
+@pytest.fixture(params=_storages())
+def string_storage(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test with pandas keeping strings in Python objects, then in pyarrow.
+
+    pandas 3 stores ``str`` columns in pyarrow whenever it is installed, and
+    pyarrow refuses strings that are not valid UTF-8 (lone surrogates).
+    """
+    with pd.option_context("mode.string_storage", request.param):
+        yield request.param

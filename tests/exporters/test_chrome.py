@@ -124,7 +124,7 @@ def test_events_carry_exact_times_owner_args_and_metadata(
 
 
 def test_strings_are_escaped_so_any_name_or_value_round_trips(
-    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+    tmp_path: Path, run_builder: Callable[..., RunBuilder], string_storage: str
 ) -> None:
     nasty = 'q"uote \\ back\nnew\ttab \x00\x1f ctl é 漢字 🙂 \ud800'
     rb = run_builder()
@@ -140,6 +140,7 @@ def test_strings_are_escaped_so_any_name_or_value_round_trips(
     frame = read_chrome_trace(path)
     assert frame.loc[0, "name"] == nasty and frame.loc[0, nasty] == nasty
     assert frame.loc[0, "span_id"] == rb.rows[0].span_id  # not the user's attribute
+    assert frame.loc[0, "k"] == "plain"
 
 
 def test_non_finite_floats_are_written_as_strings(

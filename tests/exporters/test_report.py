@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import exporters
 from exporters import (
     StepReport,
     render,
@@ -285,3 +286,36 @@ def test_bad_arguments_are_refused_with_clear_messages(
         render_table(report, top=0)
     with pytest.raises(ValueError, match="Expected one of the tables events, steps, summary"):
         render_csv(report, table="nope")
+
+
+def test_names_that_are_not_utf8_survive_the_report_and_compare(
+    run_builder: Callable[..., RunBuilder], string_storage: str
+) -> None:
+    """A lone surrogate (legal in a Python str, not in UTF-8) in a name or key."""
+    odd = "user.\ud800block"
+
+    def frame(scale: int) -> pd.DataFrame:
+        rb = run_builder()
+        for i, step in enumerate(rb.training([scale * d for d in STEPS] * 4)["steps"]):
+            rb.span(
+                odd,
+                step["start"] + 20,
+                step["start"] + 20 + scale * 1_000,
+                step["id"],
+                {odd: i, "note": odd},
+            )
+        return spans_to_frame(rb.batch())
+
+    base, slow = frame(1), frame(2)
+    rows = base[base["name"] == odd]
+    assert len(rows) == 20 and list(rows[odd]) == list(range(20))
+    assert set(rows["note"]) == {odd}
+    report = step_report(base)
+    assert report.events.set_index("event").loc[odd, "count"] == 19  # warmup excluded
+    for fmt in ("table", "md", "csv", "json"):
+        assert "user." in render(report, fmt)
+    json.loads(render_json(report))
+    comparison = exporters.compare(base, slow)
+    assert odd in comparison.regressions
+    for fmt in ("table", "md", "json"):
+        assert "user." in exporters.render_comparison(comparison, fmt)

@@ -301,3 +301,26 @@ def test_merge_into_a_directory_says_out_must_be_a_file(base: Path, tmp_path: Pa
         _one_error_line(err),
     )
     assert "Errno" not in err
+
+
+def test_output_a_stream_cannot_encode_is_written_as_escapes(tmp_path: Path) -> None:
+    """A lone surrogate in a span name, and the emoji of compare, on an ASCII terminal."""
+    name = "user.\ud800step"
+    base = write_run(tmp_path / "base.json", _steps(1, 1_000_000), name=name)
+    slow = write_run(tmp_path / "slow.json", _steps(2, 1_500_000), name=name)
+    for argv, expected in (
+        (["report", str(base), "--format", "table"], 0),
+        (["report", str(base), "--format", "csv"], 0),
+        (["compare", str(base), str(slow), "--format", "md"], 1),
+    ):
+        raw = io.BytesIO()
+        out = io.TextIOWrapper(raw, encoding="ascii")
+        err = io.StringIO()
+        assert main(argv, stdout=out, stderr=err) == expected, err.getvalue()
+        out.flush()
+        text = raw.getvalue().decode("ascii")
+        assert "user.\\ud800step" in text
+    assert "\\u274c regression" in text  # compare's mark, escaped
+    report = tmp_path / "report.md"
+    assert run("report", str(base), "--format", "md", "--output", str(report))[0] == 0
+    assert "user.\\ud800step" in report.read_text(encoding="utf-8")

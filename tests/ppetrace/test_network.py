@@ -137,7 +137,11 @@ def test_trainer_trains_a_network_like_a_hand_written_loop(accum: int) -> None:
     assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), net.parameters(), strict=True))
 
 
-def test_data_parallel_network_trains_on_cpu_like_the_plain_network() -> None:
+def test_data_parallel_network_trains_on_cpu_like_the_plain_network(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch.nn.DataParallel moves the module to the first GPU whenever CUDA is present
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     ds = dataset(24)
     ref = Net()
     hand_train(ref, ds, accum=1)
@@ -155,6 +159,29 @@ def test_data_parallel_network_trains_on_cpu_like_the_plain_network() -> None:
     assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), inner.parameters(), strict=True))
     with pytest.raises(TypeError, match=r"Expected an AbstractPyTorchNetwork to wrap"):
         DataParallelPyTorchNetwork(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_data_parallel_network_trains_on_cuda_like_the_plain_network() -> None:
+    ds = dataset(24)
+    ref = Net().cuda()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for x, y in DataLoader(ds, batch_size=8):
+        F.cross_entropy(ref(x.cuda()), y.cuda()).backward()
+        opt.step()
+        opt.zero_grad()
+    inner = Net()
+    dp = DataParallelPyTorchNetwork(inner, device_ids=[0])
+    assert next(inner.parameters()).device == torch.device("cuda", 0)
+    ppetrace.Trainer(device="cuda", progress=False).fit(
+        dp,
+        DataLoader(ds, batch_size=8),
+        optimizer=torch.optim.SGD(dp.parameters(), lr=0.5),
+        loss_fn=F.cross_entropy,
+    )
+    for a, b in zip(ref.parameters(), inner.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def _children(spans: tuple[ReadableSpan, ...], parent: ReadableSpan) -> list[str]:
