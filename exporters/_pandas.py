@@ -11,17 +11,65 @@ every other column keeps the dtype pandas would give it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+from ._accel import SPEEDUPS as _speedups
+
+
+def _string_dtype() -> Any:
+    """The frames' string dtype: pandas' default ``str`` (pandas 3) in Python
+    storage, or None where pandas keeps strings as objects (pandas 2)."""
+    default = pd.Series(["a"]).dtype
+    if not isinstance(default, pd.StringDtype):
+        return None
+    return pd.StringDtype("python", na_value=default.na_value)
+
+
+#: ``str`` kept in Python objects, as pandas 3 itself does where pyarrow is not
+#: installed. With pyarrow, pandas would copy every row's bytes into an arrow
+#: buffer: for a million spans that is about 120 MB more memory and, with the
+#: first touch of each page, most of the frame's build time. Python storage
+#: shares each distinct string, and holds any str (pyarrow refuses lone
+#: surrogates). It compares equal to ``"str"``.
+STRING_DTYPE: Any = _string_dtype()
+
+_MIN_ENCODED = 1024  # shorter columns are not worth encoding
+
+
+@dataclass(frozen=True, slots=True)
+class Coded:
+    """A dictionary-encoded column: ``uniques[codes[i]]``, missing where the code is -1."""
+
+    codes: np.ndarray
+    uniques: list[Any]
+
+    @classmethod
+    def of(cls, encoded: tuple[Any, list[Any]]) -> Coded:
+        """From the C helpers' ``(int32 code bytes, uniques)``."""
+        return cls(np.frombuffer(encoded[0], dtype=np.int32), encoded[1])
+
+    def __len__(self) -> int:
+        return len(self.codes)
 
 
 def dataframe(columns: Mapping[Any, Any], index: pd.Index | None = None) -> pd.DataFrame:
-    """``pd.DataFrame(columns, index=index, copy=False)``, keeping any string.
+    """``pd.DataFrame(columns, index=index, copy=False)``, with object arrays of
+    strings as :data:`STRING_DTYPE` (see :func:`strings`), keeping any string.
 
-    The fallback runs only after pandas refused a string, so it costs nothing
-    on the usual path.
+    Where pandas refuses a string anyway (a lone surrogate in a column name, or
+    in a column pandas converts to pyarrow), that column or the column index
+    stays Python objects. The fallback runs only after such a refusal.
     """
+    columns = {
+        key: strings(values)
+        if isinstance(values, np.ndarray) and values.dtype == object
+        else values
+        for key, values in columns.items()
+    }
     try:
         return pd.DataFrame(columns, index=index, copy=False)
     except UnicodeEncodeError:
@@ -33,6 +81,56 @@ def dataframe(columns: Mapping[Any, Any], index: pd.Index | None = None) -> pd.D
     except UnicodeEncodeError:
         frame.columns = pd.Index(list(columns), dtype=object)
     return frame
+
+
+def strings(values: Sequence[Any] | np.ndarray | Coded) -> Any:
+    """A column that may hold strings, typed for a frame.
+
+    All strings (None and NaN for missing): a :data:`STRING_DTYPE` array.
+    Anything else, and every column on pandas 2: an object array, for pandas
+    to infer as usual. Long columns are dictionary-encoded first (in C where
+    ``exporters._speedups`` is built), so each distinct string is handled
+    once rather than once per row.
+    """
+    if isinstance(values, Coded):
+        return strings_from_codes(values.codes, values.uniques)
+    if type(values) is list and len(values) >= _MIN_ENCODED and _speedups is not None:
+        encoded = _speedups.dict_encode(values)
+        if encoded is not None:
+            return strings(Coded.of(encoded))
+    objects = _objects(values)
+    if len(objects) >= _MIN_ENCODED:
+        try:
+            codes, uniques = pd.factorize(objects)  # missing values (None, NaN) get -1
+        except TypeError:  # unhashable values, such as lists
+            return objects
+        if len(uniques) * 4 <= len(objects):
+            return strings_from_codes(codes, list(uniques))
+    return _typed(objects, set(map(type, objects)))
+
+
+def strings_from_codes(codes: np.ndarray, uniques: list[Any]) -> Any:
+    """:func:`strings` of ``uniques[codes[i]]`` for each i (missing where the code is -1)."""
+    table = _objects([*uniques, None])  # code -1 takes the trailing None
+    return _typed(table[codes], set(map(type, uniques)) | {type(None)})
+
+
+def _typed(objects: np.ndarray, types: set[type]) -> Any:
+    """The object array as :data:`STRING_DTYPE` when ``types`` are str, None and float
+    (NaN, missing) with at least one str, else as it is."""
+    if STRING_DTYPE is None or str not in types or not types <= {str, type(None), float}:
+        return objects
+    try:
+        return pd.array(objects, dtype=STRING_DTYPE)
+    except (TypeError, ValueError):  # a float that is not NaN
+        return objects
+
+
+def _objects(values: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """A 1-d object array of the values (tuples stay elements, not rows)."""
+    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
+        return values
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def series(values: Any, index: pd.Index | None = None) -> pd.Series:

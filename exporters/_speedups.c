@@ -16,6 +16,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef struct {
@@ -651,9 +652,570 @@ done:
     return result;
 }
 
+/* dict_encode(values) -> (codes, uniques), or None
+ *
+ * A list of str (exact) or None as int32 codes (bytes, native order; -1 for
+ * None) into the list of its distinct strings, in order of first appearance.
+ * None when another kind of value is present. What pandas.factorize does for
+ * such a list, without building an object array first.
+ */
+typedef struct {
+    PyObject *index; /* str -> code */
+    PyObject *uniques;
+    PyObject *last; /* borrowed: the last string seen, and its code */
+    int32_t last_code;
+} Encoder;
+
+static int
+encoder_init(Encoder *e)
+{
+    e->index = PyDict_New();
+    e->uniques = PyList_New(0);
+    e->last = NULL;
+    e->last_code = -1;
+    return (e->index == NULL || e->uniques == NULL) ? -1 : 0;
+}
+
+static void
+encoder_clear(Encoder *e)
+{
+    Py_CLEAR(e->index);
+    Py_CLEAR(e->uniques);
+    e->last = NULL;
+}
+
+static int
+encoder_code(Encoder *e, PyObject *s, int32_t *out)
+{
+    /* the code of the exact str s, adding it when new; -1 on error */
+    if (s == e->last) {
+        *out = e->last_code;
+        return 0;
+    }
+    PyObject *found = PyDict_GetItemWithError(e->index, s);
+    long code;
+    if (found != NULL) {
+        code = PyLong_AsLong(found);
+    }
+    else {
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        code = (long)PyList_GET_SIZE(e->uniques);
+        if (code >= INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "Too many distinct strings to encode.");
+            return -1;
+        }
+        PyObject *boxed = PyLong_FromLong(code);
+        if (boxed == NULL) {
+            return -1;
+        }
+        int failed = PyDict_SetItem(e->index, s, boxed) < 0 || PyList_Append(e->uniques, s) < 0;
+        Py_DECREF(boxed);
+        if (failed) {
+            return -1;
+        }
+    }
+    e->last = s; /* kept alive by e->uniques */
+    e->last_code = (int32_t)code;
+    *out = (int32_t)code;
+    return 0;
+}
+
+static PyObject *
+dict_encode(PyObject *module, PyObject *arg)
+{
+    Encoder e;
+    PyObject *codes = NULL, *result = NULL;
+    if (!PyList_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "Expected a list of strings, but received %.100s.",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    if (encoder_init(&e) < 0) {
+        goto done;
+    }
+    codes = PyByteArray_FromStringAndSize(NULL, n * 4);
+    if (codes == NULL) {
+        goto done;
+    }
+    int32_t *c = (int32_t *)PyByteArray_AS_STRING(codes);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(arg, i);
+        if (v == Py_None) {
+            c[i] = -1;
+        }
+        else if (!PyUnicode_CheckExact(v)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        else if (encoder_code(&e, v, &c[i]) < 0) {
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(2, codes, e.uniques);
+done:
+    Py_XDECREF(codes);
+    encoder_clear(&e);
+    return result;
+}
+
+
+/* attr_table(attrs) -> (keys, columns), or None
+ *
+ * Every attribute key across a list of attribute dicts, in one pass per row
+ * instead of one lookup per row and key. keys are in order of first
+ * appearance; columns[k] is (kind, data, extra), typed as frame._column
+ * would type the values of keys[k] (None or absent = missing):
+ *   "i": exact ints within int64: int64 bytes, and missing bytes (1 = missing)
+ *        or None when none is missing;
+ *   "f": exact ints and floats: float64 bytes with NaN for missing, None;
+ *   "b": bools: bool bytes, missing bytes;
+ *   "s": exact strs: int32 codes (-1 for missing), the list of distinct strs;
+ *   "o": anything else: the list of values (None for missing), None.
+ * None when a row is a non-empty mapping other than a dict (the caller then
+ * uses typed_column per key).
+ */
+enum { K_INT = 1, K_FLOAT = 2, K_BOOL = 4, K_STR = 8, K_OTHER = 16, K_BIG = 32 };
+
+typedef struct {
+    int seen;          /* K_* flags of the present values */
+    Py_ssize_t present; /* rows with a non-None value */
+    char kind;
+    PyObject *data, *extra;
+    Encoder enc;
+} Column;
+
+static int
+kind_of(PyObject *v)
+{
+    if (PyBool_Check(v)) {
+        return K_BOOL;
+    }
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (x == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        return overflow ? (K_INT | K_BIG) : K_INT;
+    }
+    if (PyFloat_CheckExact(v)) {
+        return K_FLOAT;
+    }
+    if (PyUnicode_CheckExact(v)) {
+        return K_STR;
+    }
+    return K_OTHER;
+}
+
+static char
+column_kind(const Column *c)
+{
+    int s = c->seen;
+    if (c->present == 0 || (s & K_OTHER)) {
+        return 'o';
+    }
+    if (s == K_STR) {
+        return 's';
+    }
+    if (s & K_STR) {
+        return 'o';
+    }
+    if (s == K_BOOL) {
+        return 'b';
+    }
+    if (s & K_BOOL) {
+        return 'o';
+    }
+    if (!(s & K_FLOAT)) {
+        return (s & K_BIG) ? 'o' : 'i';
+    }
+    return 'f';
+}
+
+/* The column of attribute key k, found through a cache of the key seen at the
+ * same position of the previous dicts (rows mostly share their key order),
+ * else through keymap. -1 with no error set: the key is new. */
+#define SLOTS 32
+
+typedef struct {
+    PyObject *key[SLOTS]; /* borrowed: kept alive by the rows */
+    Py_ssize_t col[SLOTS];
+} SlotCache;
+
+static Py_ssize_t
+slot_lookup(SlotCache *cache, Py_ssize_t slot, PyObject *keymap, PyObject *k)
+{
+    if (slot < SLOTS && cache->key[slot] == k) {
+        return cache->col[slot];
+    }
+    PyObject *found = PyDict_GetItemWithError(keymap, k);
+    if (found == NULL) {
+        return -1;
+    }
+    Py_ssize_t col = PyLong_AsSsize_t(found);
+    if (slot < SLOTS) {
+        cache->key[slot] = k;
+        cache->col[slot] = col;
+    }
+    return col;
+}
+
+static PyObject *
+attr_table(PyObject *module, PyObject *arg)
+{
+    PyObject *keymap = NULL, *keys = NULL, *result = NULL, *columns = NULL;
+    Column *cols = NULL;
+    Py_ssize_t ncols = 0, cap = 0;
+    if (!PyList_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "Expected a list of attribute dicts, but received %.100s.",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    SlotCache cache;
+    memset(&cache, 0, sizeof(cache));
+    keymap = PyDict_New();
+    keys = PyList_New(0);
+    if (keymap == NULL || keys == NULL) {
+        goto done;
+    }
+    /* pass 1: the keys, and the kinds of their values */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(arg, i);
+        if (!PyDict_CheckExact(a)) {
+            Py_ssize_t size = PyObject_Size(a);
+            if (size < 0) {
+                goto done;
+            }
+            if (size > 0) {
+                result = Py_NewRef(Py_None);
+                goto done;
+            }
+            continue;
+        }
+        Py_ssize_t pos = 0, slot = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(a, &pos, &k, &v)) {
+            Py_ssize_t col = slot_lookup(&cache, slot, keymap, k);
+            if (col < 0) {
+                if (PyErr_Occurred()) {
+                    goto done;
+                }
+                col = ncols;
+                if (ncols == cap) {
+                    Py_ssize_t grown = cap ? cap * 2 : 16;
+                    Column *bigger = PyMem_Realloc(cols, (size_t)grown * sizeof(Column));
+                    if (bigger == NULL) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    cols = bigger;
+                    cap = grown;
+                }
+                memset(&cols[col], 0, sizeof(Column));
+                ncols++;
+                PyObject *boxed = PyLong_FromSsize_t(col);
+                if (boxed == NULL) {
+                    goto done;
+                }
+                int failed = PyDict_SetItem(keymap, k, boxed) < 0 || PyList_Append(keys, k) < 0;
+                Py_DECREF(boxed);
+                if (failed) {
+                    goto done;
+                }
+                if (slot < SLOTS) {
+                    cache.key[slot] = k;
+                    cache.col[slot] = col;
+                }
+            }
+            slot++;
+            if (v != Py_None) {
+                int kind = kind_of(v);
+                if (kind < 0) {
+                    goto done;
+                }
+                cols[col].seen |= kind;
+                cols[col].present++;
+            }
+        }
+    }
+    /* the columns, filled with "missing" */
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        Column *col = &cols[c];
+        col->kind = column_kind(col);
+        switch (col->kind) {
+            case 'i':
+                col->data = PyByteArray_FromStringAndSize(NULL, n * 8);
+                col->extra = PyByteArray_FromStringAndSize(NULL, n);
+                if (col->data && col->extra) {
+                    memset(PyByteArray_AS_STRING(col->data), 0, (size_t)n * 8);
+                    memset(PyByteArray_AS_STRING(col->extra), 1, (size_t)n);
+                }
+                break;
+            case 'f':
+                col->data = PyByteArray_FromStringAndSize(NULL, n * 8);
+                if (col->data) {
+                    double *d = (double *)PyByteArray_AS_STRING(col->data);
+                    for (Py_ssize_t i = 0; i < n; i++) {
+                        d[i] = Py_NAN;
+                    }
+                }
+                col->extra = Py_NewRef(Py_None);
+                break;
+            case 'b':
+                col->data = PyByteArray_FromStringAndSize(NULL, n);
+                col->extra = PyByteArray_FromStringAndSize(NULL, n);
+                if (col->data && col->extra) {
+                    memset(PyByteArray_AS_STRING(col->data), 0, (size_t)n);
+                    memset(PyByteArray_AS_STRING(col->extra), 1, (size_t)n);
+                }
+                break;
+            case 's':
+                col->data = PyByteArray_FromStringAndSize(NULL, n * 4);
+                if (col->data) {
+                    memset(PyByteArray_AS_STRING(col->data), 0xff, (size_t)n * 4); /* -1 */
+                }
+                if (encoder_init(&col->enc) < 0) {
+                    goto done;
+                }
+                col->extra = Py_NewRef(col->enc.uniques);
+                break;
+            default:
+                col->data = PyList_New(n);
+                if (col->data) {
+                    for (Py_ssize_t i = 0; i < n; i++) {
+                        PyList_SET_ITEM(col->data, i, Py_NewRef(Py_None));
+                    }
+                }
+                col->extra = Py_NewRef(Py_None);
+        }
+        if (col->data == NULL || col->extra == NULL) {
+            goto done;
+        }
+    }
+    /* pass 2: the values */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyList_GET_ITEM(arg, i);
+        if (!PyDict_CheckExact(a)) {
+            continue; /* empty */
+        }
+        Py_ssize_t pos = 0, slot = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(a, &pos, &k, &v)) {
+            Py_ssize_t c = slot_lookup(&cache, slot++, keymap, k);
+            if (c < 0) {
+                if (!PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_RuntimeError,
+                                    "The attributes changed while the frame was built.");
+                }
+                goto done;
+            }
+            if (v == Py_None) {
+                continue;
+            }
+            Column *col = &cols[c];
+            switch (col->kind) {
+                case 'i': {
+                    long long x = PyLong_AsLongLong(v);
+                    if (x == -1 && PyErr_Occurred()) {
+                        goto done;
+                    }
+                    memcpy(PyByteArray_AS_STRING(col->data) + i * 8, &x, 8);
+                    PyByteArray_AS_STRING(col->extra)[i] = 0;
+                    break;
+                }
+                case 'f': {
+                    double x = PyFloat_AsDouble(v);
+                    if (x == -1.0 && PyErr_Occurred()) {
+                        goto done;
+                    }
+                    memcpy(PyByteArray_AS_STRING(col->data) + i * 8, &x, 8);
+                    break;
+                }
+                case 'b':
+                    PyByteArray_AS_STRING(col->data)[i] = (char)(v == Py_True);
+                    PyByteArray_AS_STRING(col->extra)[i] = 0;
+                    break;
+                case 's': {
+                    int32_t code;
+                    if (!PyUnicode_CheckExact(v)) {
+                        PyErr_SetString(PyExc_RuntimeError,
+                                        "The attributes changed while the frame was built.");
+                        goto done;
+                    }
+                    if (encoder_code(&col->enc, v, &code) < 0) {
+                        goto done;
+                    }
+                    memcpy(PyByteArray_AS_STRING(col->data) + i * 4, &code, 4);
+                    break;
+                }
+                default: {
+                    PyObject *old = PyList_GET_ITEM(col->data, i);
+                    PyList_SET_ITEM(col->data, i, Py_NewRef(v));
+                    Py_DECREF(old);
+                }
+            }
+        }
+    }
+    columns = PyList_New(ncols);
+    if (columns == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        Column *col = &cols[c];
+        PyObject *extra = col->extra;
+        if (col->kind == 'i' && col->present == n) {
+            extra = Py_None; /* no value missing */
+        }
+        PyObject *item = Py_BuildValue("(C O O)", col->kind, col->data, extra);
+        if (item == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(columns, c, item);
+    }
+    result = PyTuple_Pack(2, keys, columns);
+done:
+    for (Py_ssize_t c = 0; c < ncols; c++) {
+        Py_XDECREF(cols[c].data);
+        Py_XDECREF(cols[c].extra);
+        encoder_clear(&cols[c].enc);
+    }
+    PyMem_Free(cols);
+    Py_XDECREF(columns);
+    Py_XDECREF(keymap);
+    Py_XDECREF(keys);
+    return result;
+}
+
+/* span_columns(rows) -> (names, trace_ids, statuses, errors, attributes,
+ *                       span_ids, parent_ids, starts, ends, tids)
+ *
+ * row_columns for frames: names, trace ids, statuses and errors come
+ * dictionary-encoded as (codes, uniques) like dict_encode (trace ids are ints,
+ * so their codes index ints), or as a list of the objects when a value is
+ * neither an exact str, an exact int nor None. attributes is the list of the
+ * rows' attribute mappings; the rest are bytearrays as in row_columns.
+ */
+static PyObject *
+span_columns(PyObject *module, PyObject *arg)
+{
+    static const Py_ssize_t coded_fields[4] = {0, 3, 8, 9};
+    static const Py_ssize_t array_fields[5] = {1, 2, 4, 5, 6};
+    Encoder enc[4];
+    PyObject *codes[4] = {NULL, NULL, NULL, NULL};
+    PyObject *coded[4] = {NULL, NULL, NULL, NULL};
+    PyObject *arrays[5] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject *attrs = NULL, *result = NULL;
+    int as_list[4] = {0, 0, 0, 0};
+    memset(enc, 0, sizeof(enc));
+    if (!PyList_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "Expected a list of span rows, but received %.100s.",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    attrs = PyList_New(n);
+    if (attrs == NULL) {
+        goto done;
+    }
+    for (int c = 0; c < 4; c++) {
+        codes[c] = PyByteArray_FromStringAndSize(NULL, n * 4);
+        if (codes[c] == NULL || encoder_init(&enc[c]) < 0) {
+            goto done;
+        }
+    }
+    for (int c = 0; c < 5; c++) {
+        arrays[c] = PyByteArray_FromStringAndSize(NULL, n * 8);
+        if (arrays[c] == NULL) {
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(arg, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+            goto done;
+        }
+        PyList_SET_ITEM(attrs, i, Py_NewRef(PyTuple_GET_ITEM(row, 7)));
+        for (int c = 0; c < 4; c++) {
+            if (as_list[c]) {
+                continue;
+            }
+            PyObject *v = PyTuple_GET_ITEM(row, coded_fields[c]);
+            int32_t *dst = (int32_t *)PyByteArray_AS_STRING(codes[c]) + i;
+            if (v == Py_None) {
+                *dst = -1;
+            }
+            else if (PyUnicode_CheckExact(v) || PyLong_CheckExact(v)) {
+                if (encoder_code(&enc[c], v, dst) < 0) {
+                    goto done;
+                }
+            }
+            else {
+                as_list[c] = 1; /* listed after this loop */
+            }
+        }
+        for (int c = 0; c < 5; c++) {
+            PyObject *v = PyTuple_GET_ITEM(row, array_fields[c]);
+            char *dst = PyByteArray_AS_STRING(arrays[c]) + i * 8;
+            if (c < 2) {
+                unsigned long long x = PyLong_AsUnsignedLongLong(v);
+                if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+                    goto done;
+                }
+                memcpy(dst, &x, 8);
+            }
+            else {
+                long long x = PyLong_AsLongLong(v);
+                if (x == -1 && PyErr_Occurred()) {
+                    goto done;
+                }
+                memcpy(dst, &x, 8);
+            }
+        }
+    }
+    for (int c = 0; c < 4; c++) {
+        if (as_list[c]) {
+            coded[c] = PyList_New(n);
+            if (coded[c] == NULL) {
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < n; i++) {
+                PyObject *row = PyList_GET_ITEM(arg, i);
+                PyList_SET_ITEM(coded[c], i, Py_NewRef(PyTuple_GET_ITEM(row, coded_fields[c])));
+            }
+        }
+        else {
+            coded[c] = PyTuple_Pack(2, codes[c], enc[c].uniques);
+            if (coded[c] == NULL) {
+                goto done;
+            }
+        }
+    }
+    result = PyTuple_Pack(10, coded[0], coded[1], coded[2], coded[3], attrs, arrays[0], arrays[1],
+                          arrays[2], arrays[3], arrays[4]);
+done:
+    for (int c = 0; c < 4; c++) {
+        Py_XDECREF(codes[c]);
+        Py_XDECREF(coded[c]);
+        encoder_clear(&enc[c]);
+    }
+    for (int c = 0; c < 5; c++) {
+        Py_XDECREF(arrays[c]);
+    }
+    Py_XDECREF(attrs);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
     {"row_columns", row_columns, METH_O, "The columns of a list of span rows."},
+    {"attr_table", attr_table, METH_O, "Every attribute key across rows, typed, in one pass."},
+    {"span_columns", span_columns, METH_O, "row_columns for frames, strings encoded."},
+    {"dict_encode", dict_encode, METH_O, "A list of str or None as int32 codes and uniques."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_events", encode_x_events, METH_VARARGS,

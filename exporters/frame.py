@@ -39,12 +39,13 @@ The standard ``ppetrace.`` attributes lose their prefix (``ppetrace.epoch`` ->
 ``epoch``, ``ppetrace.step`` -> ``step``, ``ppetrace.stage`` -> ``stage``,
 ``ppetrace.batch_idx`` -> ``batch_idx``, ``ppetrace.rank`` -> ``rank``,
 ``ppetrace.device_dur_ns`` -> ``device_dur_ns``). Rows keep the order in which
-the spans were given. "string" is pandas' default string dtype (``str`` on
-pandas 3, ``object`` before). Integer attribute columns with missing values
-are nullable ``Int64``; float ones are float64 with NaN; booleans are
-``boolean``; strings are strings; mixed or tuple values are objects. A string
-column holding a string that is not valid UTF-8 (a lone surrogate) stays
-``object`` when pandas keeps strings in pyarrow, which refuses such strings.
+the spans were given. "string" is pandas 3's ``str`` dtype in Python storage
+(``exporters._pandas.STRING_DTYPE``; it compares equal to ``"str"``), or
+``object`` on pandas 2: distinct strings are shared, not copied per row into
+pyarrow, and any Python string fits (pyarrow refuses lone surrogates).
+Integer attribute columns with missing values are nullable ``Int64``; float
+ones are float64 with NaN; booleans are ``boolean``; strings are strings;
+mixed or tuple values are objects.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from ._accel import SPEEDUPS as _speedups
 from ._errors import TraceError
-from ._pandas import dataframe
+from ._pandas import Coded, dataframe, strings, strings_from_codes
 from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
 
 __all__ = ["COLUMNS", "RENAMED_ATTRIBUTES", "empty_frame", "spans_to_frame"]
@@ -155,9 +156,16 @@ def spans_to_frame(
     if not rows:
         return empty_frame()
     n = len(rows)
+    names: Sequence[Any] | Coded
+    trace_ids: Sequence[Any] | Coded
+    statuses: Sequence[Any] | Coded
+    errors: Sequence[Any] | Coded
     if _speedups is not None:  # the same columns, taken out of the rows in C
-        names, trace_ids, attrs, statuses, errors, sid, pid_, st, en, td = _speedups.row_columns(
+        names, trace_ids, statuses, errors, attrs, sid, pid_, st, en, td = _speedups.span_columns(
             rows
+        )
+        names, trace_ids, statuses, errors = (
+            Coded.of(v) if type(v) is tuple else v for v in (names, trace_ids, statuses, errors)
         )
         span_ids = np.frombuffer(sid, dtype=np.uint64)
         parent_ids = np.frombuffer(pid_, dtype=np.uint64)
@@ -175,12 +183,11 @@ def spans_to_frame(
         attrs = list(map(_get(7), rows))
         statuses = list(map(_get(8), rows))
         errors = list(map(_get(9), rows))
-    cache = {t: f"{t:032x}" for t in set(trace_ids)}
     return _build(
         names,
         span_ids,
         parent_ids,
-        list(map(cache.__getitem__, trace_ids)),
+        _hex_trace_ids(trace_ids),
         starts,
         ends,
         np.repeat(np.asarray(pids, dtype=np.int64), counts),
@@ -190,6 +197,14 @@ def spans_to_frame(
         statuses,
         errors,
     )
+
+
+def _hex_trace_ids(trace_ids: Sequence[Any] | Coded) -> Sequence[Any] | Coded:
+    """Trace ids (ints) as 32 hex digits."""
+    if isinstance(trace_ids, Coded):
+        return Coded(trace_ids.codes, [f"{t:032x}" for t in trace_ids.uniques])
+    cache = {t: f"{t:032x}" for t in set(trace_ids)}
+    return list(map(cache.__getitem__, trace_ids))
 
 
 def _column(values: list[Any]) -> Any:
@@ -216,19 +231,45 @@ def _typed_column(attrs: Sequence[Mapping[str, Any]], key: str) -> Any:
     if _speedups is None:
         return _column(_values(attrs, key))
     rows = attrs if type(attrs) is list else list(attrs)
-    kind, data, mask = _speedups.typed_column(rows, key)  # the same column, typed in C
+    return _from_c(*_speedups.typed_column(rows, key))  # the same column, typed in C
+
+
+def _from_c(kind: str, data: Any, extra: Any) -> Any:
+    """A column from the C helpers' ``(kind, data, extra)`` (see exporters/_speedups.c)."""
     if kind == "i":
         ints = np.frombuffer(data, dtype=np.int64)
-        if mask is None:
+        if extra is None:
             return ints
-        return pd.arrays.IntegerArray(ints, np.frombuffer(mask, dtype=np.bool_))
+        return pd.arrays.IntegerArray(ints, np.frombuffer(extra, dtype=np.bool_))
     if kind == "f":
         return np.frombuffer(data, dtype=np.float64)
     if kind == "b":
         return pd.arrays.BooleanArray(
-            np.frombuffer(data, dtype=np.bool_), np.frombuffer(mask, dtype=np.bool_)
+            np.frombuffer(data, dtype=np.bool_), np.frombuffer(extra, dtype=np.bool_)
         )
+    if kind == "s":
+        return strings_from_codes(np.frombuffer(data, dtype=np.int32), extra)
     return _column(data)
+
+
+def _attribute_columns(attrs: Sequence[Mapping[str, Any]], skip: frozenset[str]) -> dict[Any, Any]:
+    """Every attribute key but those in ``skip``, sorted, with its typed column."""
+    table = None
+    if _speedups is not None and type(attrs) is list:
+        table = _speedups.attr_table(attrs)  # every key in one pass over the rows, in C
+    if table is not None:
+        found, typed = table
+        by_key = dict(zip(found, typed, strict=True))
+        try:
+            keys = sorted(set(found).difference(skip))
+        except TypeError:  # keys that are not all strings: first-seen order
+            keys = [k for k in found if k not in skip]
+        return {key: _from_c(*by_key[key]) for key in keys}
+    try:
+        keys = sorted(set().union(*attrs).difference(skip))
+    except TypeError:  # keys that are not all strings
+        keys = [k for k in dict.fromkeys(chain.from_iterable(attrs)) if k not in skip]
+    return {key: _typed_column(attrs, key) for key in keys}
 
 
 def _values(attrs: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
@@ -305,32 +346,60 @@ def _inherit(values: np.ndarray, ppos: np.ndarray) -> np.ndarray:
     return out
 
 
+_INT64 = (np.dtype(np.int64), pd.Int64Dtype())
+
+
+def _inherit_ints(values: Any, ppos: np.ndarray) -> pd.arrays.IntegerArray:
+    """:func:`_inherit` for whole numbers (int64, or Int64 with missing values)."""
+    if isinstance(values, np.ndarray):  # nothing missing, so nothing to inherit
+        return pd.arrays.IntegerArray(values.copy(), np.zeros(len(values), dtype=np.bool_))
+    data = np.asarray(values.to_numpy(dtype=np.int64, na_value=0), dtype=np.int64)
+    missing = np.asarray(values.isna(), dtype=np.bool_)
+    out, out_missing = data.copy(), missing.copy()
+    todo = np.flatnonzero(missing & (ppos >= 0))
+    anc = ppos[todo]
+    guard = 0
+    while todo.size and guard <= len(data):
+        found = ~missing[anc]
+        out[todo[found]] = data[anc[found]]
+        out_missing[todo[found]] = False
+        keep = ~found
+        todo = todo[keep]
+        anc = ppos[anc[keep]]
+        alive = anc >= 0
+        todo = todo[alive]
+        anc = anc[alive]
+        guard += 1
+    return pd.arrays.IntegerArray(out, out_missing)
+
+
 def _build(
-    names: Sequence[str],
+    names: Sequence[str] | Coded,
     span_ids: ArrayLike,
     parent_ids: ArrayLike,
-    trace_ids: Sequence[str | None],
+    trace_ids: Sequence[str | None] | Coded,
     starts: ArrayLike,
     ends: ArrayLike,
     pids: ArrayLike,
     tids: ArrayLike,
     ranks: ArrayLike,
     attrs: Sequence[Mapping[str, Any]],
-    statuses: Sequence[str],
-    errors: Sequence[str],
+    statuses: Sequence[str] | Coded,
+    errors: Sequence[str] | Coded,
     *,
     skip: frozenset[str] = frozenset(),
 ) -> pd.DataFrame:
     """The frame from column-wise inputs (shared by the span and the file readers).
 
+    The string columns come as sequences or dictionary-encoded (:class:`Coded`).
     Attribute keys in ``skip`` are ignored (the reserved ``args`` of a Chrome event).
     """
     n = len(names)
-    sid = np.array(span_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
-    par = np.array(parent_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
-    start = np.array(starts, dtype=np.int64) if n else np.zeros(0, np.int64)
-    end = np.array(ends, dtype=np.int64) if n else np.zeros(0, np.int64)
-    tid = np.array(tids, dtype=np.int64) if n else np.zeros(0, np.int64)
+    sid = np.asarray(span_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    par = np.asarray(parent_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
+    start = np.asarray(starts, dtype=np.int64) if n else np.zeros(0, np.int64)
+    end = np.asarray(ends, dtype=np.int64) if n else np.zeros(0, np.int64)
+    tid = np.asarray(tids, dtype=np.int64) if n else np.zeros(0, np.int64)
     pid = np.asarray(pids, dtype=np.int64)
     dur = end - start
     ppos = _parent_positions(sid, par, pid) if n else np.zeros(0, np.int64)
@@ -340,10 +409,10 @@ def _build(
     child = np.zeros(n, dtype=np.int64)
     np.add.at(child, ppos[same_thread], dur[same_thread])
     columns: dict[str, Any] = {
-        "name": np.array(names, dtype=object),
+        "name": strings(names),
         "span_id": sid,
         "parent_id": par,
-        "trace_id": np.array(trace_ids, dtype=object),
+        "trace_id": strings(trace_ids),
         "start_ns": start,
         "end_ns": end,
         "dur_ns": dur,
@@ -352,14 +421,9 @@ def _build(
         "pid": pid,
         "tid": tid,
     }
-    try:
-        keys = sorted(set().union(*attrs).difference(skip))
-    except TypeError:  # keys that are not all strings
-        keys = [k for k in dict.fromkeys(chain.from_iterable(attrs)) if k not in skip]
     extra: dict[str, Any] = {}
     standard: dict[str, Any] = {}
-    for key in keys:
-        col = _typed_column(attrs, key)
+    for key, col in _attribute_columns(attrs, skip).items():
         target = RENAMED_ATTRIBUTES.get(key)
         if target is None:
             extra[key] = col
@@ -377,19 +441,24 @@ def _build(
     for col in _INT_COLUMNS:
         values = standard.get(col)
         if values is None:
-            arr = np.full(n, np.nan)
-        else:
-            try:
-                arr = _as_float(values)
-            except (TypeError, ValueError):
-                columns[col] = values  # not numbers: kept as they are
-                continue
+            values = np.full(n, np.nan)
+        if isinstance(values, (pd.arrays.IntegerArray, np.ndarray)) and values.dtype in _INT64:
+            # whole numbers already: no float detour, which would round above 2**53
+            columns[col] = (
+                _inherit_ints(values, ppos) if col in _INHERITED else pd.array(values, "Int64")
+            )
+            continue
+        try:
+            arr = _as_float(values)
+        except (TypeError, ValueError):
+            columns[col] = values  # not numbers: kept as they are
+            continue
         if col in _INHERITED:
             arr = _inherit(arr, ppos)
         columns[col] = pd.array(arr, dtype="Int64")
     columns["stage"] = standard.get("stage", np.full(n, None, dtype=object))
-    columns["status"] = np.array(statuses, dtype=object)
-    columns["error"] = np.array(errors, dtype=object)
+    columns["status"] = strings(statuses)
+    columns["error"] = strings(errors)
     dev = standard.get("device_dur_ns")
     if dev is None:
         columns["device_dur_ns"] = np.full(n, np.nan)

@@ -112,3 +112,93 @@ def test_c_and_python_typed_attribute_columns_agree(monkeypatch: pytest.MonkeyPa
     pd.testing.assert_frame_equal(fast, slow)
     assert str(fast["im"].dtype) == "Int64" and fast["im"].tolist()[0] == 2**62
     assert fast["i"].dtype == "int64" or str(fast["i"].dtype) == "Int64"
+
+
+def _pure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every exporters module on its pure-Python path."""
+    from exporters import _pandas, frame
+
+    monkeypatch.setattr(frame, "_speedups", None)
+    monkeypatch.setattr(_pandas, "_speedups", None)
+
+
+class _Name(str):
+    """A str subclass: not encoded in C, so the name column falls back to a list."""
+
+
+def _many_rows(n: int, odd_name: bool = False) -> list[SpanRow]:
+    base = 1_700_000_000_000_000_000
+    names = ["trainer.step", "module.train_step", "user.\ud800odd", 'q"x']
+    rows = []
+    for i in range(n):
+        attrs: dict[str, object] = {
+            "ppetrace.step": i // 10,
+            "ppetrace.stage": ("train", "val", None)[i % 3],
+            "s": f"v{i % 7}",
+            "f": 0.5 * i if i % 5 else i,
+            "b": bool(i % 2),
+            "big": 2**70 if i == 5 else i,
+            "o": (1, 2) if i % 11 == 0 else "x",
+            "none": None,
+        }
+        if i % 4 == 0:
+            attrs = {"late": i, **attrs}  # another key order
+        if i % 13 == 0:
+            attrs["ppetrace.epoch"] = i // 13
+        name = _Name(names[i % 4]) if odd_name and i == n // 2 else names[i % 4]
+        parent = (i // 10) * 10 + 1 if i % 10 else 0
+        start = base + i * 1_000
+        status, error = (("UNSET", ""), ("OK", ""), ("ERROR", f"E{i % 2}: x"))[i % 3]
+        rows.append(
+            SpanRow(name, i + 1, parent, 7, start, start + 500, 1 + i % 2, attrs, status, error)
+        )
+    return rows
+
+
+@pytest.mark.parametrize("odd_name", [False, True])
+def test_c_and_python_frames_of_many_rows_agree(
+    monkeypatch: pytest.MonkeyPatch, string_storage: str, odd_name: bool
+) -> None:
+    """Long columns take the encoded paths: span_columns, attr_table, dict_encode."""
+    import pandas as pd
+
+    from exporters import spans_to_frame
+    from exporters._pandas import STRING_DTYPE
+
+    rows = _many_rows(3_000, odd_name)
+    fast = spans_to_frame(rows)
+    _pure(monkeypatch)
+    slow = spans_to_frame(rows)
+    pd.testing.assert_frame_equal(fast, slow)
+    expected = [r.name for r in rows]
+    assert fast["name"].tolist() == expected
+    for col in ("name", "trace_id", "status", "error", "stage", "s"):
+        assert fast[col].dtype == (object if STRING_DTYPE is None else STRING_DTYPE), col
+    assert fast["stage"].isna().sum() == 1_000
+    assert fast["o"].dtype == object and fast.loc[0, "o"] == (1, 2)
+    assert fast["big"].dtype == object and fast.loc[5, "big"] == 2**70
+    assert str(fast["b"].dtype) == "boolean" and fast["f"].dtype == "float64"
+    assert str(fast["late"].dtype) == "Int64" and fast["late"].isna().sum() == 2_250
+    assert fast["none"].isna().all()
+    # epoch: on every 13th row, and inherited from the roots (rows 0, 10, 20, ...)
+    assert fast.loc[13, "epoch"] == 1 and fast.loc[130, "epoch"] == 10
+    assert fast.loc[131, "epoch"] == 10 and fast.loc[1, "epoch"] == 0
+    assert pd.isna(fast.loc[10, "epoch"]) and pd.isna(fast.loc[11, "epoch"])
+
+
+def test_attr_table_types_each_key_in_one_pass() -> None:
+    from types import MappingProxyType
+
+    from exporters import frame
+
+    table = frame._speedups.attr_table(
+        [{"a": 1, "s": "x"}, {}, {"a": None, "s": "y", "z": 2**70}, MappingProxyType({})]
+    )
+    keys, columns = table
+    assert keys == ["a", "s", "z"]
+    kinds = {k: c[0] for k, c in zip(keys, columns, strict=True)}
+    assert kinds == {"a": "i", "s": "s", "z": "o"}
+    assert columns[1][2] == ["x", "y"]
+    assert frame._speedups.attr_table([{"a": 1}, MappingProxyType({"a": 2})]) is None
+    assert frame._speedups.dict_encode(["a", None, "b", "a"])[1] == ["a", "b"]
+    assert frame._speedups.dict_encode(["a", 1]) is None
