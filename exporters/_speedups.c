@@ -1,17 +1,19 @@
 /*
- * Assembling Chrome trace "X" events in C.
+ * The exporters' per-row work in C: Chrome trace "X" events and frame columns.
  *
- * exporters/chrome.py keeps the reference implementation (one f-string per
- * span) and uses this module when it was built (see setup.py; the build is
- * optional). Python still does everything that needs judgement: the order of
- * the rows, the per-name prefixes, the attribute strings and the quoting of
- * error texts. This module only does the per-row arithmetic and concatenation:
+ * exporters/chrome.py and exporters/frame.py keep the reference
+ * implementations and use this module when it was built (see setup.py; the
+ * build is optional). Python still does everything that needs judgement: the
+ * order of the rows, the per-name prefixes, the quoting of names, keys and
+ * error texts. This module does the per-row arithmetic and concatenation:
  *
  *   prefix tid ,"ts": us ,"dur": us ,"args":{"span_id":"hex16","parent_id":"hex16"
  *   attrs ,"status": status [,"error": quoted-error] }}
  *
  * with ts = start_ns - origin_ns and dur = max(end_ns - start_ns, 0) written
- * as exact decimal microseconds (three fraction digits).
+ * as exact decimal microseconds (three fraction digits), and for frames it
+ * takes rows apart into typed columns (dictionary-encoded strings, int64,
+ * float64 and bool buffers for numpy.frombuffer).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -146,120 +148,6 @@ item_ull(PyObject *row, Py_ssize_t i, unsigned long long *out)
     *out = PyLong_AsUnsignedLongLong(v);
     return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
 }
-
-/* encode_x_events(rows, prefixes, statuses, attrs, origin_ns, quote) -> list[str]
- *
- * rows:     sequence of SpanRow tuples (name, span_id, parent_id, trace_id,
- *           start_ns, end_ns, tid, attributes, status, error)
- * prefixes: dict name -> '{"ph":"X",...,"tid":'
- * statuses: dict status -> quoted status
- * attrs:    list of str, one per row (',"key":value...' or '')
- * quote:    callable(str) -> JSON string literal (for error texts)
- */
-static PyObject *
-encode_x_events(PyObject *module, PyObject *args)
-{
-    PyObject *rows, *prefixes, *statuses, *attrs, *quote, *seq = NULL, *out = NULL;
-    long long origin;
-    Buf b = {NULL, 0, 0};
-    if (!PyArg_ParseTuple(args, "OO!O!O!LO:encode_x_events", &rows, &PyDict_Type, &prefixes,
-                          &PyDict_Type, &statuses, &PyList_Type, &attrs, &origin, &quote)) {
-        return NULL;
-    }
-    seq = PySequence_Fast(rows, "Expected a sequence of span rows.");
-    if (seq == NULL) {
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (PyList_GET_SIZE(attrs) != n) {
-        PyErr_Format(PyExc_ValueError,
-                     "Expected one attribute string per row (%zd), but received %zd.", n,
-                     PyList_GET_SIZE(attrs));
-        goto fail;
-    }
-    out = PyList_New(n);
-    if (out == NULL) {
-        goto fail;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
-        PyObject *prefix, *status, *error, *event;
-        long long start, end, tid;
-        unsigned long long span_id, parent_id;
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
-            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
-            goto fail;
-        }
-        prefix = PyDict_GetItemWithError(prefixes, PyTuple_GET_ITEM(row, 0));
-        if (prefix == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_KeyError, "A span name has no prefix.");
-            }
-            goto fail;
-        }
-        status = PyDict_GetItemWithError(statuses, PyTuple_GET_ITEM(row, 8));
-        if (status == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_KeyError, "A span status has no encoding.");
-            }
-            goto fail;
-        }
-        if (item_ull(row, 1, &span_id) < 0 || item_ull(row, 2, &parent_id) < 0 ||
-            item_ll(row, 4, &start) < 0 || item_ll(row, 5, &end) < 0 ||
-            item_ll(row, 6, &tid) < 0) {
-            goto fail;
-        }
-        b.len = 0;
-        if (buf_add_str(&b, prefix) < 0 || buf_add_ll(&b, tid) < 0 ||
-            buf_add(&b, ",\"ts\":", 6) < 0 || buf_add_us(&b, start - origin) < 0 ||
-            buf_add(&b, ",\"dur\":", 7) < 0 || buf_add_us(&b, end > start ? end - start : 0) < 0 ||
-            buf_add(&b, ",\"args\":{\"span_id\":\"", 20) < 0 || buf_add_hex16(&b, span_id) < 0 ||
-            buf_add(&b, "\",\"parent_id\":\"", 15) < 0 || buf_add_hex16(&b, parent_id) < 0 ||
-            buf_add(&b, "\"", 1) < 0 || buf_add_str(&b, PyList_GET_ITEM(attrs, i)) < 0 ||
-            buf_add(&b, ",\"status\":", 10) < 0 || buf_add_str(&b, status) < 0) {
-            goto fail;
-        }
-        error = PyTuple_GET_ITEM(row, 9);
-        if (PyUnicode_Check(error) && PyUnicode_GET_LENGTH(error) > 0) {
-            PyObject *quoted = PyObject_CallOneArg(quote, error);
-            if (quoted == NULL) {
-                goto fail;
-            }
-            int rc = buf_add(&b, ",\"error\":", 9) < 0 || buf_add_str(&b, quoted) < 0;
-            Py_DECREF(quoted);
-            if (rc) {
-                goto fail;
-            }
-        }
-        if (buf_add(&b, "}}", 2) < 0) {
-            goto fail;
-        }
-        if (ascii_only(b.data, b.len)) {
-            /* the usual case: every part is ASCII (names and values are JSON-escaped) */
-            event = PyUnicode_New(b.len, 127);
-            if (event == NULL) {
-                goto fail;
-            }
-            memcpy(PyUnicode_DATA(event), b.data, (size_t)b.len);
-        }
-        else {
-            event = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
-            if (event == NULL) {
-                goto fail;
-            }
-        }
-        PyList_SET_ITEM(out, i, event);
-    }
-    PyMem_Free(b.data);
-    Py_DECREF(seq);
-    return out;
-fail:
-    PyMem_Free(b.data);
-    Py_XDECREF(out);
-    Py_XDECREF(seq);
-    return NULL;
-}
-
 
 /* encode_attrs(attrs, heads, strings, head_of, encode_value) -> list[str] | None
  *
@@ -428,6 +316,255 @@ fail:
     Py_XDECREF(keys);
     Py_XDECREF(out);
     return NULL;
+}
+
+
+/* The attributes of one row, appended to b as ',"key":value...' in sorted key
+ * order with None values skipped, as encode_attrs writes them. Rows mostly
+ * share their keys and key order, so the sorted order (and each key's head) of
+ * the previous row is reused while the keys are the same objects in the same
+ * order. Returns 0, -1 on error, or 1 when the Python encoder must do the row
+ * (a non-empty mapping that is not a dict, or keys that cannot be sorted). */
+#define ORDER_SLOTS 32
+
+typedef struct {
+    Py_ssize_t n;                  /* keys cached; -1: none */
+    PyObject *keys[ORDER_SLOTS];   /* borrowed (the rows keep them alive), dict order */
+    PyObject *heads[ORDER_SLOTS];  /* owned: ',"key":' per dict position */
+    Py_ssize_t perm[ORDER_SLOTS];  /* sorted rank -> dict position */
+} KeyOrder;
+
+static void
+key_order_clear(KeyOrder *o)
+{
+    for (Py_ssize_t j = 0; j < o->n; j++) {
+        Py_CLEAR(o->heads[j]);
+    }
+    o->n = -1;
+}
+
+static PyObject *
+head_for(PyObject *heads, PyObject *head_of, PyObject *key)
+{
+    /* heads[key], made by head_of when missing; a new reference */
+    PyObject *head = PyDict_GetItemWithError(heads, key);
+    if (head != NULL) {
+        return Py_NewRef(head);
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    head = PyObject_CallOneArg(head_of, key);
+    if (head == NULL) {
+        return NULL;
+    }
+    if (PyDict_SetItem(heads, key, head) < 0) {
+        Py_DECREF(head);
+        return NULL;
+    }
+    return head;
+}
+
+static int
+key_order_build(KeyOrder *o, PyObject **ks, Py_ssize_t m, PyObject *heads, PyObject *head_of)
+{
+    /* the sorted order of the m keys ks; 1 when they cannot be sorted */
+    key_order_clear(o);
+    PyObject *sorted = PyList_New(m);
+    if (sorted == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyList_SET_ITEM(sorted, j, Py_NewRef(ks[j]));
+    }
+    if (PyList_Sort(sorted) < 0) {
+        Py_DECREF(sorted);
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            return 1;
+        }
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < m; r++) {
+        PyObject *key = PyList_GET_ITEM(sorted, r);
+        for (Py_ssize_t j = 0; j < m; j++) {
+            if (ks[j] == key) {
+                o->perm[r] = j;
+                break;
+            }
+        }
+    }
+    Py_DECREF(sorted);
+    o->n = 0;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        o->keys[j] = ks[j];
+        o->heads[j] = head_for(heads, head_of, ks[j]);
+        if (o->heads[j] == NULL) {
+            return -1;
+        }
+        o->n = j + 1;
+    }
+    return 0;
+}
+
+static int
+add_attrs(Buf *b, PyObject *d, KeyOrder *o, PyObject *heads, PyObject *strings,
+          PyObject *head_of, PyObject *encode_value)
+{
+    if (!PyDict_CheckExact(d)) {
+        Py_ssize_t size = PyObject_Size(d);
+        return size < 0 ? -1 : (size > 0 ? 1 : 0);
+    }
+    Py_ssize_t m = PyDict_GET_SIZE(d);
+    if (m == 0) {
+        return 0;
+    }
+    if (m > ORDER_SLOTS) {
+        return 1;
+    }
+    PyObject *ks[ORDER_SLOTS], *vs[ORDER_SLOTS], *k, *v;
+    Py_ssize_t pos = 0, j = 0;
+    int same = o->n == m;
+    while (PyDict_Next(d, &pos, &k, &v) && j < m) {
+        same = same && o->keys[j] == k;
+        ks[j] = k;
+        vs[j] = v;
+        j++;
+    }
+    if (!same) {
+        int rc = key_order_build(o, ks, m, heads, head_of);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    for (Py_ssize_t r = 0; r < m; r++) {
+        Py_ssize_t at = o->perm[r];
+        if (vs[at] == Py_None) {
+            continue;
+        }
+        if (buf_add_str(b, o->heads[at]) < 0 || add_value(b, vs[at], strings, encode_value) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
+/* encode_x_batch(rows, prefixes, statuses, attrs, heads, strings, head_of,
+ *                encode_value, origin_ns, quote, first) -> bytes | None
+ *
+ * The X events of a batch, written into one bytes object: each
+ * event preceded by ",\n" ("\n" for the first when first is true). attrs is
+ * the list of attribute strings, or None to encode the rows' attribute dicts
+ * here (with the caches of encode_attrs); then None is returned when a row
+ * needs the Python attribute encoder.
+ */
+static PyObject *
+encode_x_batch(PyObject *module, PyObject *args)
+{
+    PyObject *rows, *prefixes, *statuses, *attrs, *heads, *strings, *head_of, *encode_value;
+    PyObject *quote, *seq = NULL, *out = NULL;
+    long long origin;
+    int first;
+    Buf b = {NULL, 0, 0};
+    KeyOrder order;
+    order.n = -1;
+    if (!PyArg_ParseTuple(args, "OO!O!OO!O!OOLOp:encode_x_batch", &rows, &PyDict_Type, &prefixes,
+                          &PyDict_Type, &statuses, &attrs, &PyDict_Type, &heads, &PyDict_Type,
+                          &strings, &head_of, &encode_value, &origin, &quote, &first)) {
+        return NULL;
+    }
+    seq = PySequence_Fast(rows, "Expected a sequence of span rows.");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (attrs != Py_None && (!PyList_Check(attrs) || PyList_GET_SIZE(attrs) != n)) {
+        PyErr_Format(PyExc_ValueError, "Expected None or one attribute string per row (%zd).", n);
+        goto fail;
+    }
+    if (buf_reserve(&b, n * 320 + 16) < 0) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *prefix, *status, *error;
+        long long start, end, tid;
+        unsigned long long span_id, parent_id;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+            goto fail;
+        }
+        prefix = PyDict_GetItemWithError(prefixes, PyTuple_GET_ITEM(row, 0));
+        if (prefix == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_KeyError, "A span name has no prefix.");
+            }
+            goto fail;
+        }
+        status = PyDict_GetItemWithError(statuses, PyTuple_GET_ITEM(row, 8));
+        if (status == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_KeyError, "A span status has no encoding.");
+            }
+            goto fail;
+        }
+        if (item_ull(row, 1, &span_id) < 0 || item_ull(row, 2, &parent_id) < 0 ||
+            item_ll(row, 4, &start) < 0 || item_ll(row, 5, &end) < 0 ||
+            item_ll(row, 6, &tid) < 0) {
+            goto fail;
+        }
+        const char *sep = (i == 0 && first) ? "\n" : ",\n";
+        if (buf_add(&b, sep, (Py_ssize_t)strlen(sep)) < 0 || buf_add_str(&b, prefix) < 0 ||
+            buf_add_ll(&b, tid) < 0 || buf_add(&b, ",\"ts\":", 6) < 0 ||
+            buf_add_us(&b, start - origin) < 0 || buf_add(&b, ",\"dur\":", 7) < 0 ||
+            buf_add_us(&b, end > start ? end - start : 0) < 0 ||
+            buf_add(&b, ",\"args\":{\"span_id\":\"", 20) < 0 || buf_add_hex16(&b, span_id) < 0 ||
+            buf_add(&b, "\",\"parent_id\":\"", 15) < 0 || buf_add_hex16(&b, parent_id) < 0 ||
+            buf_add(&b, "\"", 1) < 0) {
+            goto fail;
+        }
+        if (attrs == Py_None) {
+            int rc = add_attrs(&b, PyTuple_GET_ITEM(row, 7), &order, heads, strings, head_of,
+                               encode_value);
+            if (rc < 0) {
+                goto fail;
+            }
+            if (rc > 0) {
+                PyMem_Free(b.data);
+                key_order_clear(&order);
+                Py_DECREF(seq);
+                Py_RETURN_NONE;
+            }
+        }
+        else if (buf_add_str(&b, PyList_GET_ITEM(attrs, i)) < 0) {
+            goto fail;
+        }
+        if (buf_add(&b, ",\"status\":", 10) < 0 || buf_add_str(&b, status) < 0) {
+            goto fail;
+        }
+        error = PyTuple_GET_ITEM(row, 9);
+        if (PyUnicode_Check(error) && PyUnicode_GET_LENGTH(error) > 0) {
+            PyObject *quoted = PyObject_CallOneArg(quote, error);
+            if (quoted == NULL) {
+                goto fail;
+            }
+            int rc = buf_add(&b, ",\"error\":", 9) < 0 || buf_add_str(&b, quoted) < 0;
+            Py_DECREF(quoted);
+            if (rc) {
+                goto fail;
+            }
+        }
+        if (buf_add(&b, "}}", 2) < 0) {
+            goto fail;
+        }
+    }
+    out = PyBytes_FromStringAndSize(b.data, b.len);
+fail:
+    PyMem_Free(b.data);
+    key_order_clear(&order);
+    Py_XDECREF(seq);
+    return out;
 }
 
 
@@ -1218,8 +1355,8 @@ static PyMethodDef module_methods[] = {
     {"dict_encode", dict_encode, METH_O, "A list of str or None as int32 codes and uniques."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
-    {"encode_x_events", encode_x_events, METH_VARARGS,
-     "Assemble Chrome X events from span rows and pre-encoded parts."},
+    {"encode_x_batch", encode_x_batch, METH_VARARGS,
+     "Assemble a batch of Chrome X events into one bytes object."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -61,7 +61,7 @@ from itertools import chain, repeat
 from json.encoder import encode_basestring_ascii as _quote
 from operator import itemgetter
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import numpy as np
 from opentelemetry.sdk.trace import ReadableSpan
@@ -94,6 +94,56 @@ _RESERVED_ARGS = frozenset({"span_id", "parent_id", "status", "error"})
 _NS_PER_S = 1_000_000_000
 _CHUNK = 8192  # events per write call
 _GZIP_LEVEL = 3
+
+
+_ASYNC_BYTES = 1 << 20  # writes at least this large run on the writer thread
+
+
+class _Appender:
+    """Appends to the trace file in call order, a large write on a thread of its own.
+
+    A batch of 65,536 spans is about 20 MB of JSON. While the kernel copies one
+    batch into the file (the GIL is released meanwhile), the exporter encodes the
+    next. At most one write is in flight: each call first waits for the one
+    before, so a killed process loses at most the last batch, as with direct
+    writes. An error of a write on the thread is returned by the next call
+    (or by :meth:`wait`). In a forked child every write is direct.
+    """
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self._pid = os.getpid()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def wait(self) -> BaseException | None:
+        """Wait for the write in flight; return its error, if it failed."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        return error
+
+    def append(self, data: bytes) -> BaseException | None:
+        """Write ``data`` and flush, on the thread when large; return the error of the
+        write before. An error of a direct write is raised."""
+        error = self.wait()
+        if len(data) >= _ASYNC_BYTES and os.getpid() == self._pid:
+            self._thread = threading.Thread(
+                target=self._write, args=(data,), name="exporters-chrome-writer"
+            )
+            self._thread.start()
+        else:
+            self.file.write(data)
+            self.file.flush()
+        return error
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.file.write(data)
+            self.file.flush()
+        except BaseException as exc:  # reported by the next append or wait
+            self._error = exc
 
 
 class TraceTruncatedWarning(UserWarning):
@@ -157,10 +207,16 @@ def _dumps(value: Any) -> str:
 
 
 def _open_for_writing(path: Path) -> IO[str]:
+    return io.TextIOWrapper(_open_binary(path), encoding="ascii", newline="\n", write_through=False)
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    """The file, gzipped when its name ends in ``.gz``. Everything written is ASCII."""
     if path.name.endswith(".gz"):
-        raw = gzip.GzipFile(filename=str(path), mode="wb", compresslevel=_GZIP_LEVEL)
-        return io.TextIOWrapper(raw, encoding="ascii", newline="\n", write_through=False)
-    return open(path, "w", encoding="ascii", newline="\n", buffering=1 << 20)
+        return cast(
+            IO[bytes], gzip.GzipFile(filename=str(path), mode="wb", compresslevel=_GZIP_LEVEL)
+        )
+    return open(path, "wb")  # buffered: it writes a large batch through, whole
 
 
 class ChromeTraceExporter(SpanExporter):
@@ -171,7 +227,10 @@ class ChromeTraceExporter(SpanExporter):
     ppetrace's recorder calls; both write the same events. Other components
     stream extra raw Chrome events into the same file with
     :meth:`add_events`. Nothing is held until the end: each call appends its
-    events and flushes the file. ``shutdown`` closes the JSON document.
+    events and flushes the file. A large batch (1 MB of JSON or more) is
+    written on a writer thread while the caller goes on, at most one at a
+    time; ``force_flush`` and ``shutdown`` wait for it. ``shutdown`` closes
+    the JSON document.
 
     ``clock_offset_ns`` is stored in ``otherData`` for :func:`merge_traces`;
     ``metadata`` adds entries to ``otherData``. Write errors are logged and
@@ -224,7 +283,7 @@ class ChromeTraceExporter(SpanExporter):
         self._seen_pids: set[int] = set()
         self._thread_names: dict[tuple[int, int], str | None] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = _open_for_writing(self.path)
+        self._file: _Appender | None = _Appender(_open_binary(self.path))
 
     def __repr__(self) -> str:
         return f"ChromeTraceExporter({str(self.path)!r})"
@@ -294,24 +353,45 @@ class ChromeTraceExporter(SpanExporter):
 
     # -- writing -----------------------------------------------------------------
 
-    def _write(self, events: list[str], earliest_ns: int | None = None) -> None:
-        """Append encoded events (and the header, the first time) and flush. Lock held."""
+    def _write(
+        self,
+        events: list[str],
+        earliest_ns: int | None = None,
+        encoded: tuple[bytes, int] | None = None,
+    ) -> None:
+        """Append events (and the header, the first time) and flush. Lock held.
+
+        ``events`` are single events; ``encoded`` is ``(bytes, count)``: count
+        events already joined, each preceded by ``",\n"`` (``"\n"`` for the
+        file's first event), as :func:`_encode_columns` makes them.
+        """
         f = self._file
         if f is None:
             return
         try:
-            if not self._header_written:
-                f.write(self._header(earliest_ns))
-            for i in range(0, len(events), _CHUNK):
-                chunk = events[i : i + _CHUNK]
-                sep = "\n" if self._first_event else ",\n"
-                f.write(sep + ",\n".join(chunk))
+            text = "" if self._header_written else self._header(earliest_ns)
+            if events:
+                text += ("\n" if self._first_event else ",\n") + ",\n".join(events)
                 self._first_event = False
-            f.flush()
-            self._events_written += len(events)
+            data = text.encode("ascii")
+            if encoded is not None and encoded[1]:
+                data = data + encoded[0] if data else encoded[0]
+                self._first_event = False
+            self._events_written += len(events) + (encoded[1] if encoded is not None else 0)
+            self._report(f.append(data))
         except Exception:
             self.errors += 1
             _log.exception("exporters: writing the Chrome trace %s failed", self.path)
+
+    def _report(self, error: BaseException | None) -> None:
+        """Count and log the error of a write that ran on the writer thread."""
+        if error is not None:
+            self.errors += 1
+            _log.error(
+                "exporters: writing the Chrome trace %s failed",
+                self.path,
+                exc_info=(type(error), error, error.__traceback__),
+            )
 
     def _meta_events(self, pid: int, batch: SpanBatch, rows: Sequence[SpanRow]) -> list[str]:
         out: list[str] = []
@@ -353,9 +433,9 @@ class ChromeTraceExporter(SpanExporter):
         """The start of an ``X`` event named ``name`` in process ``pid``, up to ``"tid":``."""
         return f'{{"ph":"X","cat":"{owner_of(name)}","name":{_quote(name)},"pid":{pid},"tid":'
 
-    def _encode_spans(self, rows: Sequence[SpanRow], pid: int) -> list[str]:
+    def _encode_spans(self, rows: Sequence[SpanRow], pid: int, first: bool) -> bytes:
         """Encode rows as ``X`` events, column by column (see :func:`_encode_columns`)."""
-        return _encode_columns(self, rows, pid, self._origin_ns or 0)
+        return _encode_columns(self, rows, pid, self._origin_ns or 0, first)
 
     def export_batch(self, batch: SpanBatch) -> None:
         """Append a batch of spans (ppetrace's fast path). Errors are logged, not raised."""
@@ -373,12 +453,13 @@ class ChromeTraceExporter(SpanExporter):
                     self._fix_origin(earliest)
                 pid = batch.pid
                 meta = self._meta_events(pid, batch, rows)
-                events = self._encode_spans(rows, pid)
+                first = self._first_event and not meta
+                encoded = self._encode_spans(rows, pid, first)
             except Exception:
                 self.errors += 1
                 _log.exception("exporters: encoding spans for %s failed", self.path)
                 return
-            self._write(meta + events if meta else events, earliest)
+            self._write(meta, earliest, (encoded, len(rows)))
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Append OpenTelemetry spans (the ``SpanExporter`` path); same output as
@@ -441,8 +522,10 @@ class ChromeTraceExporter(SpanExporter):
             if self._file is None:
                 return True
             try:
-                self._file.flush()
-                return True
+                error = self._file.wait()
+                self._report(error)
+                self._file.file.flush()
+                return error is None
             except Exception:
                 self.errors += 1
                 _log.exception("exporters: flushing %s failed", self.path)
@@ -457,15 +540,14 @@ class ChromeTraceExporter(SpanExporter):
             self._file = None
             self._closed = True
             try:
-                if not self._header_written:
-                    f.write(self._header(None))
-                f.write("\n]}\n")
+                head = "" if self._header_written else self._header(None)
+                self._report(f.append((head + "\n]}\n").encode("ascii")))
             except Exception:
                 self.errors += 1
                 _log.exception("exporters: closing %s failed", self.path)
             finally:
                 try:
-                    f.close()
+                    f.file.close()
                 except Exception:
                     self.errors += 1
                     _log.exception("exporters: closing %s failed", self.path)
@@ -573,18 +655,19 @@ def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, A
 
 
 def _encode_columns(
-    exporter: ChromeTraceExporter, rows: Sequence[SpanRow], pid: int, origin: int
-) -> list[str]:
+    exporter: ChromeTraceExporter, rows: Sequence[SpanRow], pid: int, origin: int, first: bool
+) -> bytes:
     """Encode ``X`` events for ``rows`` with the work done per column, not per row.
 
-    Rows are written in (start, longest first) order, so that a parent comes
-    before a child that starts at the same nanosecond (Perfetto nests equal
-    timestamps by file order).
+    The events come joined, each preceded by ``",\n"`` (``"\n"`` for the first
+    one when ``first``), ready to append to the file. Rows are written in
+    (start, longest first) order, so that a parent comes before a child that
+    starts at the same nanosecond (Perfetto nests equal timestamps by file order).
     """
     n = len(rows)
     if _speedups is not None:
         rows = rows if type(rows) is list else list(rows)
-        cols = _speedups.row_columns(rows)
+        cols = _speedups.span_columns(rows)
         start = np.frombuffer(cols[7], dtype=np.int64)
         end = np.frombuffer(cols[8], dtype=np.int64)
     else:
@@ -597,29 +680,28 @@ def _encode_columns(
             rows = [rows[i] for i in order.tolist()]
             start = start[order]
             end = end[order]
-            if _speedups is not None:
-                cols = _speedups.row_columns(rows)
-    if _speedups is not None:
-        names, statuses, row_attrs = cols[0], cols[3], cols[2]
-    else:
-        names = list(map(_get_name, rows))
-        statuses = list(map(_get_status, rows))
-        row_attrs = list(map(_get_attrs, rows))
     prefixes = exporter._prefixes.get(pid)
     if prefixes is None:
         prefixes = exporter._prefixes[pid] = {}
-    for name in set(names).difference(prefixes):
-        prefixes[name] = exporter._prefix(pid, name)
     strs = exporter._strs
-    for status in set(statuses).difference(strs):
-        strs[status] = _quote(status)
-    attrs = _attribute_strings(exporter, row_attrs)
     if _speedups is not None:  # the same events, assembled in C
-        return _speedups.encode_x_events(rows, prefixes, strs, attrs, origin, _quote)
+        # the distinct names and statuses: uniques of the encoded columns
+        names, statuses = _distinct(cols[0]), _distinct(cols[2])
+        _add_prefixes(exporter, prefixes, pid, names, strs, statuses)
+        args = (exporter._heads, exporter._strings, _head_of, _encode_value, origin, _quote, first)
+        encoded = _speedups.encode_x_batch(rows, prefixes, strs, None, *args)
+        if encoded is None:  # attributes that need the Python encoder
+            attrs = _attribute_strings(exporter, list(map(_get_attrs, rows)))
+            encoded = _speedups.encode_x_batch(rows, prefixes, strs, attrs, *args)
+        return cast(bytes, encoded)
+    names = list(map(_get_name, rows))
+    statuses = list(map(_get_status, rows))
+    _add_prefixes(exporter, prefixes, pid, set(names), strs, set(statuses))
+    attrs = _attribute_strings(exporter, list(map(_get_attrs, rows)))
     errors = [',"error":' + _quote(e) if e else "" for e in map(_get_error, rows)]
     ts_whole, ts_frac = _split_us(start - origin)
     dur_whole, dur_frac = _split_us(np.maximum(end - start, 0))
-    return [
+    events = [
         f'{pre}{tid},"ts":{tw}.{tf},"dur":{dw}.{df},"args":{{"span_id":"{sid}",'
         f'"parent_id":"{par}"{attrs},"status":{st}{err}}}}}'
         for pre, tid, tw, tf, dw, df, sid, par, attrs, st, err in zip(
@@ -637,6 +719,33 @@ def _encode_columns(
             strict=True,
         )
     ]
+    if not events:
+        return b""
+    return (("\n" if first else ",\n") + ",\n".join(events)).encode("ascii")
+
+
+def _distinct(column: Any) -> list[Any]:
+    """The distinct values of a column from ``span_columns``: encoded or a list."""
+    if type(column) is not tuple:
+        return list(set(column))
+    codes, uniques = column
+    missing = bool((np.frombuffer(codes, dtype=np.int32) < 0).any())
+    return [*uniques, None] if missing else list(uniques)
+
+
+def _add_prefixes(
+    exporter: ChromeTraceExporter,
+    prefixes: dict[str, str],
+    pid: int,
+    names: Iterable[str],
+    strs: dict[str, str],
+    statuses: Iterable[str],
+) -> None:
+    """Cache the event prefix of each new name and the JSON literal of each new status."""
+    for name in set(names).difference(prefixes):
+        prefixes[name] = exporter._prefix(pid, name)
+    for status in set(statuses).difference(strs):
+        strs[status] = _quote(status)
 
 
 _get_name = itemgetter(0)

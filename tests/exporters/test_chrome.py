@@ -423,11 +423,18 @@ def test_write_errors_are_logged_and_counted_never_raised(
 
     rb = run_builder()
     rb.span("a", 0, 10)
+    big = run_builder()
+    for i in range(5_000):  # over 1 MB of JSON: written on the writer thread
+        big.span(f"b{i % 7}", i * 10, i * 10 + 5, 0, {"ppetrace.step": i, "k": "v" * 100})
     exporter = ChromeTraceExporter(tmp_path / "t.json")
-    exporter._file.close()  # type: ignore[union-attr]
-    exporter._file = Broken()  # type: ignore[assignment]
+    exporter._file.file.close()  # type: ignore[union-attr]
+    exporter._file.file = Broken()  # type: ignore[assignment,union-attr]
     with caplog.at_level(logging.ERROR, logger="exporters"):
         exporter.export_batch(rb.batch())  # no exception
+        assert exporter.errors == 1
+        exporter.export_batch(big.batch())  # fails on the thread: counted by the next call
+        assert exporter.force_flush() is False
+        assert exporter.errors == 3  # the thread's write, then force_flush's own flush
         provider = TracerProvider()
         memory_spans = []
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -520,3 +527,25 @@ def test_an_exporter_without_spans_writes_a_valid_empty_trace(tmp_path: Path) ->
     assert doc["traceEvents"] == []
     assert doc["otherData"]["pid"] > 0
     assert len(read_chrome_trace(path)) == 0
+
+
+def test_large_batches_written_on_the_writer_thread_arrive_in_order(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+) -> None:
+    path = tmp_path / "big.json"
+    exporter = ChromeTraceExporter(path)
+    for b in range(3):  # each batch is over 1 MB of JSON
+        rb = run_builder()
+        for i in range(5_000):
+            t = (b * 5_000 + i) * 100
+            rb.span(f"e{b}", t, t + 50, 0, {"ppetrace.step": b * 5_000 + i, "k": "v" * 100})
+        exporter.export_batch(rb.batch())
+    exporter.add_events([{"ph": "i", "name": "mark", "ts_ns": rb.T0, "tid": 1}])
+    assert exporter.force_flush() is True
+    with pytest.warns(TraceTruncatedWarning):  # no closing ]} yet, but every event is there
+        assert len(read_chrome_trace(path)) == 15_000
+    exporter.shutdown()
+    frame = read_chrome_trace(path)
+    assert frame["step"].tolist() == list(range(15_000))
+    assert [e["ph"] for e in _doc(path)["traceEvents"]][-1] == "i"
+    assert exporter.errors == 0

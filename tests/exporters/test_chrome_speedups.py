@@ -35,16 +35,18 @@ def test_c_and_python_encoders_agree(
     origin = 1_700_000_000_000_000_000
     exporter = ChromeTraceExporter(str(tmp_path) + "/a.json")  # type: ignore[operator]
     try:
-        fast = chrome._encode_columns(exporter, rows, 1234, origin)
+        fast = [chrome._encode_columns(exporter, rows, 1234, origin, first) for first in (1, 0)]
         monkeypatch.setattr(chrome, "_speedups", None)
-        slow = chrome._encode_columns(exporter, rows, 1234, origin)
+        slow = [chrome._encode_columns(exporter, rows, 1234, origin, first) for first in (1, 0)]
     finally:
         exporter.shutdown()
     assert fast == slow
-    assert len(fast) == 4
-    assert any('"ts":-0.001' in e or '"ts":123456.788' in e for e in fast)
-    assert any('"parent_id":"ffffffffffffffff"' in e for e in fast)
-    assert any('"error":"E: x\\ny"' in e for e in fast)
+    assert fast[0].startswith(b'\n{"ph":"X"') and fast[1].startswith(b',\n{"ph":"X"')
+    events = fast[0].decode("ascii").split(",\n")
+    assert len(events) == 4
+    assert any('"ts":-0.001' in e or '"ts":123456.788' in e for e in events)
+    assert any('"parent_id":"ffffffffffffffff"' in e for e in events)
+    assert any('"error":"E: x\\ny"' in e for e in events)
 
 
 def test_c_and_python_attribute_encoders_agree(
@@ -202,3 +204,40 @@ def test_attr_table_types_each_key_in_one_pass() -> None:
     assert frame._speedups.attr_table([{"a": 1}, MappingProxyType({"a": 2})]) is None
     assert frame._speedups.dict_encode(["a", None, "b", "a"])[1] == ["a", "b"]
     assert frame._speedups.dict_encode(["a", 1]) is None
+
+
+def test_c_and_python_batches_agree_on_every_attribute_path(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C batch encoder reuses each key order; rows it cannot do go to Python."""
+    from types import MappingProxyType
+
+    base = 1_700_000_000_000_000_000
+    shared = [
+        {"b": i, "a": "x", "n": None, "f": 0.5} if i % 3 else {"a": "x", "b": i, "z": (1, "y")}
+        for i in range(50)
+    ]
+    cases: dict[str, list[object]] = {
+        "orders": list(shared),
+        "many keys": [*shared, {f"k{j:02d}": j for j in range(40)}],
+        "not a dict": [*shared, MappingProxyType({"a": 1})],
+        "unsortable": [*shared, {1: "one", "a": 2}],
+    }
+    origin = base - 1_000
+    for label, attrs in cases.items():
+        rows = [
+            SpanRow(f"e{i % 4}", i + 1, 0, 7, base + i, base + i + 9, 1, a)  # type: ignore[arg-type]
+            for i, a in enumerate(attrs)
+        ]
+        path = str(tmp_path) + f"/{label}.json"  # type: ignore[operator]
+        exporter = ChromeTraceExporter(path)
+        try:
+            fast = chrome._encode_columns(exporter, rows, 1, origin, True)
+            with monkeypatch.context() as m:
+                m.setattr(chrome, "_speedups", None)
+                slow = chrome._encode_columns(exporter, rows, 1, origin, True)
+        finally:
+            exporter.shutdown()
+        assert fast == slow, label
+        assert fast.count(b'"a":"x"') == 50, label
+        assert (b'"k39":39' in fast) == (label == "many keys"), label
