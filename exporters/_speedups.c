@@ -568,6 +568,38 @@ fail:
 }
 
 
+/* The numeric fields of a span row (ids as uint64, times and thread id as
+ * int64) written at index i of the five bytearrays; -1 with an error set when
+ * the row is not a span row. */
+static int
+row_numbers(PyObject *row, PyObject **arrays, Py_ssize_t i)
+{
+    static const Py_ssize_t fields[5] = {1, 2, 4, 5, 6};
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+        PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+        return -1;
+    }
+    for (int c = 0; c < 5; c++) {
+        PyObject *v = PyTuple_GET_ITEM(row, fields[c]);
+        char *dst = PyByteArray_AS_STRING(arrays[c]) + i * 8;
+        if (c < 2) {
+            unsigned long long x = PyLong_AsUnsignedLongLong(v);
+            if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+                return -1;
+            }
+            memcpy(dst, &x, 8);
+        }
+        else {
+            long long x = PyLong_AsLongLong(v);
+            if (x == -1 && PyErr_Occurred()) {
+                return -1;
+            }
+            memcpy(dst, &x, 8);
+        }
+    }
+    return 0;
+}
+
 /* row_columns(rows) -> (names, trace_ids, attributes, statuses, errors,
  *                      span_ids, parent_ids, starts, ends, tids)
  *
@@ -581,7 +613,6 @@ row_columns(PyObject *module, PyObject *arg)
     PyObject *lists[5] = {NULL, NULL, NULL, NULL, NULL};
     PyObject *arrays[5] = {NULL, NULL, NULL, NULL, NULL};
     static const Py_ssize_t list_fields[5] = {0, 3, 7, 8, 9};
-    static const Py_ssize_t array_fields[5] = {1, 2, 4, 5, 6};
     PyObject *result = NULL;
     if (!PyList_Check(arg)) {
         PyErr_Format(PyExc_TypeError, "Expected a list of span rows, but received %.100s.",
@@ -598,30 +629,11 @@ row_columns(PyObject *module, PyObject *arg)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(arg, i);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
-            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+        if (row_numbers(row, arrays, i) < 0) {
             goto done;
         }
         for (int c = 0; c < 5; c++) {
             PyList_SET_ITEM(lists[c], i, Py_NewRef(PyTuple_GET_ITEM(row, list_fields[c])));
-        }
-        for (int c = 0; c < 5; c++) {
-            PyObject *v = PyTuple_GET_ITEM(row, array_fields[c]);
-            char *dst = PyByteArray_AS_STRING(arrays[c]) + i * 8;
-            if (c < 2) {
-                unsigned long long x = PyLong_AsUnsignedLongLong(v);
-                if (x == (unsigned long long)-1 && PyErr_Occurred()) {
-                    goto done;
-                }
-                memcpy(dst, &x, 8);
-            }
-            else {
-                long long x = PyLong_AsLongLong(v);
-                if (x == -1 && PyErr_Occurred()) {
-                    goto done;
-                }
-                memcpy(dst, &x, 8);
-            }
         }
     }
     result = PyTuple_Pack(10, lists[0], lists[1], lists[2], lists[3], lists[4], arrays[0],
@@ -1240,7 +1252,6 @@ static PyObject *
 span_columns(PyObject *module, PyObject *arg)
 {
     static const Py_ssize_t coded_fields[4] = {0, 3, 8, 9};
-    static const Py_ssize_t array_fields[5] = {1, 2, 4, 5, 6};
     Encoder enc[4];
     PyObject *codes[4] = {NULL, NULL, NULL, NULL};
     PyObject *coded[4] = {NULL, NULL, NULL, NULL};
@@ -1272,8 +1283,7 @@ span_columns(PyObject *module, PyObject *arg)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(arg, i);
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
-            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+        if (row_numbers(row, arrays, i) < 0) {
             goto done;
         }
         PyList_SET_ITEM(attrs, i, Py_NewRef(PyTuple_GET_ITEM(row, 7)));
@@ -1293,24 +1303,6 @@ span_columns(PyObject *module, PyObject *arg)
             }
             else {
                 as_list[c] = 1; /* listed after this loop */
-            }
-        }
-        for (int c = 0; c < 5; c++) {
-            PyObject *v = PyTuple_GET_ITEM(row, array_fields[c]);
-            char *dst = PyByteArray_AS_STRING(arrays[c]) + i * 8;
-            if (c < 2) {
-                unsigned long long x = PyLong_AsUnsignedLongLong(v);
-                if (x == (unsigned long long)-1 && PyErr_Occurred()) {
-                    goto done;
-                }
-                memcpy(dst, &x, 8);
-            }
-            else {
-                long long x = PyLong_AsLongLong(v);
-                if (x == -1 && PyErr_Occurred()) {
-                    goto done;
-                }
-                memcpy(dst, &x, 8);
             }
         }
     }

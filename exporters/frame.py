@@ -328,21 +328,7 @@ def _depth(ppos: np.ndarray) -> np.ndarray:
 
 def _inherit(values: np.ndarray, ppos: np.ndarray) -> np.ndarray:
     """Fill NaN entries from the nearest ancestor that has a value."""
-    out = values.copy()
-    todo = np.flatnonzero(np.isnan(out) & (ppos >= 0))
-    anc = ppos[todo]
-    guard = 0
-    while todo.size and guard <= len(values):
-        got = values[anc]
-        found = ~np.isnan(got)
-        out[todo[found]] = got[found]
-        keep = ~found
-        todo = todo[keep]
-        anc = ppos[anc[keep]]
-        alive = anc >= 0
-        todo = todo[alive]
-        anc = anc[alive]
-        guard += 1
+    out, _ = _inherit_masked(values, np.isnan(values), ppos)
     return out
 
 
@@ -354,14 +340,21 @@ def _inherit_ints(values: Any, ppos: np.ndarray) -> pd.arrays.IntegerArray:
     if isinstance(values, np.ndarray):  # nothing missing, so nothing to inherit
         return pd.arrays.IntegerArray(values.copy(), np.zeros(len(values), dtype=np.bool_))
     data = np.asarray(values.to_numpy(dtype=np.int64, na_value=0), dtype=np.int64)
-    missing = np.asarray(values.isna(), dtype=np.bool_)
-    out, out_missing = data.copy(), missing.copy()
+    return pd.arrays.IntegerArray(*_inherit_masked(data, np.asarray(values.isna()), ppos))
+
+
+def _inherit_masked(
+    values: np.ndarray, missing: np.ndarray, ppos: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of ``values`` and ``missing`` with each missing entry taken from the
+    nearest ancestor (through the parent positions ``ppos``) that has a value."""
+    out, out_missing = values.copy(), missing.astype(np.bool_, copy=True)
     todo = np.flatnonzero(missing & (ppos >= 0))
     anc = ppos[todo]
     guard = 0
-    while todo.size and guard <= len(data):
+    while todo.size and guard <= len(values):
         found = ~missing[anc]
-        out[todo[found]] = data[anc[found]]
+        out[todo[found]] = values[anc[found]]
         out_missing[todo[found]] = False
         keep = ~found
         todo = todo[keep]
@@ -370,7 +363,7 @@ def _inherit_ints(values: Any, ppos: np.ndarray) -> pd.arrays.IntegerArray:
         todo = todo[alive]
         anc = anc[alive]
         guard += 1
-    return pd.arrays.IntegerArray(out, out_missing)
+    return out, out_missing
 
 
 def _build(
