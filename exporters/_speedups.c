@@ -600,53 +600,6 @@ row_numbers(PyObject *row, PyObject **arrays, Py_ssize_t i)
     return 0;
 }
 
-/* row_columns(rows) -> (names, trace_ids, attributes, statuses, errors,
- *                      span_ids, parent_ids, starts, ends, tids)
- *
- * The columns of a list of SpanRow tuples: five lists of the objects, then five
- * bytearrays of native uint64 (ids) and int64 (times, thread ids) for
- * numpy.frombuffer. What frame.spans_to_frame does with itemgetter and fromiter.
- */
-static PyObject *
-row_columns(PyObject *module, PyObject *arg)
-{
-    PyObject *lists[5] = {NULL, NULL, NULL, NULL, NULL};
-    PyObject *arrays[5] = {NULL, NULL, NULL, NULL, NULL};
-    static const Py_ssize_t list_fields[5] = {0, 3, 7, 8, 9};
-    PyObject *result = NULL;
-    if (!PyList_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "Expected a list of span rows, but received %.100s.",
-                     Py_TYPE(arg)->tp_name);
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(arg);
-    for (int c = 0; c < 5; c++) {
-        lists[c] = PyList_New(n);
-        arrays[c] = PyByteArray_FromStringAndSize(NULL, n * 8);
-        if (lists[c] == NULL || arrays[c] == NULL) {
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *row = PyList_GET_ITEM(arg, i);
-        if (row_numbers(row, arrays, i) < 0) {
-            goto done;
-        }
-        for (int c = 0; c < 5; c++) {
-            PyList_SET_ITEM(lists[c], i, Py_NewRef(PyTuple_GET_ITEM(row, list_fields[c])));
-        }
-    }
-    result = PyTuple_Pack(10, lists[0], lists[1], lists[2], lists[3], lists[4], arrays[0],
-                          arrays[1], arrays[2], arrays[3], arrays[4]);
-done:
-    for (int c = 0; c < 5; c++) {
-        Py_XDECREF(lists[c]);
-        Py_XDECREF(arrays[c]);
-    }
-    return result;
-}
-
-
 /* typed_column(attrs, key) -> (kind, data, mask)
  *
  * One attribute key across rows, typed as frame._column would type it:
@@ -1242,11 +1195,12 @@ done:
 /* span_columns(rows) -> (names, trace_ids, statuses, errors, attributes,
  *                       span_ids, parent_ids, starts, ends, tids)
  *
- * row_columns for frames: names, trace ids, statuses and errors come
+ * The columns of a list of SpanRow tuples. Names, trace ids, statuses and errors come
  * dictionary-encoded as (codes, uniques) like dict_encode (trace ids are ints,
  * so their codes index ints), or as a list of the objects when a value is
  * neither an exact str, an exact int nor None. attributes is the list of the
- * rows' attribute mappings; the rest are bytearrays as in row_columns.
+ * rows' attribute mappings; the rest are bytearrays of native uint64 (span and
+ * parent ids) and int64 (start, end, thread id) for numpy.frombuffer.
  */
 static PyObject *
 span_columns(PyObject *module, PyObject *arg)
@@ -1341,9 +1295,8 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
-    {"row_columns", row_columns, METH_O, "The columns of a list of span rows."},
     {"attr_table", attr_table, METH_O, "Every attribute key across rows, typed, in one pass."},
-    {"span_columns", span_columns, METH_O, "row_columns for frames, strings encoded."},
+    {"span_columns", span_columns, METH_O, "The columns of a list of span rows, strings encoded."},
     {"dict_encode", dict_encode, METH_O, "A list of str or None as int32 codes and uniques."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
