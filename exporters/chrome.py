@@ -55,9 +55,9 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import repeat
 from json.encoder import encode_basestring_ascii as _quote
 from operator import itemgetter
 from pathlib import Path
@@ -97,6 +97,7 @@ _GZIP_LEVEL = 3
 
 
 _ASYNC_BYTES = 1 << 20  # writes at least this large run on the writer thread
+_PART_ROWS = 16_384  # events encoded at a time: about 5 MB of JSON
 
 
 class _Appender:
@@ -433,7 +434,9 @@ class ChromeTraceExporter(SpanExporter):
         """The start of an ``X`` event named ``name`` in process ``pid``, up to ``"tid":``."""
         return f'{{"ph":"X","cat":"{owner_of(name)}","name":{_quote(name)},"pid":{pid},"tid":'
 
-    def _encode_spans(self, rows: Sequence[SpanRow], pid: int, first: bool) -> bytes:
+    def _encode_spans(
+        self, rows: Sequence[SpanRow], pid: int, first: bool
+    ) -> Iterator[tuple[bytes, int]]:
         """Encode rows as ``X`` events, column by column (see :func:`_encode_columns`)."""
         return _encode_columns(self, rows, pid, self._origin_ns or 0, first)
 
@@ -454,12 +457,13 @@ class ChromeTraceExporter(SpanExporter):
                 pid = batch.pid
                 meta = self._meta_events(pid, batch, rows)
                 first = self._first_event and not meta
-                encoded = self._encode_spans(rows, pid, first)
+                # a few MB at a time: one part is encoded while the one before is written
+                for part in self._encode_spans(rows, pid, first):
+                    self._write(meta, earliest, part)
+                    meta, earliest = [], None
             except Exception:
                 self.errors += 1
                 _log.exception("exporters: encoding spans for %s failed", self.path)
-                return
-            self._write(meta, earliest, (encoded, len(rows)))
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Append OpenTelemetry spans (the ``SpanExporter`` path); same output as
@@ -594,6 +598,11 @@ def _head_of(key: Any) -> str:
     return "," + _quote(f"attr.{key}" if key in _RESERVED_ARGS else str(key)) + ":"
 
 
+def _key_order(key: Any) -> tuple[str, str]:
+    """A sort key for attribute keys of mixed types (strings among themselves as usual)."""
+    return type(key).__name__, str(key)
+
+
 def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, Any]]) -> list[str]:
     """Each row's attributes as ``,"key":value...`` (JSON), built one key at a time.
 
@@ -609,8 +618,8 @@ def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, A
             return encoded
     try:
         keys = sorted(set().union(*attrs))  # sorted: the same output on every run
-    except TypeError:  # keys that are not all strings
-        keys = list(dict.fromkeys(chain.from_iterable(attrs)))
+    except TypeError:  # keys that are not all strings: strings still in sorted order
+        keys = sorted(set().union(*attrs), key=_key_order)
     if not keys:
         return [""] * n
     columns = []
@@ -656,13 +665,14 @@ def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, A
 
 def _encode_columns(
     exporter: ChromeTraceExporter, rows: Sequence[SpanRow], pid: int, origin: int, first: bool
-) -> bytes:
+) -> Iterator[tuple[bytes, int]]:
     """Encode ``X`` events for ``rows`` with the work done per column, not per row.
 
-    The events come joined, each preceded by ``",\n"`` (``"\n"`` for the first
-    one when ``first``), ready to append to the file. Rows are written in
-    (start, longest first) order, so that a parent comes before a child that
-    starts at the same nanosecond (Perfetto nests equal timestamps by file order).
+    Yields ``(data, count)`` parts of at most :data:`_PART_ROWS` events: the
+    events joined, each preceded by ``",\n"`` (``"\n"`` for the very first one
+    when ``first``), ready to append to the file. Rows are written in (start,
+    longest first) order, so that a parent comes before a child that starts at
+    the same nanosecond (Perfetto nests equal timestamps by file order).
     """
     n = len(rows)
     if _speedups is not None:
@@ -688,12 +698,21 @@ def _encode_columns(
         # the distinct names and statuses: uniques of the encoded columns
         names, statuses = _distinct(cols[0]), _distinct(cols[2])
         _add_prefixes(exporter, prefixes, pid, names, strs, statuses)
-        args = (exporter._heads, exporter._strings, _head_of, _encode_value, origin, _quote, first)
-        encoded = _speedups.encode_x_batch(rows, prefixes, strs, None, *args)
-        if encoded is None:  # attributes that need the Python encoder
-            attrs = _attribute_strings(exporter, list(map(_get_attrs, rows)))
-            encoded = _speedups.encode_x_batch(rows, prefixes, strs, attrs, *args)
-        return cast(bytes, encoded)
+        caches = (exporter._heads, exporter._strings, _head_of, _encode_value, origin, _quote)
+        every: list[str] | None = None  # the whole batch's attribute strings, once needed
+        for lo in range(0, n, _PART_ROWS):
+            part = rows[lo : lo + _PART_ROWS]
+            head = first and lo == 0
+            encoded = None
+            if every is None:
+                encoded = _speedups.encode_x_batch(part, prefixes, strs, None, *caches, head)
+            if encoded is None:  # attributes that need the Python encoder, as for the batch
+                if every is None:
+                    every = _attribute_strings(exporter, list(map(_get_attrs, rows)))
+                some = every[lo : lo + _PART_ROWS]
+                encoded = _speedups.encode_x_batch(part, prefixes, strs, some, *caches, head)
+            yield encoded, len(part)
+        return
     names = list(map(_get_name, rows))
     statuses = list(map(_get_status, rows))
     _add_prefixes(exporter, prefixes, pid, set(names), strs, set(statuses))
@@ -719,9 +738,10 @@ def _encode_columns(
             strict=True,
         )
     ]
-    if not events:
-        return b""
-    return (("\n" if first else ",\n") + ",\n".join(events)).encode("ascii")
+    for lo in range(0, n, _PART_ROWS):
+        sep = "\n" if first and lo == 0 else ",\n"
+        some = events[lo : lo + _PART_ROWS]
+        yield (sep + ",\n".join(some)).encode("ascii"), len(some)
 
 
 def _distinct(column: Any) -> list[Any]:

@@ -28,6 +28,13 @@ def _rows() -> list[SpanRow]:
     ]
 
 
+def _encode(
+    exporter: ChromeTraceExporter, rows: list[SpanRow], pid: int, origin: int, first: bool
+) -> bytes:
+    """All parts of chrome._encode_columns, joined (encoded now, not lazily)."""
+    return b"".join(data for data, _ in chrome._encode_columns(exporter, rows, pid, origin, first))
+
+
 def test_c_and_python_encoders_agree(
     tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -35,9 +42,9 @@ def test_c_and_python_encoders_agree(
     origin = 1_700_000_000_000_000_000
     exporter = ChromeTraceExporter(str(tmp_path) + "/a.json")  # type: ignore[operator]
     try:
-        fast = [chrome._encode_columns(exporter, rows, 1234, origin, first) for first in (1, 0)]
+        fast = [_encode(exporter, rows, 1234, origin, first) for first in (True, False)]
         monkeypatch.setattr(chrome, "_speedups", None)
-        slow = [chrome._encode_columns(exporter, rows, 1234, origin, first) for first in (1, 0)]
+        slow = [_encode(exporter, rows, 1234, origin, first) for first in (True, False)]
     finally:
         exporter.shutdown()
     assert fast == slow
@@ -213,8 +220,8 @@ def test_c_and_python_batches_agree_on_every_attribute_path(
     from types import MappingProxyType
 
     base = 1_700_000_000_000_000_000
-    shared = [
-        {"b": i, "a": "x", "n": None, "f": 0.5} if i % 3 else {"a": "x", "b": i, "z": (1, "y")}
+    shared = [  # first seen: b before a, so that only sorting puts a first
+        {"b": i, "a": "x", "n": None, "f": 0.5} if i % 3 != 1 else {"a": "x", "b": i, "z": (1, "y")}
         for i in range(50)
     ]
     cases: dict[str, list[object]] = {
@@ -232,12 +239,19 @@ def test_c_and_python_batches_agree_on_every_attribute_path(
         path = str(tmp_path) + f"/{label}.json"  # type: ignore[operator]
         exporter = ChromeTraceExporter(path)
         try:
-            fast = chrome._encode_columns(exporter, rows, 1, origin, True)
+            fast = _encode(exporter, rows, 1, origin, True)
             with monkeypatch.context() as m:
                 m.setattr(chrome, "_speedups", None)
-                slow = chrome._encode_columns(exporter, rows, 1, origin, True)
+                slow = _encode(exporter, rows, 1, origin, True)
+                m.setattr(chrome, "_PART_ROWS", 7)  # many parts
+                slow_parts = _encode(exporter, rows, 1, origin, True)
+            with monkeypatch.context() as m:
+                m.setattr(chrome, "_PART_ROWS", 7)
+                assert _encode(exporter, rows, 1, origin, True) == slow_parts, label
+            assert slow_parts == slow, label
         finally:
             exporter.shutdown()
         assert fast == slow, label
         assert fast.count(b'"a":"x"') == 50, label
+        assert fast.count(b'"a":"x","b":') == 50, label  # sorted keys on every path
         assert (b'"k39":39' in fast) == (label == "many keys"), label
