@@ -864,7 +864,7 @@ done:
 }
 
 
-/* attr_table(attrs) -> (keys, columns), or None
+/* attr_table(attrs, skip=frozenset()) -> (keys, columns), or None
  *
  * Every attribute key across a list of attribute dicts, in one pass per row
  * instead of one lookup per row and key. keys are in order of first
@@ -876,14 +876,15 @@ done:
  *   "b": bools: bool bytes, missing bytes;
  *   "s": exact strs: int32 codes (-1 for missing), the list of distinct strs;
  *   "o": anything else: the list of values (None for missing), None.
- * None when a row is a non-empty mapping other than a dict (the caller then
- * uses typed_column per key).
+ * Keys in skip get no column. None when a row is a non-empty mapping other
+ * than a dict (the caller then uses typed_column per key).
  */
 enum { K_INT = 1, K_FLOAT = 2, K_BOOL = 4, K_STR = 8, K_OTHER = 16, K_BIG = 32 };
 
 typedef struct {
     int seen;          /* K_* flags of the present values */
     Py_ssize_t present; /* rows with a non-None value */
+    int skip;          /* a key the caller does not want */
     char kind;
     PyObject *data, *extra;
     Encoder enc;
@@ -966,14 +967,14 @@ slot_lookup(SlotCache *cache, Py_ssize_t slot, PyObject *keymap, PyObject *k)
 }
 
 static PyObject *
-attr_table(PyObject *module, PyObject *arg)
+attr_table(PyObject *module, PyObject *args)
 {
-    PyObject *keymap = NULL, *keys = NULL, *result = NULL, *columns = NULL;
+    PyObject *arg, *skip = NULL, *keymap = NULL, *keys = NULL, *result = NULL, *columns = NULL;
+    PyObject *wanted = NULL;
     Column *cols = NULL;
     Py_ssize_t ncols = 0, cap = 0;
-    if (!PyList_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "Expected a list of attribute dicts, but received %.100s.",
-                     Py_TYPE(arg)->tp_name);
+    if (!PyArg_ParseTuple(args, "O!|O!:attr_table", &PyList_Type, &arg, &PyFrozenSet_Type,
+                          &skip)) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(arg);
@@ -1019,6 +1020,13 @@ attr_table(PyObject *module, PyObject *arg)
                 }
                 memset(&cols[col], 0, sizeof(Column));
                 ncols++;
+                if (skip != NULL) {
+                    int found_skip = PySet_Contains(skip, k);
+                    if (found_skip < 0) {
+                        goto done;
+                    }
+                    cols[col].skip = found_skip;
+                }
                 PyObject *boxed = PyLong_FromSsize_t(col);
                 if (boxed == NULL) {
                     goto done;
@@ -1034,7 +1042,7 @@ attr_table(PyObject *module, PyObject *arg)
                 }
             }
             slot++;
-            if (v != Py_None) {
+            if (v != Py_None && !cols[col].skip) {
                 int kind = kind_of(v);
                 if (kind < 0) {
                     goto done;
@@ -1047,6 +1055,9 @@ attr_table(PyObject *module, PyObject *arg)
     /* the columns, filled with "missing" */
     for (Py_ssize_t c = 0; c < ncols; c++) {
         Column *col = &cols[c];
+        if (col->skip) {
+            continue;
+        }
         col->kind = column_kind(col);
         switch (col->kind) {
             case 'i':
@@ -1115,7 +1126,7 @@ attr_table(PyObject *module, PyObject *arg)
                 }
                 goto done;
             }
-            if (v == Py_None) {
+            if (v == Py_None || cols[c].skip) {
                 continue;
             }
             Column *col = &cols[c];
@@ -1162,12 +1173,16 @@ attr_table(PyObject *module, PyObject *arg)
             }
         }
     }
-    columns = PyList_New(ncols);
-    if (columns == NULL) {
+    columns = PyList_New(0);
+    wanted = PyList_New(0);
+    if (columns == NULL || wanted == NULL) {
         goto done;
     }
     for (Py_ssize_t c = 0; c < ncols; c++) {
         Column *col = &cols[c];
+        if (col->skip) {
+            continue;
+        }
         PyObject *extra = col->extra;
         if (col->kind == 'i' && col->present == n) {
             extra = Py_None; /* no value missing */
@@ -1176,9 +1191,14 @@ attr_table(PyObject *module, PyObject *arg)
         if (item == NULL) {
             goto done;
         }
-        PyList_SET_ITEM(columns, c, item);
+        int failed = PyList_Append(columns, item) < 0 ||
+                     PyList_Append(wanted, PyList_GET_ITEM(keys, c)) < 0;
+        Py_DECREF(item);
+        if (failed) {
+            goto done;
+        }
     }
-    result = PyTuple_Pack(2, keys, columns);
+    result = PyTuple_Pack(2, wanted, columns);
 done:
     for (Py_ssize_t c = 0; c < ncols; c++) {
         Py_XDECREF(cols[c].data);
@@ -1187,6 +1207,7 @@ done:
     }
     PyMem_Free(cols);
     Py_XDECREF(columns);
+    Py_XDECREF(wanted);
     Py_XDECREF(keymap);
     Py_XDECREF(keys);
     return result;
@@ -1295,7 +1316,8 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
-    {"attr_table", attr_table, METH_O, "Every attribute key across rows, typed, in one pass."},
+    {"attr_table", attr_table, METH_VARARGS,
+     "Every attribute key across rows (but those in skip), typed, in one pass."},
     {"span_columns", span_columns, METH_O, "The columns of a list of span rows, strings encoded."},
     {"dict_encode", dict_encode, METH_O, "A list of str or None as int32 codes and uniques."},
     {"encode_attrs", encode_attrs, METH_VARARGS,

@@ -256,14 +256,14 @@ def _attribute_columns(attrs: Sequence[Mapping[str, Any]], skip: frozenset[str])
     """Every attribute key but those in ``skip``, sorted, with its typed column."""
     table = None
     if _speedups is not None and type(attrs) is list:
-        table = _speedups.attr_table(attrs)  # every key in one pass over the rows, in C
+        table = _speedups.attr_table(attrs, skip)  # every key in one pass over the rows, in C
     if table is not None:
         found, typed = table
         by_key = dict(zip(found, typed, strict=True))
         try:
-            keys = sorted(set(found).difference(skip))
+            keys = sorted(found)
         except TypeError:  # keys that are not all strings: first-seen order
-            keys = [k for k in found if k not in skip]
+            keys = found
         return {key: _from_c(*by_key[key]) for key in keys}
     try:
         keys = sorted(set().union(*attrs).difference(skip))

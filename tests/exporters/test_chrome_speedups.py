@@ -209,6 +209,8 @@ def test_attr_table_types_each_key_in_one_pass() -> None:
     assert kinds == {"a": "i", "s": "s", "z": "o"}
     assert columns[1][2] == ["x", "y"]
     assert frame._speedups.attr_table([{"a": 1}, MappingProxyType({"a": 2})]) is None
+    keys, columns = frame._speedups.attr_table([{"a": 1, "s": "x"}, {"z": 3}], frozenset({"s"}))
+    assert keys == ["a", "z"] and [c[0] for c in columns] == ["i", "i"]
     assert frame._speedups.dict_encode(["a", None, "b", "a"])[1] == ["a", "b"]
     assert frame._speedups.dict_encode(["a", 1]) is None
 
