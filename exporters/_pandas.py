@@ -1,11 +1,15 @@
-"""DataFrames whose strings need not be valid UTF-8.
+"""String columns for the exporters' DataFrames.
 
-A Python ``str`` may hold a lone surrogate (``"\\ud800"``): a span name or
-attribute built from undecodable bytes, say. pandas 3 stores ``str`` columns in
-pyarrow whenever pyarrow is installed, and pyarrow takes only valid UTF-8, so
-``pd.DataFrame`` raises ``UnicodeEncodeError`` on such a string. Here those
-columns, and a column index holding such a name, stay Python objects instead;
-every other column keeps the dtype pandas would give it.
+Frames keep their strings in :data:`STRING_DTYPE` (pandas 3's ``str`` in
+Python storage), built from dictionary-encoded columns (:class:`Coded`), so
+that each distinct string is handled once rather than once per row.
+
+A Python ``str`` may also hold a lone surrogate (``"\\ud800"``): a span name
+or attribute built from undecodable bytes, say. pandas 3 stores inferred
+``str`` columns in pyarrow whenever pyarrow is installed, and pyarrow takes
+only valid UTF-8, so ``pd.DataFrame`` raises ``UnicodeEncodeError`` on such a
+string. :func:`dataframe`, :func:`series` and :func:`records_frame` keep such
+columns, and a column index holding such a name, as Python objects instead.
 """
 
 from __future__ import annotations
@@ -99,35 +103,38 @@ def strings(values: Sequence[Any] | np.ndarray | Coded) -> Any:
         encoded = _speedups.dict_encode(values)
         if encoded is not None:
             return strings(Coded.of(encoded))
-    objects = _objects(values)
-    if len(objects) >= _MIN_ENCODED:
+    objs = objects(values)
+    if len(objs) >= _MIN_ENCODED:
         try:
-            codes, uniques = pd.factorize(objects)  # missing values (None, NaN) get -1
+            codes, uniques = pd.factorize(objs)  # missing values (None, NaN) get -1
         except TypeError:  # unhashable values, such as lists
-            return objects
-        if len(uniques) * 4 <= len(objects):
+            return objs
+        if len(uniques) * 4 <= len(objs):
             return strings_from_codes(codes, list(uniques))
-    return _typed(objects, set(map(type, objects)))
+    return _typed(objs, set(map(type, objs)))
 
 
 def strings_from_codes(codes: np.ndarray, uniques: list[Any]) -> Any:
     """:func:`strings` of ``uniques[codes[i]]`` for each i (missing where the code is -1)."""
-    table = _objects([*uniques, None])  # code -1 takes the trailing None
+    table = objects([*uniques, None])  # code -1 takes the trailing None
     return _typed(table[codes], set(map(type, uniques)) | {type(None)})
 
 
-def _typed(objects: np.ndarray, types: set[type]) -> Any:
-    """The object array as :data:`STRING_DTYPE` when ``types`` are str, None and float
-    (NaN, missing) with at least one str, else as it is."""
+def _typed(values: np.ndarray, types: set[type]) -> Any:
+    """The object array as :data:`STRING_DTYPE` when its values (of ``types``) are
+    strings and missing values (None, NaN) with at least one string, else as it is.
+
+    pandas would turn any other value into its text (1.5 -> "1.5"); a column that
+    mixes strings with other values stays objects, as pandas itself infers it.
+    """
     if STRING_DTYPE is None or str not in types or not types <= {str, type(None), float}:
-        return objects
-    try:
-        return pd.array(objects, dtype=STRING_DTYPE)
-    except (TypeError, ValueError):  # a float that is not NaN
-        return objects
+        return values
+    if float in types and any(v == v for v in values if type(v) is float):
+        return values  # a float that is not NaN: a value, not a missing one
+    return pd.array(values, dtype=STRING_DTYPE)
 
 
-def _objects(values: Sequence[Any] | np.ndarray) -> np.ndarray:
+def objects(values: Sequence[Any] | np.ndarray) -> np.ndarray:
     """A 1-d object array of the values (tuples stay elements, not rows)."""
     if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
         return values

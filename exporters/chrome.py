@@ -378,8 +378,9 @@ class ChromeTraceExporter(SpanExporter):
             if encoded is not None and encoded[1]:
                 data = data + encoded[0] if data else encoded[0]
                 self._first_event = False
+            error = f.append(data)  # raises if a direct write fails
             self._events_written += len(events) + (encoded[1] if encoded is not None else 0)
-            self._report(f.append(data))
+            self._report(error)
         except Exception:
             self.errors += 1
             _log.exception("exporters: writing the Chrome trace %s failed", self.path)

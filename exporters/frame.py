@@ -65,7 +65,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from ._accel import SPEEDUPS as _speedups
 from ._errors import TraceError
-from ._pandas import Coded, dataframe, strings, strings_from_codes
+from ._pandas import Coded, dataframe, objects, strings, strings_from_codes
 from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
 
 __all__ = ["COLUMNS", "RENAMED_ATTRIBUTES", "empty_frame", "spans_to_frame"]
@@ -218,12 +218,12 @@ def _column(values: list[Any]) -> Any:
                 return pd.array(values, dtype="Int64")
             return np.array(values, dtype=np.int64)
         except (OverflowError, ValueError, TypeError):
-            return np.array(values, dtype=object)
+            return objects(values)
     if types and types <= {int, float}:
         return np.array(values, dtype=float)
     if types == {bool}:
         return pd.array(values, dtype="boolean")
-    return np.array(values, dtype=object)
+    return objects(values)  # 1-d: tuples stay values
 
 
 def _typed_column(attrs: Sequence[Mapping[str, Any]], key: str) -> Any:

@@ -20,6 +20,7 @@ from exporters import (
     COLUMNS,
     ChromeTraceExporter,
     SpanBatch,
+    SpanRow,
     TraceError,
     TraceTruncatedWarning,
     read_chrome_trace,
@@ -351,3 +352,16 @@ def test_an_origin_out_of_the_int64_range_is_a_trace_error(tmp_path: Path) -> No
         ),
     ):
         read_chrome_trace(_trace_file(tmp_path, ts=1e20))
+
+
+def test_tuple_and_mixed_attribute_values_stay_as_they_are() -> None:
+    """Equal-length tuples are values, not rows; a float among strings is no string."""
+    for n in (3, 2_000):  # short columns, and long ones that take the encoded paths
+        rows = [
+            SpanRow("a", i + 1, 0, 7, i, i + 5, 1, {"t": (1, 2), "m": "a" if i else 1.5})
+            for i in range(n)
+        ]
+        frame = spans_to_frame(rows)
+        assert frame.loc[0, "t"] == (1, 2) and type(frame.loc[n - 1, "t"]) is tuple
+        assert frame["m"].dtype == object
+        assert frame.loc[0, "m"] == 1.5 and frame.loc[1, "m"] == "a"
