@@ -1074,6 +1074,10 @@ def merge_traces(
                     info = processes.get(str(ev.get("pid")))
                     if m is not None and info is not None:
                         info["rank"] = int(m.group(1))
+                    if isinstance(event_pid, int) and remap.get(event_pid, event_pid) != event_pid:
+                        # a pid taken by an earlier input: say which file this track is
+                        args = ev["args"] = dict(args)
+                        args["name"] = f"{args.get('name', '')} [{Path(trace.path).name}]"
             ts = ev.pop("ts", None)
             body = _dumps(ev)
             if ts is not None and isinstance(ts, (int, float)):

@@ -265,6 +265,8 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     frame = _read_frame(args.trace, err)
     report = exporters.step_report(frame, warmup_steps=args.warmup)
     _emit(exporters.render(report, args.fmt, top=args.top), args.output, out)
+    if args.output is not None:
+        err.write(f"ppetrace: wrote {args.output}\n")
     return EXIT_OK
 
 
@@ -293,6 +295,12 @@ def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         verdict = "significant regression" if comparison.has_regression else "no regression"
         err.write(f"ppetrace: wrote {args.output} ({verdict})\n")
     return EXIT_REGRESSION if comparison.has_regression else EXIT_OK
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 trace``, ``2 traces``, ``1,024 events``, ``2 processes``."""
+    plural = noun + ("es" if noun.endswith("s") else "s")
+    return f"{n:,} {noun if n == 1 else plural}"
 
 
 def _not_writable(out: str, exc: OSError) -> _BadInput:
@@ -329,8 +337,8 @@ def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             err.write(f"ppetrace: warning: {w.message}\n")
     processes = len(merged.metadata.get("processes", {}))
     out.write(
-        f"Merged {len(args.inputs)} traces ({len(merged.events):,} events, "
-        f"{processes} processes) into {args.out}\n"
+        f"Merged {_count(len(args.inputs), 'trace')} ({_count(len(merged.events), 'event')}, "
+        f"{_count(processes, 'process')}) into {args.out}\n"
     )
     return EXIT_OK
 

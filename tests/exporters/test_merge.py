@@ -45,7 +45,8 @@ def test_merge_keeps_processes_apart_and_applies_clock_offsets(
     assert (kept["rank"] == 0).all()
 
     names = {e["pid"]: e["args"]["name"] for e in merged.events if e.get("name") == "process_name"}
-    assert names == {100: "tests rank 0 (pid 100)", 101: "tests rank 1 (pid 100)"}
+    # the remapped process says which file it came from
+    assert names == {100: "tests rank 0 (pid 100)", 101: "tests rank 1 (pid 100) [rank1.json]"}
     other = load_chrome_trace(out).metadata
     assert [m["path"] for m in other["merged_from"]] == [str(a), str(b)]
     assert other["merged_from"][1]["pids"] == {"100": 101}

@@ -88,8 +88,8 @@ def test_report_prints_the_tables(base: Path) -> None:
 @pytest.mark.parametrize("fmt", ["md", "csv", "json"])
 def test_report_formats_carry_the_numbers(base: Path, tmp_path: Path, fmt: str) -> None:
     out_file = tmp_path / f"report.{fmt}"
-    code, out, _ = run("report", str(base), "--format", fmt, "--output", str(out_file))
-    assert code == 0 and out == ""
+    code, out, err = run("report", str(base), "--format", fmt, "--output", str(out_file))
+    assert code == 0 and out == "" and err == f"ppetrace: wrote {out_file}\n"
     text = out_file.read_text()
     steps = _steps(1, 1_000_000)[1:]
     if fmt == "json":
@@ -187,6 +187,8 @@ def test_merge_writes_one_timeline(base: Path, tmp_path: Path) -> None:
     code, out, err = run("merge", str(out_file), str(base), str(second))
     assert code == 0, err
     assert out.startswith("Merged 2 traces") and "2 processes" in out
+    code, out, err = run("merge", str(tmp_path / "one.json"), str(base))
+    assert code == 0 and out.startswith("Merged 1 trace (") and "1 process)" in out, err
     frame = read_chrome_trace(out_file)
     assert sorted(set(frame["pid"])) == [1234, 1235]
     assert sorted(set(frame["rank"])) == [0, 1]
