@@ -120,7 +120,11 @@ def test_profile_export_names_the_exporter_functions() -> None:
     found = run.profile_export("chrome", 10_000, top=4)
     assert found["spans"] == 10_000 and found["total_ns_per_span"] > 0
     assert len(found["functions"]) == 4
-    assert any(f["file"].startswith("exporters/") for f in found["functions"]), found
+    # the exporters' own functions, or their C helpers (shown as built-ins)
+    helpers = {"encode_x_batch", "span_columns", "encode_attrs"}
+    assert any(
+        f["file"].startswith("exporters/") or f["function"] in helpers for f in found["functions"]
+    ), found
     assert "export.chrome: pyinstrument over 10,000 spans" in run.render_hot_spots(
         {"export.chrome": found}
     )
