@@ -236,32 +236,12 @@ def hot_path_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
         )
     all_in = best.get("trace enabled, all in (+flush to rows)")
     if all_in is not None:
-        rows.append(
-            Row(
-                id="hotpath.all_in",
-                what="hot path: trace all in (+ flush to rows) / floor",
-                measured=_ns(all_in),
-                reference=f"{_ns(best['floor'])} (floor)",
-                ratio=all_in / best["floor"],
-                value=all_in,
-                reference_value=best["floor"],
-                unit="ns/span",
-            )
-        )
+        what = "hot path: trace all in (+ flush to rows) / floor"
+        rows.append(_info_row("hotpath.all_in", what, all_in, best["floor"], "floor"))
     if "torch record_function" in best:
+        what = "hot path: torch record_function / trace"
         rf = best["torch record_function"]
-        rows.append(
-            Row(
-                id="hotpath.record_function",
-                what="hot path: torch record_function / trace",
-                measured=_ns(rf),
-                reference=f"{_ns(trace_ns)} (trace)",
-                ratio=rf / trace_ns,
-                value=rf,
-                reference_value=trace_ns,
-                unit="ns/span",
-            )
-        )
+        rows.append(_info_row("hotpath.record_function", what, rf, trace_ns, "trace"))
     ppe = measure_ppe_record(n, rounds)
     details["hot_path_ppe_record"] = ppe
     if ppe is None:
@@ -273,20 +253,25 @@ def hot_path_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
             )
         )
     else:
-        rec, ours = ppe["ppe.profiler.record"], ppe["trace"]
+        what = "hot path: ppe.profiler.record / trace"
         rows.append(
-            Row(
-                id="hotpath.ppe_record",
-                what="hot path: ppe.profiler.record / trace",
-                measured=_ns(rec),
-                reference=f"{_ns(ours)} (trace)",
-                ratio=rec / ours,
-                value=rec,
-                reference_value=ours,
-                unit="ns/span",
-            )
+            _info_row("hotpath.ppe_record", what, ppe["ppe.profiler.record"], ppe["trace"], "trace")
         )
     return rows
+
+
+def _info_row(row_id: str, what: str, ns: float, ref_ns: float, ref_label: str) -> Row:
+    """A hot-path figure without a budget: ``ns`` per span as a ratio to ``ref_ns``."""
+    return Row(
+        id=row_id,
+        what=what,
+        measured=_ns(ns),
+        reference=f"{_ns(ref_ns)} ({ref_label})",
+        ratio=ns / ref_ns,
+        value=ns,
+        reference_value=ref_ns,
+        unit="ns/span",
+    )
 
 
 # -- Trainer ------------------------------------------------------------------------------

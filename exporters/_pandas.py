@@ -37,7 +37,7 @@ def _string_dtype() -> Any:
 #: installed. With pyarrow, pandas would copy every row's bytes into an arrow
 #: buffer: for the million spans of benchmarks/bench_export.py, 113 MB for the
 #: six string columns against 48 MB of pointers here, and about 0.6 s against
-#: 0.2 s to build them, mostly the first touch of each new page. Python storage
+#: 0.2 s to build them (profiles on the development machine). Python storage
 #: shares each distinct string, and holds any str (pyarrow refuses lone
 #: surrogates). It compares equal to ``"str"``.
 STRING_DTYPE: Any = _string_dtype()

@@ -1328,8 +1328,8 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef speedups_module = {
-    PyModuleDef_HEAD_INIT, "exporters._speedups", "Chrome trace event assembly in C.", -1,
-    module_methods,
+    PyModuleDef_HEAD_INIT, "exporters._speedups",
+    "The exporters' per-row work in C: Chrome events and frame columns.", -1, module_methods,
 };
 
 PyMODINIT_FUNC

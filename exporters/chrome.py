@@ -103,8 +103,8 @@ _PART_ROWS = 16_384  # events encoded at a time: about 5 MB of JSON
 class _Appender:
     """Appends to the trace file in call order, a large write on a thread of its own.
 
-    A batch of 65,536 spans is about 20 MB of JSON. While the kernel copies one
-    batch into the file (the GIL is released meanwhile), the exporter encodes the
+    A part of 16,384 spans is about 5 MB of JSON. While the kernel copies one
+    part into the file (the GIL is released meanwhile), the exporter encodes the
     next. At most one write is in flight: each call first waits for the one
     before, so a killed process loses at most the last batch, as with direct
     writes. An error of a write on the thread is returned by the next call

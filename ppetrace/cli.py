@@ -81,30 +81,18 @@ def _alpha(text: str) -> float:
     return value
 
 
-def _non_negative(name: str) -> Callable[[str], int]:
+def _int_at_least(minimum: int, name: str) -> Callable[[str], int]:
+    """An argparse type: an int of at least ``minimum`` (0: non-negative, 1: positive)."""
+    kind = "non-negative" if minimum == 0 else "positive"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            value = -1
-        if value < 0:
+            value = minimum - 1
+        if value < minimum:
             raise argparse.ArgumentTypeError(
-                f"expected a non-negative integer for {name}, but received {text!r}"
-            )
-        return value
-
-    return parse
-
-
-def _positive(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(
-                f"expected a positive integer for {name}, but received {text!r}"
+                f"expected a {kind} integer for {name}, but received {text!r}"
             )
         return value
 
@@ -114,7 +102,7 @@ def _positive(name: str) -> Callable[[str], int]:
 def _add_warmup(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup",
-        type=_non_negative("--warmup"),
+        type=_int_at_least(0, "--warmup"),
         default=1,
         metavar="N",
         help="steps to leave out at the start of each process (default: 1)",
@@ -141,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_warmup(report)
     report.add_argument(
         "--top",
-        type=_positive("--top"),
+        type=_int_at_least(1, "--top"),
         default=None,
         metavar="K",
         help="show only the K events with the most total time",
@@ -171,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_warmup(comp)
     comp.add_argument(
         "--min-samples",
-        type=_positive("--min-samples"),
+        type=_int_at_least(1, "--min-samples"),
         default=5,
         metavar="N",
         help="fewest samples per run for a verdict (default: 5)",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._recorder import RECORDER
 from ._base import Profiler, sink_of
-from ._schedule import Schedule
+from ._schedule import Schedule, check_schedule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,11 +85,7 @@ class SystemCounters(Profiler):
                 "Expected a positive number of seconds or None for interval, but received "
                 f"{interval!r}."
             )
-        if schedule is not None and not isinstance(schedule, Schedule):
-            raise TypeError(
-                "Expected a ppetrace.profilers.Schedule or None for schedule, but received "
-                f"{type(schedule).__name__}."
-            )
+        check_schedule(schedule)
         if counters is not None:
             if not isinstance(counters, Mapping) or not counters:
                 raise ValueError(

@@ -49,7 +49,7 @@ from opentelemetry import trace as otel_trace
 
 from .._recorder import RECORDER, Span, trace
 from ._base import DEVICE_TID, Profiler, sink_of
-from ._schedule import Schedule
+from ._schedule import Schedule, check_schedule
 
 __all__ = [
     "DEFAULT_TIMED_SPANS",
@@ -168,9 +168,12 @@ class _Wrap:
 
     def __enter__(self) -> _Wrap:
         span = otel_trace.get_current_span()  # the span this block runs in, if ppetrace's
-        start = getattr(span, "start_ns", None) if type(span) is Span else None
-        self._rec = self._timer._begin(self._name, self._attrs, start)
+        self.begin(getattr(span, "start_ns", None) if type(span) is Span else None)
         return self
+
+    def begin(self, start_ns: int | None) -> None:
+        """Record the start event, for the span that started at ``start_ns``."""
+        self._rec = self._timer._begin(self._name, self._attrs, start_ns)
 
     def __exit__(
         self,
@@ -194,8 +197,7 @@ class _TimedSpan:
 
     def __enter__(self) -> Any:
         span = self._span.__enter__()
-        wrap = self._wrap
-        wrap._rec = wrap._timer._begin(wrap._name, wrap._attrs, getattr(span, "start_ns", None))
+        self._wrap.begin(getattr(span, "start_ns", None))
         return span
 
     def __exit__(
@@ -243,11 +245,7 @@ class CudaTimer(Profiler):
                 "Expected an iterable of event names for spans (e.g. {'trainer.step'}), but "
                 f"received {spans!r}."
             )
-        if schedule is not None and not isinstance(schedule, Schedule):
-            raise TypeError(
-                "Expected a ppetrace.profilers.Schedule or None for schedule, but received "
-                f"{type(schedule).__name__}."
-            )
+        check_schedule(schedule)
         if source is not None and not isinstance(source, EventSource):
             raise TypeError(
                 "Expected an EventSource (record(), query(event) and elapsed_ns(start, end)) "

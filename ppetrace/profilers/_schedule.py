@@ -34,6 +34,15 @@ class ProfilerAction(enum.Enum):
         return self is ProfilerAction.RECORD or self is ProfilerAction.RECORD_AND_SAVE
 
 
+def check_schedule(schedule: Any) -> None:
+    """Raise ``TypeError`` unless ``schedule`` is a :class:`Schedule` or None."""
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise TypeError(
+            "Expected a ppetrace.profilers.Schedule or None for schedule, but received "
+            f"{type(schedule).__name__}."
+        )
+
+
 def _check_count(name: str, value: Any, *, minimum: int, meaning: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "positive" if minimum == 1 else "non-negative"

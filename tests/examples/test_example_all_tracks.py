@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from example_loader import load
 
 import ppetrace
 from exporters import load_chrome_trace
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_all_tracks_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from example_loader import ROOT, load
 
 import ppetrace
 from exporters import read_chrome_trace
 from ppetrace import cli
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
 WORKFLOW = ROOT / ".github" / "workflows" / "ppetrace-bench.yml"
-
-
-def load(relative: str) -> ModuleType:
-    path = EXAMPLES / relative
-    name = "example_" + relative.replace("/", "_").removesuffix(".py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_quickstart_writes_a_trace_and_prints_the_report(

@@ -540,6 +540,7 @@ def test_large_batches_written_on_the_writer_thread_arrive_in_order(
             t = (b * 5_000 + i) * 100
             rb.span(f"e{b}", t, t + 50, 0, {"ppetrace.step": b * 5_000 + i, "k": "v" * 100})
         exporter.export_batch(rb.batch())
+        assert exporter._file is not None and exporter._file._thread is not None  # in flight
     exporter.add_events([{"ph": "i", "name": "mark", "ts_ns": rb.T0, "tid": 1}])
     assert exporter.force_flush() is True
     with pytest.warns(TraceTruncatedWarning):  # no closing ]} yet, but every event is there
