@@ -499,14 +499,9 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         elif type(parent) is PySpan:
             self.trace_id = parent.trace_id
             self.parent_id = parent.span_id
-        else:
-            sc = parent.get_span_context()  # type: ignore[attr-defined]
-            if sc.is_valid:
-                self.trace_id = sc.trace_id
-                self.parent_id = sc.span_id
-            else:
-                self.trace_id = rec.trace_id
-                self.parent_id = 0
+        else:  # an OpenTelemetry span of someone else's, as the C path does
+            ids = _foreign_parent(parent)
+            self.trace_id, self.parent_id = (rec.trace_id, 0) if ids is None else ids
         self.span_id = next(rec._ids)
         # The new context is the parent's plus this span. It is a plain dict
         # (what Context.copy() returns): the OpenTelemetry API only reads it.
