@@ -1,5 +1,5 @@
 """Builds the optional C parts: the hot path of ``ppetrace.trace``
-(``ppetrace._speedups``) and the Chrome event assembly of the exporters
+(``ppetrace.tracing._speedups``) and the Chrome event assembly of the exporters
 (``exporters._speedups``).
 
 Everything else is configured in pyproject.toml. When no C compiler is present,
@@ -12,8 +12,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "ppetrace._speedups",
-            sources=["ppetrace/_speedups.c"],
+            "ppetrace.tracing._speedups",
+            sources=["ppetrace/tracing/_speedups.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

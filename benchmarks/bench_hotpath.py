@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ppetrace
-from ppetrace import _recorder
+from ppetrace.tracing import _recorder
 
 
 class _Floor:

@@ -801,7 +801,7 @@ def _preload() -> None:
     import torch  # noqa: F401
 
     import exporters  # noqa: F401
-    import ppetrace._trainer  # noqa: F401
+    import ppetrace.training  # noqa: F401
 
     for module in ("pytorch_pfn_extras", "lightning"):
         with contextlib.suppress(ImportError):

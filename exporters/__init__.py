@@ -6,7 +6,8 @@ without torch. The data flows along the modules:
 
 - :mod:`exporters.chrome`: :class:`ChromeTraceExporter` (an OpenTelemetry
   ``SpanExporter`` that streams a Chrome trace), :func:`read_chrome_trace`,
-  :func:`load_chrome_trace` and :func:`merge_traces`;
+  :func:`load_chrome_trace` and :func:`merge_traces` (writer, reader and
+  merger in modules of their own);
 - :mod:`exporters.frame`: :func:`spans_to_frame`, one row per span;
 - :mod:`exporters.report`: :func:`step_report` and its renderers;
 - :mod:`exporters.comparison`: :func:`compare` and its renderers.

@@ -2,6 +2,13 @@
 
 ``import ppetrace`` is cheap: it loads the recorder only. Everything that needs
 torch (runtimes, the Trainer, module interfaces) is imported on first use.
+
+The subpackages, along the data flow: :mod:`ppetrace.training` drives the
+lifecycle of the modules defined by :mod:`ppetrace.interfaces`, moving them
+through :mod:`ppetrace.runtime`; every hook is a span recorded by
+:mod:`ppetrace.tracing`, which hands batches of spans to :mod:`exporters`
+and to OpenTelemetry. :mod:`ppetrace.profilers` add deep profiles on a
+schedule.
 """
 
 from __future__ import annotations
@@ -9,41 +16,60 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._tracing import bind_context, configure, flush, shutdown, stats, trace
 from ._version import __version__
+from .tracing import bind_context, configure, flush, shutdown, stats, trace
 
 if TYPE_CHECKING:
-    from ._checkpoint import CheckpointError
-    from ._codeblock import CodeBlock, forward, map, update_parameters
-    from ._evaluator import Evaluator
-    from ._registry import runtime_of, runtime_registry, to
-    from ._runtime import BaseRuntime, PyTorchRuntime
-    from ._trainer import StepProfiler, Trainer
-    from .module_interface import CallbackInterface, ModuleInterface, Stage
-    from .network import AbstractPyTorchNetwork, DataParallelPyTorchNetwork, scale_loss
+    from .interfaces import (
+        AbstractPyTorchNetwork,
+        CallbackInterface,
+        DataParallelPyTorchNetwork,
+        ModuleInterface,
+        Stage,
+        scale_loss,
+    )
     from .profilers import Schedule
+    from .runtime import (
+        BaseRuntime,
+        CodeBlock,
+        PyTorchRuntime,
+        forward,
+        map,
+        runtime_of,
+        runtime_registry,
+        to,
+        update_parameters,
+    )
+    from .training import CheckpointError, Evaluator, StepProfiler, Trainer
 
-# public name -> the module that defines it (imported on first access)
+# public name -> the subpackage that defines it (imported on first access)
 _LAZY = {
-    "BaseRuntime": "._runtime",
-    "PyTorchRuntime": "._runtime",
-    "runtime_registry": "._registry",
-    "to": "._registry",
-    "runtime_of": "._registry",
-    "CodeBlock": "._codeblock",
-    "update_parameters": "._codeblock",
-    "forward": "._codeblock",
-    "map": "._codeblock",
-    "Stage": ".module_interface",
-    "CallbackInterface": ".module_interface",
-    "ModuleInterface": ".module_interface",
-    "AbstractPyTorchNetwork": ".network",
-    "DataParallelPyTorchNetwork": ".network",
-    "scale_loss": ".network",
-    "Trainer": "._trainer",
-    "StepProfiler": "._trainer",
-    "CheckpointError": "._checkpoint",
-    "Evaluator": "._evaluator",
+    **dict.fromkeys(
+        (
+            "BaseRuntime",
+            "PyTorchRuntime",
+            "runtime_registry",
+            "to",
+            "runtime_of",
+            "CodeBlock",
+            "update_parameters",
+            "forward",
+            "map",
+        ),
+        ".runtime",
+    ),
+    **dict.fromkeys(
+        (
+            "Stage",
+            "CallbackInterface",
+            "ModuleInterface",
+            "AbstractPyTorchNetwork",
+            "DataParallelPyTorchNetwork",
+            "scale_loss",
+        ),
+        ".interfaces",
+    ),
+    **dict.fromkeys(("Trainer", "StepProfiler", "CheckpointError", "Evaluator"), ".training"),
     "Schedule": ".profilers",
 }
 

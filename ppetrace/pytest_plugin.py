@@ -172,14 +172,14 @@ class Benchmark:
         inside must not call ``ppetrace.configure`` (that drops the recorder's
         exporters, this one included).
         """
-        from ppetrace import _tracing
+        from ppetrace import tracing
 
         collector = _Collector()
-        _tracing.add_exporter(collector)
+        tracing.add_exporter(collector)
         try:
             yield self
         finally:
-            _tracing.remove_exporter(collector, shutdown=False)
+            tracing.remove_exporter(collector, shutdown=False)
         self._finish(collector.batches, warmup_steps)
 
     def _finish(self, batches: list[SpanBatch], warmup_steps: int) -> None:

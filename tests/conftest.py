@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import ppetrace
-from ppetrace._recorder import RECORDER
+from ppetrace.tracing._recorder import RECORDER
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def _recorder_left_clean() -> Iterator[None]:
     from opentelemetry import trace as otel_trace
 
     current = otel_trace.get_current_span()
-    assert not isinstance(current, ppetrace._recorder.Span), (
+    assert not isinstance(current, ppetrace.tracing._recorder.Span), (
         f"a test left the span {current!r} open"
     )
     if not RECORDER.enabled:

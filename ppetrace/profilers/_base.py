@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from .._recorder import RECORDER
+from ..tracing._recorder import RECORDER
 from ._schedule import ProfilerAction, Schedule
 
 __all__ = [

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._recorder import RECORDER
+from ..tracing._recorder import RECORDER
 from ._base import Profiler, sink_of
 from ._schedule import Schedule, check_schedule
 

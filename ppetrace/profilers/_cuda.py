@@ -47,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry import trace as otel_trace
 
-from .._recorder import RECORDER, Span, trace
+from ..tracing._recorder import RECORDER, Span, trace
 from ._base import DEVICE_TID, Profiler, sink_of
 from ._schedule import Schedule, check_schedule
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._recorder import RECORDER
+from ..tracing._recorder import RECORDER
 from ._base import PYTHON_TID, ProfileWindow, ScheduledProfiler, resolve_output_dir
 from ._schedule import ProfilerAction, Schedule
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .._recorder import RECORDER
+from ..tracing._recorder import RECORDER
 from ._base import TORCH_TID_BASE, ProfileWindow, ScheduledProfiler, resolve_output_dir
 from ._schedule import ProfilerAction, Schedule
 

@@ -1,0 +1,524 @@
+"""Device runtimes: where modules and batches live and how a CodeBlock runs.
+
+The API is pytorch-pfn-extras' ``ppe.runtime.BaseRuntime``: every method keeps
+the seed's name, signature and meaning. :class:`PyTorchRuntime` serves the
+devices that PyTorch knows (``cpu``, ``cuda``) and adds autocast and a
+``GradScaler``.
+
+Tracing of hooks: the lifecycle (the Trainer, :func:`ppetrace.to`, CodeBlocks,
+:func:`ppetrace.map`) never calls a runtime hook directly; it calls
+:func:`call_hook`, which runs the hook inside
+``type(runtime).trace("runtime.<method>", arg)``. The methods themselves are
+plain, so a subclass hook that calls ``super()`` still gives exactly one span,
+and a subclass that overrides :meth:`BaseRuntime.trace` (to add NVTX ranges,
+say) sees every hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..tracing import _recorder
+
+__all__ = ["LIFECYCLE_HOOKS", "BaseRuntime", "CodeBlock", "call_hook"]
+
+#: The runtime methods that the training lifecycle calls, each traced as
+#: ``runtime.<method>`` through :func:`call_hook`.
+LIFECYCLE_HOOKS: tuple[str, ...] = (
+    "convert_batch",
+    "move_module",
+    "move_tensor",
+    "initialize_module",
+    "train_epoch_begin",
+    "train_epoch_end",
+    "train_pre_step",
+    "train_post_step",
+    "train_validation_begin",
+    "train_validation_end",
+    "eval_pre_step",
+    "eval_post_step",
+    "train_cleanup",
+    "execute",
+    "map",
+)
+_EVENTS: dict[str, str] = {name: "runtime." + name for name in LIFECYCLE_HOOKS}
+_NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def call_hook(runtime: BaseRuntime, name: str, arg: Any, *args: Any) -> Any:
+    """Call ``runtime.<name>(*args)`` inside ``type(runtime).trace("runtime.<name>", arg)``.
+
+    When the class keeps the default :meth:`BaseRuntime.trace`, the span is
+    opened directly (the same span, one call less per hook). Returns what the
+    hook returns; an exception from the hook ends the span with ERROR status
+    and propagates unchanged. ``arg`` becomes the span's attributes (a dict
+    gives one attribute per key). Any method name works; the names in
+    :data:`LIFECYCLE_HOOKS` skip building the event name.
+    """
+    try:
+        event = _EVENTS[name]
+    except KeyError:
+        event = "runtime." + name
+    tracer = type(runtime).trace
+    if getattr(tracer, "__func__", None) is _BASE_TRACE:
+        # the default trace: open the span directly (what it would return)
+        with _recorder.trace(event, arg):
+            return getattr(runtime, name)(*args)
+    with tracer(event, arg):
+        return getattr(runtime, name)(*args)
+
+
+def _device_type(device_spec: torch.device | str) -> str:
+    if isinstance(device_spec, torch.device):
+        return device_spec.type
+    return device_spec.partition(":")[0]
+
+
+def _normalize_device(device_spec: Any) -> torch.device | str:
+    """``torch.device`` where torch knows the spec, else the string itself."""
+    if isinstance(device_spec, torch.device):
+        return device_spec
+    if not isinstance(device_spec, str) or not device_spec.strip():
+        raise TypeError(
+            "Expected a device string (such as 'cpu', 'cuda:1' or a registered type) or "
+            f"a torch.device for device_spec, but received {device_spec!r}."
+        )
+    spec = device_spec.strip()
+    try:
+        return torch.device(spec)
+    except (RuntimeError, ValueError):
+        return spec
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _apply_to_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply ``fn`` to every tensor nested in tuples, lists, dicts and namedtuples.
+
+    Containers keep their type (a namedtuple stays that namedtuple, an
+    ``OrderedDict`` stays ordered); other objects are returned unchanged.
+    """
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        items = [_apply_to_tensors(x, fn) for x in obj]
+        if type(obj) is list:
+            return items
+        if type(obj) is tuple:
+            return tuple(items)
+        if _is_namedtuple(obj):
+            return type(obj)(*items)
+        return type(obj)(items)
+    if isinstance(obj, Mapping):
+        pairs = [(k, _apply_to_tensors(v, fn)) for k, v in obj.items()]
+        if type(obj) is dict:
+            return dict(pairs)
+        mapping_type: Any = type(obj)
+        try:
+            return mapping_type(pairs)
+        except TypeError:
+            return dict(pairs)
+    return obj
+
+
+def _call_block_func(func: Callable[..., Any], batch: Any) -> Any:
+    """Call a CodeBlock's function: a dict batch as keywords, a tuple/list as positionals."""
+    if type(batch) is dict:
+        return func(**batch)
+    if type(batch) in (tuple, list):
+        return func(*batch)
+    return func(batch)
+
+
+def _is_loss(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.grad_fn is not None
+        and value.numel() == 1
+        and (value.dtype.is_floating_point or value.dtype.is_complex)
+    )
+
+
+def _select_loss(out: Any, code_block: CodeBlock) -> torch.Tensor:
+    """The tensor that ``update_parameters`` back-propagates from (see CodeBlock)."""
+    owner = getattr(code_block.func, "__qualname__", type(code_block.func).__name__)
+    key = code_block.backprop_from
+    if key is not None:
+        if not isinstance(out, Mapping) or key not in out:
+            keys = ", ".join(map(str, out)) if isinstance(out, Mapping) else type(out).__name__
+            raise ValueError(
+                f"Expected the outputs of {owner} to contain backprop_from={key!r}, but "
+                f"received {keys}. Return a dict with that key or change backprop_from."
+            )
+        loss = out[key]
+        if not _is_loss(loss):
+            raise ValueError(
+                f"Expected output {key!r} of {owner} to be a scalar floating-point tensor "
+                f"with a gradient, but received {_describe_value(loss)}."
+            )
+        return loss
+    if isinstance(out, torch.Tensor):
+        candidates: Iterable[Any] = (out,)
+    elif isinstance(out, Mapping):
+        candidates = out.values()
+    elif isinstance(out, (tuple, list)):
+        candidates = out
+    else:
+        candidates = ()
+    for value in candidates:
+        if _is_loss(value):
+            return value
+    raise ValueError(
+        f"Expected the outputs of {owner} to contain a scalar floating-point tensor with a "
+        f"gradient to back-propagate from, but received {_describe_value(out)}. Return the "
+        "loss, or pass backprop_from='<key>' to update_parameters."
+    )
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        grad = "with" if value.grad_fn is not None else "without"
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} {grad} a gradient"
+    if isinstance(value, Mapping):
+        return "a dict with keys " + ", ".join(map(repr, value)) if value else "an empty dict"
+    return f"a {type(value).__name__}"
+
+
+class BaseRuntime:
+    """A collection of device-specific callbacks, dispatched by device string.
+
+    :func:`ppetrace.to` builds one through ``ppetrace.runtime_registry``, tags
+    the module with it (attribute ``_ppe_runtime``) and moves the module with
+    :meth:`move_module`; the Trainer calls the lifecycle hooks below through
+    :func:`call_hook`. Every hook is a documented no-op here, ``move_*`` keep
+    objects where they are, and :meth:`execute` / :meth:`map` run CodeBlocks
+    generically, so a custom device runtime overrides only what it needs.
+
+    Args:
+        device_spec: the device modules and tensors go to. A string torch knows
+            becomes a ``torch.device``; any other string (a custom device type
+            such as ``"my_device"``) is kept as is.
+        options: a configuration dict for the runtime's methods (``None``: ``{}``).
+    """
+
+    #: Option keys this runtime accepts; ``None`` accepts any key.
+    option_names: ClassVar[frozenset[str] | None] = None
+
+    def __init__(self, device_spec: torch.device | str, options: Mapping[str, Any] | None) -> None:
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise TypeError(
+                f"Expected a dict of options for {type(self).__name__}, but received "
+                f"{type(options).__name__}. Pass options={{...}} or None."
+            )
+        accepted = type(self).option_names
+        if accepted is not None:
+            unknown = sorted(set(options) - accepted)
+            if unknown:
+                raise ValueError(
+                    f"Unknown option {unknown[0]!r} for {type(self).__name__}; accepted: "
+                    f"{', '.join(sorted(accepted)) or 'none'}. Check the spelling of the "
+                    "options passed to ppetrace.to(...)."
+                )
+        self.device_spec: torch.device | str = _normalize_device(device_spec)
+        self.options: dict[str, Any] = dict(options)
+        #: Span attributes describing this runtime; shared, do not mutate.
+        self.span_attributes: dict[str, Any] = {
+            "ppetrace.device": str(self.device_spec),
+            "ppetrace.runtime": type(self).__name__,
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.device_spec)!r})"
+
+    @property
+    def device_type(self) -> str:
+        """The device type without index: ``"cuda"`` for ``"cuda:1"``."""
+        return _device_type(self.device_spec)
+
+    # -- AMP accessors (no-ops here; PyTorchRuntime implements them) ----------
+
+    @property
+    def autocast_enabled(self) -> bool:
+        """Whether :meth:`autocast_context` enables autocast (``False`` here)."""
+        return False
+
+    def autocast_context(self) -> contextlib.AbstractContextManager[Any]:
+        """A context manager for the forward pass: autocast, or a no-op here."""
+        return _NULL_CONTEXT
+
+    @property
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """The ``GradScaler`` that scales losses and steps optimizers, or ``None``."""
+        return None
+
+    # -- movement ---------------------------------------------------------------
+
+    def convert_batch(self, args: Any) -> Any:
+        """Transfer a batch of any type to the device, keeping its type.
+
+        Tensors nested in tuples, lists, dicts and namedtuples are moved with
+        :meth:`move_tensor`; containers keep their type, other values pass
+        through unchanged.
+        """
+        return _apply_to_tensors(args, self.move_tensor)
+
+    def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Transfer ``module`` to the device and return it.
+
+        :func:`ppetrace.to` tags the module (``_ppe_runtime``) before calling
+        this. The default returns the module unchanged.
+        """
+        return module
+
+    def move_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Transfer ``tensor`` to the device and return it. The default returns it unchanged."""
+        return tensor
+
+    # -- lifecycle hooks (documented no-ops) -----------------------------------
+
+    def initialize_module(
+        self,
+        module: torch.nn.Module,
+        loader_or_batch: Iterable[Any] | torch.Tensor | None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        """Initialize ``module`` at the start of training or inference.
+
+        ``loader_or_batch`` is the training DataLoader or a batch;
+        ``optimizer`` may be used, for example, to copy the learning rate to a
+        device-side copy of the model. The default does nothing.
+        """
+
+    def train_epoch_begin(self, module: torch.nn.Module) -> None:
+        """Called before the first step of each training epoch. The default does nothing."""
+
+    def train_epoch_end(self, module: torch.nn.Module) -> None:
+        """Called after the last step of each training epoch. The default does nothing."""
+
+    def train_pre_step(
+        self, trainer: Any, module: torch.nn.Module, batch_idx: int, batch: Any
+    ) -> None:
+        """Called at the beginning of every training step (iterations plus an update).
+
+        ``batch`` is the batch as the loader produced it. The default does nothing.
+        """
+
+    def train_post_step(
+        self, trainer: Any, module: torch.nn.Module, batch_idx: int, batch: Any, outs: Any
+    ) -> None:
+        """Called at the end of every training step with the step's outputs ``outs``.
+
+        The default does nothing.
+        """
+
+    def train_validation_begin(self, module: torch.nn.Module) -> None:
+        """Called before each validation run during training. The default does nothing."""
+
+    def train_validation_end(self, module: torch.nn.Module) -> None:
+        """Called after each validation run during training. The default does nothing."""
+
+    def eval_pre_step(
+        self, evaluator: Any, module: torch.nn.Module, batch_idx: int, batch: Any
+    ) -> None:
+        """Called at the beginning of each evaluation step. The default does nothing."""
+
+    def eval_post_step(
+        self, evaluator: Any, module: torch.nn.Module, batch_idx: int, batch: Any, outs: Any
+    ) -> None:
+        """Called at the end of each evaluation step with its outputs. The default does nothing."""
+
+    def train_cleanup(self, module: torch.nn.Module) -> None:
+        """Called once when a training run completes. The default does nothing."""
+
+    # -- CodeBlocks --------------------------------------------------------------
+
+    def execute(self, code_block: CodeBlock, batch: Any) -> Any:
+        """Run ``code_block`` on ``batch`` (already on the device) and return its outputs.
+
+        In order: ``zero_grad`` on the block's optimizers; the forward pass
+        ``code_block.func(batch)`` (a dict batch is passed as keywords, a tuple
+        or list as positionals) inside :meth:`autocast_context`; when
+        ``code_block.backprop``, backward from ``backprop_from`` (default: the
+        output itself if it is a scalar, else the first scalar floating-point
+        output with a gradient), scaled by :attr:`grad_scaler` when there is
+        one and accumulating only into the ``backprop_to`` values when given;
+        then ``step`` of every optimizer (through the scaler, followed by one
+        ``scaler.update()``).
+        """
+        optimizers = code_block.optimizers
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        with self.autocast_context():
+            out = _call_block_func(code_block.func, batch)
+        if not code_block.backprop:
+            return out
+        loss = _select_loss(out, code_block)
+        scaler = self.grad_scaler
+        if scaler is not None:
+            loss = scaler.scale(loss)
+        inputs = _backprop_inputs(code_block.backprop_to, batch, out)
+        if inputs is None:
+            loss.backward()
+        else:
+            loss.backward(inputs=inputs)
+        if optimizers:
+            if scaler is not None:
+                for optimizer in optimizers:
+                    scaler.step(optimizer)
+                scaler.update()
+            else:
+                for optimizer in optimizers:
+                    optimizer.step()
+        return out
+
+    def map(
+        self,
+        func: CodeBlock,
+        iterable: Iterable[Any],
+        out_keys: set[str] | None = None,
+        device: Any = "cpu",
+    ) -> Iterable[Any]:
+        """Apply the CodeBlock ``func`` to each item of ``iterable``, lazily.
+
+        Each item is moved with :meth:`convert_batch` and run with
+        :meth:`execute` (one ``runtime.convert_batch`` and one
+        ``runtime.execute`` span per item). A dict output is cut down to
+        ``out_keys`` when given; the result's tensors are moved to ``device``.
+        Returns a generator: nothing runs until it is iterated.
+        """
+        return _map_items(self, func, iterable, out_keys, device)
+
+    @classmethod
+    def trace(cls, event_name: str | None, arg: Any) -> contextlib.AbstractContextManager[Any]:
+        """Context manager that traces one runtime event, such as a hook call.
+
+        The default records a ppetrace span (:func:`ppetrace.trace`) named
+        ``event_name`` with ``arg`` as attributes; ``event_name=None`` records
+        nothing. Override it to add device tooling (NVTX ranges, say); call
+        ``super().trace(...)`` inside to keep the span.
+        """
+        if event_name is None:
+            return _NULL_CONTEXT
+        return _recorder.trace(event_name, arg)
+
+
+#: The function behind the default :meth:`BaseRuntime.trace`: :func:`call_hook` skips the
+#: classmethod call when a runtime's class still has it (compared on every call, so a
+#: ``trace`` assigned to a class later is honoured).
+_BASE_TRACE: Any = BaseRuntime.__dict__["trace"].__func__
+
+
+def _backprop_inputs(
+    backprop_to: set[str] | None, batch: Any, out: Any
+) -> list[torch.Tensor] | None:
+    if backprop_to is None:
+        return None
+    values: list[torch.Tensor] = []
+    for key in sorted(backprop_to):
+        if isinstance(out, Mapping) and key in out:
+            value = out[key]
+        elif isinstance(batch, Mapping) and key in batch:
+            value = batch[key]
+        else:
+            raise ValueError(
+                f"Expected backprop_to key {key!r} in the block's outputs or input batch, "
+                "but it is in neither. Name a tensor of the output dict or of the batch dict."
+            )
+        if not isinstance(value, torch.Tensor) or not value.requires_grad:
+            raise ValueError(
+                f"Expected backprop_to value {key!r} to be a tensor that requires grad, but "
+                f"received {_describe_value(value)}."
+            )
+        values.append(value)
+    return values
+
+
+def _map_items(
+    runtime: BaseRuntime,
+    block: CodeBlock,
+    iterable: Iterable[Any],
+    out_keys: set[str] | None,
+    device: Any,
+) -> Iterator[Any]:
+    attrs = runtime.span_attributes
+    for item in iterable:
+        batch = call_hook(runtime, "convert_batch", attrs, item)
+        out = call_hook(runtime, "execute", attrs, block, batch)
+        if out_keys is not None:
+            if not isinstance(out, Mapping):
+                raise ValueError(
+                    f"Expected a dict output to select out_keys={sorted(out_keys)} from, but "
+                    f"received {_describe_value(out)}. Pass out_keys=None."
+                )
+            out = {key: out[key] for key in out_keys}
+        yield _apply_to_tensors(out, lambda t: t.to(device))
+
+
+@dataclass
+class CodeBlock:
+    """A callable plus what the runtime should do around it.
+
+    Attributes:
+        func: the module (or bound method of a module) to run on a batch.
+        optimizers: optimizers to ``zero_grad`` before and ``step`` after.
+        backprop: whether to back-propagate from the outputs.
+        backprop_from: the output key of the loss; ``None`` picks the output
+            itself if it is a scalar, else the first scalar floating-point
+            output that has a gradient.
+        backprop_to: names of values (keys of the output or the input batch)
+            where back-propagation stops: gradients accumulate only into them.
+        state: data kept with the block (saved by :meth:`state_dict`).
+        runtime: the runtime that executes the block.
+
+    ``block(batch)`` runs :meth:`BaseRuntime.execute` and returns its outputs;
+    ``batch`` must already be on the device (``runtime.convert_batch``).
+    """
+
+    func: Callable[..., Any]
+    optimizers: list[torch.optim.Optimizer]
+    backprop: bool
+    backprop_from: str | None
+    backprop_to: set[str] | None
+    state: dict[str, Any] = field(default_factory=dict)
+    runtime: BaseRuntime | None = None
+
+    def __call__(self, batch: Any) -> Any:
+        runtime = self.runtime
+        if runtime is None:
+            raise ValueError(
+                f"Expected a CodeBlock with a runtime, but {_name(self.func)} has none. "
+                "Call ppetrace.to(module, device) first, then build the block with "
+                "ppetrace.forward(module)."
+            )
+        return call_hook(runtime, "execute", runtime.span_attributes, self, batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The block's state; values with ``state_dict()`` are saved through it."""
+        return {
+            key: value.state_dict() if hasattr(value, "state_dict") else value
+            for key, value in self.state.items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (through ``load_state_dict`` where present)."""
+        for key, value in state.items():
+            current = self.state.get(key)
+            if current is not None and hasattr(current, "load_state_dict"):
+                current.load_state_dict(value)
+            else:
+                self.state[key] = value
+
+
+def _name(func: Any) -> str:
+    if isinstance(func, torch.nn.Module):
+        return type(func).__name__
+    return str(getattr(func, "__qualname__", type(func).__name__))

@@ -1,0 +1,40 @@
+"""Tracing: ``trace(event_name, arg)`` and where its spans go.
+
+Takes in: traced blocks, from the Trainer, the runtimes, the profilers and
+user code. The hot path (:mod:`._recorder`, in C in ``_speedups.c`` with a
+pure-Python twin) reads the clock twice and appends one compact
+:class:`exporters.SpanRow` per finished span to a per-thread buffer; it
+creates no OpenTelemetry object. :mod:`._setup` decides, once, where those
+rows go (:func:`configure`) and pushes them there (:func:`flush`).
+
+Hands on: :class:`exporters.SpanBatch` batches to ppetrace's own exporters
+(``export_batch``), and OpenTelemetry ``ReadableSpan``\\ s to the user's span
+processors and ``SpanExporter``\\ s. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from ._recorder import IMPLEMENTATION, RecorderStats, Span, trace
+from ._setup import (
+    add_exporter,
+    bind_context,
+    configure,
+    flush,
+    remove_exporter,
+    shutdown,
+    stats,
+)
+
+__all__ = [
+    "IMPLEMENTATION",
+    "RecorderStats",
+    "Span",
+    "add_exporter",
+    "bind_context",
+    "configure",
+    "flush",
+    "remove_exporter",
+    "shutdown",
+    "stats",
+    "trace",
+]

@@ -1,0 +1,240 @@
+"""The Evaluator: validation and test loops under ``torch.no_grad()``, traced.
+
+For each named loader, in order::
+
+    evaluator.run                      (ppetrace.loader = the name)
+      each batch: evaluator.step
+        runtime.eval_pre_step(evaluator, module, batch_idx, batch)
+        runtime.convert_batch(batch)
+        module.val_step / module.test_step
+        runtime.eval_post_step(evaluator, module, batch_idx, batch, outs)
+    callback.on_end_val_epoch(global_step, *outputs, key=name)   (validation only)
+
+The module is in eval mode during the loop and gets its previous mode back
+afterwards. Outputs are collated (detached, on the CPU, concatenated on dim 0,
+bounded by ``max_collated_bytes``) when they are returned or a callback
+overrides ``on_end_val_epoch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from ..interfaces.module_interface import Stage
+from ..runtime._base import BaseRuntime, call_hook
+from ..runtime._registry import make_runtime, to
+from ..tracing._recorder import trace
+from ._adapters import Adapter, Loaders, make_adapter
+from ._callbacks import CallbackList
+from ._collate import DEFAULT_MAX_COLLATED_BYTES, OutputCollector
+
+__all__ = ["Evaluator"]
+
+
+class Evaluator:
+    """Runs a module over named validation or test loaders, one ``evaluator.step`` span per batch.
+
+    Args:
+        module: a :class:`~ppetrace.ModuleInterface`, an
+            :class:`~ppetrace.AbstractPyTorchNetwork` or a plain ``nn.Module``
+            (whose batches are ``(inputs, targets)`` pairs or input tensors).
+        loaders: one loader or a dict of named loaders; ``None`` asks a
+            ModuleInterface for its own (``get_val_dataloaders`` or
+            ``get_test_dataloaders``).
+        device: a device string or a runtime instance; the module is moved
+            with :func:`ppetrace.to`.
+        stage: ``Stage.VAL`` (default) or ``Stage.TEST``.
+        loss_fn: for a plain module, adds the loss as the first output; for a
+            network, the losses dict its closure computes.
+        metrics: a network's metrics dict.
+        callbacks: callbacks besides the module itself; ``on_end_val_epoch``
+            runs once per loader during validation.
+        max_collated_bytes: the bound on the outputs kept per loader.
+        batch_size: the batch size a ModuleInterface builds its loaders with.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        loaders: Any = None,
+        *,
+        device: str | torch.device | BaseRuntime = "cpu",
+        stage: Stage | str = Stage.VAL,
+        loss_fn: Any = None,
+        metrics: Any = None,
+        callbacks: Iterable[object] = (),
+        max_collated_bytes: int = DEFAULT_MAX_COLLATED_BYTES,
+        batch_size: int = 32,
+    ) -> None:
+        stage = _eval_stage(stage)
+        key = "val_loaders" if stage is Stage.VAL else "test_loaders"
+        adapter = make_adapter(
+            module, loss_fn=loss_fn, metrics=metrics, batch_size=batch_size, **{key: loaders}
+        )
+        runtime = make_runtime(device)
+        adapter.module = to(adapter.module, runtime)
+        self._setup(adapter, runtime, stage, _callbacks_for(adapter, callbacks), max_collated_bytes)
+
+    @classmethod
+    def _for_run(
+        cls,
+        adapter: Adapter,
+        runtime: BaseRuntime,
+        stage: Stage,
+        callbacks: CallbackList,
+        max_collated_bytes: int,
+    ) -> Evaluator:
+        """An Evaluator sharing a Trainer's adapter, runtime and callbacks (module moved)."""
+        self = cls.__new__(cls)
+        self._setup(adapter, runtime, stage, callbacks, max_collated_bytes)
+        return self
+
+    def _setup(
+        self,
+        adapter: Adapter,
+        runtime: BaseRuntime,
+        stage: Stage,
+        callbacks: CallbackList,
+        max_collated_bytes: int,
+    ) -> None:
+        self.adapter = adapter
+        self.runtime = runtime
+        self.stage = stage
+        self.callbacks = callbacks
+        self.max_collated_bytes = max_collated_bytes
+        self._step_event = "module.val_step" if stage is Stage.VAL else "module.test_step"
+        self._val_hook = stage is Stage.VAL and callbacks.wants("on_end_val_epoch")
+        #: opens the ``evaluator.step`` spans; a profiler may replace it with a drop-in for
+        #: ``ppetrace.trace`` (e.g. to add device time)
+        self.open_span: Callable[[str, Any], AbstractContextManager[Any]] = trace
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The module being evaluated (as moved by the runtime)."""
+        return self.adapter.module
+
+    def loaders(self) -> Loaders:
+        """The named loaders this Evaluator runs over."""
+        if self.stage is Stage.VAL:
+            return self.adapter.val_loaders()
+        return self.adapter.test_loaders()
+
+    def run(
+        self, *, global_step: int = 0, epoch: int | None = None, collect: bool = True
+    ) -> dict[str, tuple[Any, ...]]:
+        """Run every loader and return ``{name: collated outputs}``.
+
+        ``collect=False`` collates only when a callback needs the outputs and
+        then returns empty tuples. Raises ``ValueError`` when there is no loader.
+        """
+        loaders = self.loaders()
+        if not loaders:
+            raise ValueError(
+                f"Expected at least one {self.stage.value} loader for {self.adapter.name}, but "
+                "received none. Pass loaders=DataLoader(...) (or a dict of named loaders)."
+            )
+        return self.run_loaders(loaders, global_step=global_step, epoch=epoch, collect=collect)
+
+    def run_loaders(
+        self,
+        loaders: Loaders,
+        *,
+        global_step: int = 0,
+        epoch: int | None = None,
+        collect: bool = True,
+    ) -> dict[str, tuple[Any, ...]]:
+        """Like :meth:`run`, over the given named loaders."""
+        module = self.adapter.module
+        was_training = module.training
+        module.eval()
+        results: dict[str, tuple[Any, ...]] = {}
+        keep = collect or self._val_hook
+        try:
+            for name, loader in loaders.items():
+                attrs = {
+                    "ppetrace.epoch": epoch,
+                    "ppetrace.step": global_step,
+                    "ppetrace.stage": self.stage.value,
+                    **self.runtime.span_attributes,
+                    "ppetrace.loader": name,
+                }
+                outputs = self._run_one(name, loader, attrs, global_step, epoch, keep)
+                results[name] = outputs if collect else ()
+                if self._val_hook:
+                    self.callbacks.call("on_end_val_epoch", attrs, global_step, *outputs, key=name)
+        finally:
+            module.train(was_training)
+        return results
+
+    def _run_one(
+        self,
+        name: str,
+        loader: Iterable[Any],
+        attrs: dict[str, Any],
+        global_step: int,
+        epoch: int | None,
+        keep: bool,
+    ) -> tuple[Any, ...]:
+        adapter, runtime, stage = self.adapter, self.runtime, self.stage
+        module = adapter.module
+        device = runtime.device_spec
+        collector = (
+            OutputCollector(self.max_collated_bytes, what=f"{stage.value} loader {name!r}")
+            if keep
+            else None
+        )
+        autocast = runtime.autocast_context if runtime.autocast_enabled else None
+        rt_attrs = runtime.span_attributes
+        step_event = self._step_event
+        open_span = self.open_span
+        with trace("evaluator.run", attrs), torch.no_grad():
+            for batch_idx, batch in enumerate(loader):
+                step_attrs = {
+                    "ppetrace.epoch": epoch,
+                    "ppetrace.step": global_step,
+                    "ppetrace.batch_idx": batch_idx,
+                    "ppetrace.stage": stage.value,
+                    "ppetrace.device": rt_attrs["ppetrace.device"],
+                    "ppetrace.runtime": rt_attrs["ppetrace.runtime"],
+                    "ppetrace.loader": name,
+                }
+                with open_span("evaluator.step", step_attrs):
+                    call_hook(runtime, "eval_pre_step", step_attrs, self, module, batch_idx, batch)
+                    batch = call_hook(runtime, "convert_batch", step_attrs, batch)
+                    with trace(step_event, step_attrs):
+                        if autocast is None:
+                            outs, raw = adapter.eval_step(
+                                stage, global_step, batch, device, step_attrs
+                            )
+                        else:
+                            with autocast():
+                                outs, raw = adapter.eval_step(
+                                    stage, global_step, batch, device, step_attrs
+                                )
+                    if collector is not None:
+                        collector.add(outs)
+                    call_hook(
+                        runtime, "eval_post_step", step_attrs, self, module, batch_idx, batch, raw
+                    )
+        return collector.collated() if collector is not None else ()
+
+
+def _eval_stage(stage: Stage | str) -> Stage:
+    try:
+        value = Stage(stage)
+    except ValueError:
+        value = None
+    if value is None or value is Stage.TRAIN:
+        raise ValueError(
+            f"Expected Stage.VAL or Stage.TEST (or 'val'/'test') for stage, but received {stage!r}."
+        )
+    return value
+
+
+def _callbacks_for(adapter: Adapter, callbacks: Iterable[object]) -> CallbackList:
+    own = adapter.callback
+    return CallbackList(([own] if own is not None else []) + list(callbacks))

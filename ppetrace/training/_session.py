@@ -1,0 +1,99 @@
+"""What surrounds one ``fit``, ``validate`` or ``test`` call of a Trainer.
+
+The trace file (``trace_path``, and the names of later calls' files), the
+profilers' setup and teardown, the progress bar and the final flush. Each
+function takes the Trainer as ``self``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import tracing
+from ._progress import ProgressBar, progress_wanted
+from ._run import Run, TrainerView, run_cleanups
+
+__all__ = ["attach_trace_exporter", "next_trace_path", "session"]
+
+_log = logging.getLogger("ppetrace")
+
+
+@contextlib.contextmanager
+def session(
+    self: TrainerView, call: str, run: Run | None, total: int | None = None
+) -> Iterator[None]:
+    """Trace exporter, profilers and progress bar around a run; flush at the end.
+
+    ``call`` (``"fit"``, ``"validate"`` or ``"test"``) names the trace file of
+    every call after the first (:func:`next_trace_path`).
+    """
+    cleanups: list[Callable[[], None]] = []
+    try:
+        if self.trace_path is not None:
+            self.trace_exporter = attach_trace_exporter(self, call)
+            exporter = self.trace_exporter
+            cleanups.append(lambda: tracing.remove_exporter(exporter))
+        cleanups.insert(0, tracing.flush)
+        if run is not None:
+            for prof in self.profilers:
+                prof.setup(self)
+                cleanups.insert(0, prof.teardown)
+            if progress_wanted(self.progress, self.progress_stream):
+                run.progress = ProgressBar(
+                    total,
+                    stream=self.progress_stream,
+                    initial=self._batches_seen,
+                    initial_step=self.global_step,
+                )
+                bar = run.progress
+                cleanups.insert(
+                    0, lambda: bar.close(self._batches_seen, self.global_step, run.last_loss)
+                )
+        yield
+    except BaseException:
+        run_cleanups(cleanups, failing=True)
+        raise
+    else:
+        run_cleanups(cleanups, failing=False)
+
+
+def next_trace_path(self: TrainerView, call: str) -> Path:
+    """The file for this call: ``trace_path`` unless this Trainer already wrote it, else
+    ``<stem>.<call><suffix>`` (``<stem>.<call><n><suffix>`` for the n-th such call,
+    n >= 2), never a file this Trainer wrote before."""
+    assert self.trace_path is not None
+    path = Path(self.trace_path)
+    count = self._trace_calls.get(call, 0) + 1
+    self._trace_calls[call] = count
+    written = {p.absolute() for p in self.trace_paths}
+    if path.absolute() not in written:
+        return path
+    name = path.name
+    suffix = ".json.gz" if name.endswith(".json.gz") else path.suffix
+    stem = name[: len(name) - len(suffix)] if suffix else name
+    while True:
+        candidate = path.with_name(f"{stem}.{call}{'' if count == 1 else count}{suffix}")
+        if candidate.absolute() not in written:
+            return candidate
+        count += 1
+
+
+def attach_trace_exporter(self: TrainerView, call: str) -> Any:
+    try:
+        from exporters.chrome import ChromeTraceExporter
+    except ImportError as exc:
+        raise RuntimeError(
+            f"Expected exporters.ChromeTraceExporter for trace_path={str(self.trace_path)!r}, "
+            f"but it cannot be imported ({exc}). Install ppetrace with its exporters package."
+        ) from exc
+    path = next_trace_path(self, call)
+    exporter = ChromeTraceExporter(path)
+    self.last_trace_path = path
+    self.trace_paths.append(path)
+    _log.info("ppetrace: writing the %s trace to %s", call, path)
+    tracing.add_exporter(exporter)
+    return exporter

@@ -1,0 +1,609 @@
+"""The Trainer: the training lifecycle, every hook inside its span.
+
+The hook order is a contract (README: "Hook order")::
+
+    trainer.run
+      runtime.initialize_module(module, loader, optimizer)
+      trainer.epoch                                    (each epoch)
+        runtime.train_epoch_begin(module)
+        callback.on_begin_train_epoch(global_step, epoch)
+        trainer.fetch_batch                            (each batch: the wait on the loader)
+        trainer.step
+          runtime.train_pre_step(trainer, module, batch_idx, batch)
+          runtime.convert_batch(batch)
+          module.train_step(global_step, batch, device)
+          trainer.backward
+            callback.on_end_backward(global_step, loss)
+          trainer.optimizer_step                       (at an accumulation boundary)
+            callback.on_end_train_step(global_step, *outputs)
+          runtime.train_post_step(trainer, module, batch_idx, batch, outs)
+        trainer.validation                             (when due; see Evaluator)
+        trainer.checkpoint                             (every checkpoint_every_n_steps)
+        trainer.validation                             (when due at the epoch end)
+        runtime.train_epoch_end(module)
+        callback.on_end_train_epoch(global_step, *outputs)
+        trainer.checkpoint                             (when checkpoint_dir is set)
+      runtime.train_cleanup(module)
+      callback.on_end_train(global_step)
+
+The pieces live in their own modules of :mod:`ppetrace.training`: the three
+module kinds in ``_adapters``, accumulation/clipping/AMP/schedulers in
+``_optim``, evaluation in ``_evaluator``, checkpoint files and RNG states in
+``_checkpoint``, resuming in ``_resume``, what one fit shares in ``_run``,
+the trace file, profilers and progress bar around a call in ``_session``,
+output collation in ``_collate`` and the progress bar in ``_progress``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import torch
+
+from ..interfaces.module_interface import Stage
+from ..runtime._base import BaseRuntime, call_hook
+from ..runtime._registry import make_runtime, to
+from ..tracing._recorder import RECORDER, trace
+from ._adapters import Adapter, make_adapter
+from ._callbacks import CallbackList
+from ._checkpoint import (
+    FORMAT,
+    VERSION,
+    capture_rng,
+    load_checkpoint,
+    save_atomic,
+)
+from ._collate import DEFAULT_MAX_COLLATED_BYTES
+from ._evaluator import Evaluator, _callbacks_for
+from ._optim import Optimization, SchedulerInterval, check_clip, check_positive_int
+from ._resume import begin_epoch, restore, start_iteration
+from ._run import TRAIN, Run, StepProfiler, batch_size, describe, len_or_none
+from ._session import session
+
+__all__ = ["CHECKPOINT_NAME", "StepProfiler", "Trainer"]
+
+_log = logging.getLogger("ppetrace")
+_END = object()
+#: The name of the checkpoint file in ``checkpoint_dir``.
+CHECKPOINT_NAME = "last.pt"
+
+
+class Trainer:
+    """Trains a module with every lifecycle hook traced as a span.
+
+    Args:
+        device: a device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``, any type
+            registered in ``ppetrace.runtime_registry``) or a runtime
+            instance. All movement of modules and batches goes through it.
+        max_epochs: epochs to train.
+        max_steps: stop after this many optimizer steps (the epoch still ends
+            normally: validation, epoch hooks, checkpoint).
+        grad_accumulation: batches per optimizer step; the loss is divided by
+            the group size, and a partial last group still steps.
+        clip_grad_norm: clip the total gradient norm to this value (> 0).
+        val_every_n_epochs: validate at the end of every N-th epoch (None: never).
+        val_every_n_steps: also validate after every N-th optimizer step.
+        callbacks: :class:`~ppetrace.CallbackInterface` objects; the module
+            itself comes first when it is one.
+        checkpoint_dir: write ``<dir>/last.pt`` at the end of each epoch.
+        checkpoint_every_n_steps: also write it after every N-th optimizer step.
+        progress: show a progress bar (only when the stream is a terminal).
+        progress_stream: where the bar draws (default ``sys.stderr``).
+        trace_path: write a Chrome trace of the run here
+            (``exporters.ChromeTraceExporter``). The first ``fit``,
+            ``validate`` or ``test`` call of a Trainer writes ``trace_path``;
+            each later call writes its own file next to it, named by the call
+            and its count (``trace.validate.json``, ``trace.test.json``,
+            ``trace.fit2.json``; ``.json.gz`` stays gzip), so no call
+            overwrites a trace this Trainer wrote. :attr:`last_trace_path`
+            is the file of the current or last call, :attr:`trace_paths` all
+            of them in call order; each call logs its file at INFO level.
+        profilers: :class:`StepProfiler` objects.
+        amp: mixed precision: bf16 autocast on CPU, float16 autocast with a
+            GradScaler on CUDA (runtime options ``autocast``/``grad_scaler``).
+        runtime_options: options for the runtime built from ``device``.
+        scheduler_interval: ``"step"`` (after each optimizer step) or ``"epoch"``.
+        max_collated_bytes: the bound on the outputs kept for each callback
+            hook that receives collated outputs (oldest steps dropped).
+    """
+
+    def __init__(
+        self,
+        *,
+        device: str | torch.device | BaseRuntime = "cpu",
+        max_epochs: int = 1,
+        max_steps: int | None = None,
+        grad_accumulation: int = 1,
+        clip_grad_norm: float | None = None,
+        val_every_n_epochs: int | None = 1,
+        val_every_n_steps: int | None = None,
+        callbacks: Iterable[object] = (),
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every_n_steps: int | None = None,
+        progress: bool = True,
+        progress_stream: IO[str] | None = None,
+        trace_path: str | os.PathLike[str] | None = None,
+        profilers: Iterable[StepProfiler] = (),
+        amp: bool = False,
+        runtime_options: Mapping[str, Any] | None = None,
+        scheduler_interval: SchedulerInterval | Literal["step", "epoch"] = "step",
+        max_collated_bytes: int = DEFAULT_MAX_COLLATED_BYTES,
+    ) -> None:
+        if not isinstance(device, (str, torch.device, BaseRuntime)):
+            raise TypeError(
+                "Expected a device string, a torch.device or a ppetrace runtime for device, but "
+                f"received {type(device).__name__}."
+            )
+        check_positive_int("max_epochs", max_epochs)
+        check_positive_int("max_steps", max_steps, allow_none=True)
+        check_positive_int("grad_accumulation", grad_accumulation)
+        check_positive_int("val_every_n_epochs", val_every_n_epochs, allow_none=True)
+        check_positive_int("val_every_n_steps", val_every_n_steps, allow_none=True)
+        check_positive_int("checkpoint_every_n_steps", checkpoint_every_n_steps, allow_none=True)
+        check_positive_int("max_collated_bytes", max_collated_bytes)
+        if checkpoint_every_n_steps is not None and checkpoint_dir is None:
+            raise ValueError(
+                "Expected a checkpoint_dir with checkpoint_every_n_steps="
+                f"{checkpoint_every_n_steps}, but received checkpoint_dir=None. Pass "
+                "checkpoint_dir='runs/ckpt'."
+            )
+        try:
+            interval = SchedulerInterval(scheduler_interval)
+        except ValueError:
+            raise ValueError(
+                "Expected 'step' or 'epoch' for scheduler_interval, but received "
+                f"{scheduler_interval!r}."
+            ) from None
+        self.profilers = list(profilers)
+        for i, prof in enumerate(self.profilers):
+            if not isinstance(prof, StepProfiler):
+                raise TypeError(
+                    "Expected profilers with setup(trainer), step_begin(step), step_end(step) "
+                    f"and teardown(), but profiler {i} is {type(prof).__name__}."
+                )
+        self.callbacks = list(callbacks)
+        CallbackList(self.callbacks)  # validates them now
+        self.device = device
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.grad_accumulation = grad_accumulation
+        self.clip_grad_norm = check_clip(clip_grad_norm)
+        self.val_every_n_epochs = val_every_n_epochs
+        self.val_every_n_steps = val_every_n_steps
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.checkpoint_every_n_steps = checkpoint_every_n_steps
+        self.progress = bool(progress)
+        self.progress_stream = progress_stream
+        self.trace_path = trace_path
+        self.amp = bool(amp)
+        self.runtime_options = dict(runtime_options) if runtime_options else None
+        self.scheduler_interval = interval
+        self.max_collated_bytes = max_collated_bytes
+        #: the runtime of the current or last run
+        self.runtime: BaseRuntime | None = None
+        #: the ChromeTraceExporter of the current or last run (``trace_path``), or None
+        self.trace_exporter: Any = None
+        #: the trace file of the current or last call, or None (see ``trace_path``)
+        self.last_trace_path: Path | None = None
+        #: every trace file this Trainer wrote, in call order
+        self.trace_paths: list[Path] = []
+        self._trace_calls: dict[str, int] = {}
+        #: optimizer steps completed
+        self.global_step = 0
+        #: the current epoch (zero-based); after a run, the number of epochs completed
+        self.epoch = 0
+        self._batch_in_epoch = 0
+        self._batches_seen = 0
+        self._epoch_rng: dict[str, Any] | None = None
+
+    # -- state -------------------------------------------------------------------
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        """Where checkpoints are written (``checkpoint_dir/last.pt``), or ``None``."""
+        return None if self.checkpoint_dir is None else self.checkpoint_dir / CHECKPOINT_NAME
+
+    @property
+    def batches_seen(self) -> int:
+        """Training batches completed over the run (continues after a resume)."""
+        return self._batches_seen
+
+    def get_state(self) -> dict[str, Any]:
+        """The Trainer's counters and the RNG state at the start of the current epoch."""
+        return {
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "batch_in_epoch": self._batch_in_epoch,
+            "batches_seen": self._batches_seen,
+            "epoch_rng": self._epoch_rng,
+        }
+
+    def update_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state`."""
+        self.epoch = int(state["epoch"])
+        self.global_step = int(state["global_step"])
+        self._batch_in_epoch = int(state["batch_in_epoch"])
+        self._batches_seen = int(state["batches_seen"])
+        self._epoch_rng = state.get("epoch_rng")
+
+    # -- entry points -------------------------------------------------------------
+
+    def fit(
+        self,
+        module: torch.nn.Module,
+        train_loader: Iterable[Any] | None = None,
+        val_loaders: Any = None,
+        *,
+        optimizer: Any = None,
+        loss_fn: Any = None,
+        schedulers: Iterable[Any] = (),
+        metrics: Mapping[str, Callable[..., Any]] | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
+        batch_size: int = 32,
+        val_batch_size: int | None = None,
+    ) -> None:
+        """Train ``module``.
+
+        - A :class:`~ppetrace.ModuleInterface` supplies its loaders (built with
+          ``batch_size``/``val_batch_size``), optimizers and schedulers;
+          loaders passed here override its own.
+        - An :class:`~ppetrace.AbstractPyTorchNetwork` takes ``optimizer`` and
+          ``loss_fn`` as dicts (``{"default": opt}``), plus ``metrics``.
+        - A plain ``nn.Module`` needs ``optimizer``, ``loss_fn(preds, targets)``
+          and a ``train_loader`` of ``(inputs, targets)`` batches.
+
+        ``val_loaders`` is one loader or a dict of named loaders.
+        ``resume_from`` continues from a checkpoint, mid-epoch if it was
+        written there; a missing file raises ``FileNotFoundError``, one that
+        cannot be read, is not a ppetrace checkpoint or does not fit this run
+        raises :class:`~ppetrace.CheckpointError`, both naming the file. An
+        exception ends every open span with ERROR status, flushes the spans
+        and propagates unchanged.
+        """
+        adapter = make_adapter(
+            module,
+            train_loader=train_loader,
+            val_loaders=val_loaders,
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            schedulers=schedulers,
+            metrics=metrics,
+            batch_size=batch_size,
+            val_batch_size=val_batch_size,
+        )
+        checkpoint = None if resume_from is None else load_checkpoint(resume_from)
+        run, first_loader, n = self._prepare_fit(adapter)
+        if checkpoint is not None:
+            restore(self, run, checkpoint, resume_from)
+        with session(self, "fit", run, total=None if n is None else n * self.max_epochs):
+            module_ = adapter.module
+            attrs = run.attrs_now()
+            with trace("trainer.run", attrs):
+                optimizers = run.optim.optimizers
+                call_hook(
+                    run.runtime,
+                    "initialize_module",
+                    attrs,
+                    module_,
+                    first_loader,
+                    optimizers[0] if optimizers else None,
+                )
+                run.optim.zero_grad()
+                loader: Iterable[Any] | None = first_loader
+                while self.epoch < self.max_epochs and not run.stop:
+                    self._run_epoch(run, loader if loader is not None else adapter.train_loader())
+                    loader = None
+                    RECORDER.flush()
+                attrs = run.attrs_now()
+                call_hook(run.runtime, "train_cleanup", attrs, module_)
+                run.callbacks.call("on_end_train", attrs, self.global_step)
+
+    def validate(
+        self,
+        module: torch.nn.Module,
+        loaders: Any = None,
+        *,
+        loss_fn: Any = None,
+        metrics: Mapping[str, Callable[..., Any]] | None = None,
+        batch_size: int = 32,
+    ) -> dict[str, tuple[Any, ...]]:
+        """Run validation once (``trainer.validation`` span) and return each loader's outputs.
+
+        ``loaders``: one loader or a dict of named loaders (``None``: a
+        ModuleInterface's ``get_val_dataloaders``). Returns ``{name: collated
+        outputs}``; ``on_end_val_epoch`` callbacks run once per loader.
+        """
+        evaluator = self._evaluator(module, Stage.VAL, loaders, loss_fn, metrics, batch_size)
+        runtime, module_ = evaluator.runtime, evaluator.module
+        with session(self, "validate", None):
+            attrs = {"ppetrace.step": self.global_step, "ppetrace.stage": Stage.VAL.value}
+            attrs.update(runtime.span_attributes)
+            loaders_ = evaluator.loaders()
+            if not loaders_:
+                evaluator.run()  # raises the "no loader" error
+            with trace("trainer.validation", attrs):
+                call_hook(runtime, "train_validation_begin", attrs, module_)
+                results = evaluator.run_loaders(loaders_, global_step=self.global_step)
+                call_hook(runtime, "train_validation_end", attrs, module_)
+        return results
+
+    def test(
+        self,
+        module: torch.nn.Module,
+        loaders: Any = None,
+        *,
+        loss_fn: Any = None,
+        metrics: Mapping[str, Callable[..., Any]] | None = None,
+        batch_size: int = 32,
+    ) -> dict[str, tuple[Any, ...]]:
+        """Run the test stage (``module.test_step`` per batch) and return each loader's outputs.
+
+        ``loaders``: one loader or a dict of named loaders (``None``: a
+        ModuleInterface's ``get_test_dataloaders``).
+        """
+        evaluator = self._evaluator(module, Stage.TEST, loaders, loss_fn, metrics, batch_size)
+        with session(self, "test", None):
+            return evaluator.run(global_step=self.global_step)
+
+    # -- setup ---------------------------------------------------------------------
+
+    def _prepare_fit(self, adapter: Adapter) -> tuple[Run, Iterable[Any], int | None]:
+        """Runtime, module placement, first loader, optimization and callbacks of a fit."""
+        runtime = self._make_runtime()
+        self.runtime = runtime
+        adapter.module = to(adapter.module, runtime)
+        first_loader = adapter.train_loader()
+        n = len_or_none(first_loader)
+        if n == 0:
+            raise self._empty_loader(adapter)
+        steps_per_epoch = math.ceil(n / self.grad_accumulation) if n else 1
+        optimizers, schedulers = adapter.optimizers_schedulers(steps_per_epoch, self.max_epochs)
+        optim = Optimization(
+            optimizers,
+            schedulers,
+            clip_grad_norm=self.clip_grad_norm,
+            scaler=runtime.grad_scaler,
+            interval=self.scheduler_interval,
+        )
+        callbacks = _callbacks_for(adapter, self.callbacks)
+        run = Run(self, adapter, runtime, optim, callbacks, self.max_collated_bytes)
+        if adapter.backward_in_step:
+            adapter.scaling = run.network_backward  # type: ignore[attr-defined]
+        self.update_state({"epoch": 0, "global_step": 0, "batch_in_epoch": 0, "batches_seen": 0})
+        return run, first_loader, n
+
+    def _make_runtime(self) -> BaseRuntime:
+        device = self.device
+        if isinstance(device, BaseRuntime):
+            if self.runtime_options:
+                raise ValueError(
+                    "Expected runtime_options only with a device string, but received a runtime "
+                    f"instance ({device!r}) too. Configure the instance when you build it."
+                )
+            if self.amp and not device.autocast_enabled:
+                raise ValueError(
+                    f"Expected a runtime with autocast enabled for amp=True, but {device!r} has "
+                    "none. Build it with options={'autocast': True, 'grad_scaler': True}."
+                )
+            return device
+        options = dict(self.runtime_options or {})
+        if self.amp:
+            options.setdefault("autocast", True)
+            options.setdefault("grad_scaler", True)
+        return make_runtime(device, options=options or None)
+
+    def _evaluator(
+        self,
+        module: torch.nn.Module,
+        stage: Stage,
+        loaders: Any,
+        loss_fn: Any,
+        metrics: Any,
+        batch_size: int,
+    ) -> Evaluator:
+        key = "val_loaders" if stage is Stage.VAL else "test_loaders"
+        adapter = make_adapter(
+            module, loss_fn=loss_fn, metrics=metrics, batch_size=batch_size, **{key: loaders}
+        )
+        runtime = self._make_runtime()
+        self.runtime = runtime
+        adapter.module = to(adapter.module, runtime)
+        callbacks = _callbacks_for(adapter, self.callbacks)
+        return Evaluator._for_run(adapter, runtime, stage, callbacks, self.max_collated_bytes)
+
+    @staticmethod
+    def _empty_loader(adapter: Adapter, epoch: int | None = None) -> ValueError:
+        when = "" if epoch is None else f" in epoch {epoch}"
+        return ValueError(
+            f"Expected the training loader of {adapter.name} to yield at least one batch, but it "
+            f"yielded none{when}. Check the dataset size, batch_size and drop_last."
+        )
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _run_epoch(self, run: Run, loader: Iterable[Any]) -> None:
+        module = run.adapter.module
+        begin_epoch(self, run, loader)
+        attrs = run.attrs_now()
+        with trace("trainer.epoch", attrs):
+            module.train()
+            call_hook(run.runtime, "train_epoch_begin", attrs, module)
+            run.callbacks.call("on_begin_train_epoch", attrs, self.global_step, self.epoch)
+            self._train_batches(run, loader)
+            self._end_epoch(run)
+
+    def _train_batches(self, run: Run, loader: Iterable[Any]) -> None:
+        it = start_iteration(self, run, loader)
+        n = len_or_none(loader)
+        i = start = self._batch_in_epoch
+        accum = self.grad_accumulation
+        epoch = self.epoch
+        runtime, adapter, optim, callbacks = run.runtime, run.adapter, run.optim, run.callbacks
+        module = adapter.module
+        device = runtime.device_spec
+        dev = run.rt_attrs["ppetrace.device"]
+        rt_name = run.rt_attrs["ppetrace.runtime"]
+        train_step = adapter.train_step
+        check_loss = not adapter.backward_in_step
+        autocast = runtime.autocast_context if runtime.autocast_enabled else None
+        profilers = self.profilers
+        bar = run.progress
+        open_span = run.open_span
+        divisor = accum
+        loss: Any = None
+        step_checks = (
+            self.val_every_n_steps is not None
+            or self.checkpoint_every_n_steps is not None
+            or self.max_steps is not None
+        )
+        while n is None or i < n:
+            gs = self.global_step
+            attrs = {
+                "ppetrace.epoch": epoch,
+                "ppetrace.step": gs,
+                "ppetrace.batch_idx": i,
+                "ppetrace.stage": TRAIN,
+                "ppetrace.device": dev,
+                "ppetrace.runtime": rt_name,
+            }
+            with trace("trainer.fetch_batch", attrs):
+                batch = next(it, _END)
+            if batch is _END:
+                break
+            if i % accum == 0 and accum > 1:
+                divisor = accum if n is None else min(accum, n - i)
+                run.divisor = divisor
+            boundary = (i + 1) % accum == 0 or i + 1 == n
+            step_attrs = attrs.copy()
+            size = batch_size(batch)
+            if size is not None:
+                step_attrs["ppetrace.batch_size"] = size
+            seen = self._batches_seen
+            for prof in profilers:
+                prof.step_begin(seen)
+            with open_span("trainer.step", step_attrs):
+                call_hook(runtime, "train_pre_step", attrs, self, module, i, batch)
+                batch = call_hook(runtime, "convert_batch", attrs, batch)
+                run.attrs = attrs
+                with open_span("module.train_step", attrs):
+                    if autocast is None:
+                        loss, outs, raw = train_step(gs, batch, device, attrs)
+                    else:
+                        with autocast():
+                            loss, outs, raw = train_step(gs, batch, device, attrs)
+                if check_loss:
+                    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+                        raise self._bad_loss(adapter, loss, gs, epoch, i)
+                    with open_span("trainer.backward", attrs):
+                        optim.backward(loss, divisor)
+                        if run.wants_end_backward:
+                            callbacks.call("on_end_backward", attrs, gs, loss)
+                else:
+                    loss = run.last_loss
+                if run.collect:
+                    run.add_outputs(outs)
+                if boundary:
+                    self._optimizer_step(run, attrs)
+                call_hook(runtime, "train_post_step", attrs, self, module, i, batch, raw)
+            for prof in profilers:
+                prof.step_end(seen)
+            self._batches_seen = seen + 1
+            i += 1
+            self._batch_in_epoch = i
+            if bar is not None:
+                bar.update(seen + 1, self.global_step, loss)
+            if boundary and step_checks and self._after_optimizer_step(run):
+                run.last_loss = loss
+                return
+        run.last_loss = loss
+        if i == start and start == 0:
+            raise self._empty_loader(adapter, epoch)
+        if optim.pending:  # a partial last group of a loader without len()
+            self._optimizer_step(run, run.attrs_now())
+            self._after_optimizer_step(run)
+
+    def _bad_loss(self, adapter: Adapter, loss: Any, gs: int, epoch: int, i: int) -> ValueError:
+        return ValueError(
+            f"Expected {adapter.loss_source} to return a scalar loss tensor (or a tuple whose "
+            f"first item is one), but at global step {gs} (epoch {epoch}, batch {i}) it returned "
+            f"{describe(loss)}. Reduce the loss to a scalar, e.g. loss.mean()."
+        )
+
+    def _optimizer_step(self, run: Run, attrs: dict[str, Any]) -> None:
+        with run.open_span("trainer.optimizer_step", attrs):
+            run.optim.step()
+            self.global_step += 1
+            group = run.group
+            if group is not None:
+                outputs = group.collated()
+                group.clear()
+                run.callbacks.call("on_end_train_step", attrs, self.global_step, *outputs)
+
+    def _after_optimizer_step(self, run: Run) -> bool:
+        """Step-based validation and checkpoints; ``True`` when ``max_steps`` is reached."""
+        gs = self.global_step
+        if self.val_every_n_steps is not None and gs % self.val_every_n_steps == 0:
+            self._validate(run)
+        if self.checkpoint_every_n_steps is not None and gs % self.checkpoint_every_n_steps == 0:
+            self._checkpoint(run)
+        if self.max_steps is not None and gs >= self.max_steps:
+            run.stop = True
+            return True
+        return False
+
+    def _end_epoch(self, run: Run) -> None:
+        if (
+            self.val_every_n_epochs is not None
+            and (self.epoch + 1) % self.val_every_n_epochs == 0
+            and run.last_val_step != self.global_step
+        ):
+            self._validate(run)
+        attrs = run.attrs_now()
+        module = run.adapter.module
+        call_hook(run.runtime, "train_epoch_end", attrs, module)
+        collector = run.epoch_outputs
+        if collector is not None:
+            outputs = collector.collated()
+            collector.clear()
+            run.callbacks.call("on_end_train_epoch", attrs, self.global_step, *outputs)
+        run.optim.end_epoch()
+        self.epoch += 1
+        self._batch_in_epoch = 0
+        if self.checkpoint_dir is not None:
+            self._checkpoint(run, epoch=self.epoch - 1)
+
+    def _validate(self, run: Run) -> None:
+        loaders = run.adapter.val_loaders()
+        if not loaders:
+            return
+        attrs = run.attrs_now()
+        runtime, module = run.runtime, run.adapter.module
+        with trace("trainer.validation", attrs):
+            call_hook(runtime, "train_validation_begin", attrs, module)
+            run.evaluator.run_loaders(
+                loaders, global_step=self.global_step, epoch=self.epoch, collect=False
+            )
+            call_hook(runtime, "train_validation_end", attrs, module)
+        run.last_val_step = self.global_step
+
+    def _checkpoint(self, run: Run, *, epoch: int | None = None) -> None:
+        path = self.checkpoint_path
+        assert path is not None
+        attrs = run.attrs_now()
+        if epoch is not None:
+            attrs["ppetrace.epoch"] = epoch
+        with trace("trainer.checkpoint", attrs):
+            state = {
+                "format": FORMAT,
+                "version": VERSION,
+                "module": run.adapter.get_state(),
+                "optimization": run.optim.state_dict(),
+                "trainer": self.get_state(),
+                "rng": capture_rng(run.generators),
+            }
+            save_atomic(state, path)

@@ -1,0 +1,538 @@
+"""ppetrace.trace, configure, flush and stats, checked through the OTel SDK."""
+
+from __future__ import annotations
+
+import contextvars
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+import ppetrace
+from exporters._spans import SpanBatch
+from ppetrace.tracing._recorder import RECORDER
+
+
+def by_name(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> dict[str, ReadableSpan]:
+    out = {s.name: s for s in spans}
+    assert len(out) == len(spans), "span names in these tests are unique"
+    return out
+
+
+def test_nested_spans_have_parents_times_attributes_and_resource(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    # the spans' own clock: perf_counter_ns anchored once to the epoch
+    before = time.perf_counter_ns() + RECORDER.offset_ns
+    with ppetrace.trace("outer", {"ppetrace.epoch": 3, "label": "a"}):
+        with ppetrace.trace("inner", 7):
+            pass
+        with ppetrace.trace("sibling"):
+            pass
+    after = time.perf_counter_ns() + RECORDER.offset_ns
+    assert span_exporter.get_finished_spans() == ()  # nothing leaves before a flush
+    ppetrace.flush()
+    spans = by_name(span_exporter.get_finished_spans())
+    outer, inner, sibling = spans["outer"], spans["inner"], spans["sibling"]
+
+    assert outer.parent is None
+    assert inner.parent is not None and inner.parent.span_id == outer.context.span_id
+    assert sibling.parent is not None and sibling.parent.span_id == outer.context.span_id
+    assert len({s.context.trace_id for s in spans.values()}) == 1
+    assert len({s.context.span_id for s in spans.values()}) == 3
+
+    assert outer.start_time is not None and outer.end_time is not None
+    assert before <= outer.start_time <= inner.start_time  # type: ignore[operator]
+    assert inner.end_time <= sibling.start_time  # type: ignore[operator]
+    assert sibling.end_time <= outer.end_time <= after  # type: ignore[operator]
+
+    assert outer.attributes is not None and inner.attributes is not None
+    assert outer.attributes["ppetrace.epoch"] == 3
+    assert outer.attributes["label"] == "a"
+    assert inner.attributes["ppetrace.arg"] == 7
+    assert outer.attributes["thread.name"] == threading.current_thread().name
+    assert outer.resource.attributes["service.name"] == "ppetrace-tests"
+    assert outer.status.status_code == StatusCode.UNSET
+
+
+def test_arg_objects_are_reduced_to_safe_attributes(span_exporter: InMemorySpanExporter) -> None:
+    class Heavy:
+        pass
+
+    with ppetrace.trace("obj", Heavy()):
+        pass
+    with ppetrace.trace("seq", [1, 2]):
+        pass
+    with ppetrace.trace("mixed", {"shape": (2, 3), "obj": Heavy(), "none": None}):
+        pass
+    ppetrace.flush()
+    spans = by_name(span_exporter.get_finished_spans())
+    assert spans["obj"].attributes == {
+        "ppetrace.arg": "test_arg_objects_are_reduced_to_safe_attributes.<locals>.Heavy",
+        "thread.id": threading.get_native_id(),
+        "thread.name": threading.current_thread().name,
+    }
+    assert spans["seq"].attributes["ppetrace.arg"] == (1, 2)  # type: ignore[index]
+    mixed = spans["mixed"].attributes
+    assert mixed is not None
+    assert mixed["shape"] == (2, 3)
+    # an object inside a mapping is reduced to its type name when the span starts
+    assert mixed["obj"] == "test_arg_objects_are_reduced_to_safe_attributes.<locals>.Heavy"
+    assert "none" not in mixed
+
+
+def test_exception_sets_error_status_records_event_and_propagates(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    error = KeyError("missing")
+    with pytest.raises(KeyError) as info, ppetrace.trace("outer"), ppetrace.trace("failing"):
+        raise error
+    assert info.value is error  # re-raised unchanged
+    ppetrace.flush()
+    spans = by_name(span_exporter.get_finished_spans())
+    for name in ("failing", "outer"):
+        span = spans[name]
+        assert span.status.status_code == StatusCode.ERROR
+        (event,) = span.events
+        assert event.name == "exception"
+        assert event.attributes is not None
+        assert event.attributes["exception.type"] == "KeyError"
+        assert event.attributes["exception.message"] == "'missing'"
+        assert "raise error" in str(event.attributes["exception.stacktrace"])
+    assert otel_trace.get_current_span() is otel_trace.INVALID_SPAN
+
+
+def test_decorator_records_one_span_per_call(span_exporter: InMemorySpanExporter) -> None:
+    @ppetrace.trace("work", {"kind": "decorated"})
+    def work(x: int) -> int:
+        return x * 2
+
+    assert work(2) == 4
+    assert work(5) == 10
+    assert work.__name__ == "work"
+    ppetrace.flush()
+    spans = span_exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["work", "work"]
+    assert spans[0].context.span_id != spans[1].context.span_id
+
+
+def test_current_otel_span_is_the_block_and_user_spans_are_children(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    user_tracer = TracerProvider().get_tracer("user")
+    with ppetrace.trace("hook") as block:
+        current = otel_trace.get_current_span()
+        inside_id = current.get_span_context().span_id
+        assert current.get_span_context().is_valid
+        with (
+            user_tracer.start_as_current_span("user.span") as user_span,
+            ppetrace.trace("under.user"),
+        ):
+            pass
+    assert inside_id == block.span_id
+    ppetrace.flush()
+    spans = by_name(span_exporter.get_finished_spans())
+    assert spans["hook"].context.span_id == inside_id
+    assert user_span.parent is not None
+    assert user_span.parent.span_id == inside_id
+    assert user_span.context.trace_id == spans["hook"].context.trace_id
+    under = spans["under.user"]
+    assert under.parent is not None
+    assert under.parent.span_id == user_span.context.span_id
+
+
+def test_each_thread_nests_its_own_spans_and_bound_workers_get_the_parent(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    barrier = threading.Barrier(2)
+
+    def worker(tag: str) -> None:
+        with ppetrace.trace(f"worker.{tag}"):
+            barrier.wait(timeout=10)
+            with ppetrace.trace(f"worker.{tag}.child"):
+                pass
+
+    with ppetrace.trace("main"):
+        bound = threading.Thread(target=ppetrace.bind_context(worker), args=("bound",))
+        copied = threading.Thread(target=contextvars.copy_context().run, args=(worker, "copied"))
+        bound.start()
+        copied.start()
+        bound.join()
+        copied.join()
+        plain = threading.Thread(target=worker, args=("plain",))
+        plain2 = threading.Thread(target=lambda: barrier.wait(timeout=10))
+        plain.start()
+        plain2.start()
+        plain.join()
+        plain2.join()
+    ppetrace.flush()
+    spans = by_name(span_exporter.get_finished_spans())
+    main_id = spans["main"].context.span_id
+    for tag in ("bound", "copied"):
+        parent = spans[f"worker.{tag}"].parent
+        assert parent is not None and parent.span_id == main_id
+    assert spans["worker.plain"].parent is None  # no context passed: a root
+    for tag in ("bound", "copied", "plain"):
+        child = spans[f"worker.{tag}.child"]
+        assert child.parent is not None
+        assert child.parent.span_id == spans[f"worker.{tag}"].context.span_id
+        assert child.attributes is not None and spans["main"].attributes is not None
+        assert child.attributes["thread.id"] != spans["main"].attributes["thread.id"]
+
+
+def test_full_buffer_flushes_and_counts_what_it_drops() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ppetrace.configure(tracer_provider=provider, buffer_spans=4)
+    try:
+        start = ppetrace.stats()
+        for i in range(5):
+            with ppetrace.trace(f"s{i}"):
+                pass
+        # the fourth span filled the buffer, which flushed on its own
+        assert [s.name for s in exporter.get_finished_spans()] == ["s0", "s1", "s2", "s3"]
+
+        # While another flush holds the lock, a full buffer drops instead of blocking.
+        assert RECORDER._flush_lock.acquire(timeout=5)
+        try:
+            for i in range(5, 13):
+                with ppetrace.trace(f"s{i}"):
+                    pass
+        finally:
+            RECORDER._flush_lock.release()
+        ppetrace.flush()
+        end = ppetrace.stats()
+        # s4 + s5..s7 filled the buffer (dropped), s8..s11 filled it again (dropped)
+        assert end.dropped - start.dropped == 8
+        assert [s.name for s in exporter.get_finished_spans()][4:] == ["s12"]
+        assert end.buffered == 0
+        assert end.exported - start.exported == 5
+    finally:
+        ppetrace.configure()
+
+
+def test_disabled_trace_records_nothing(span_exporter: InMemorySpanExporter) -> None:
+    provider_stats = ppetrace.stats()
+    ppetrace.configure(enabled=False)
+    with ppetrace.trace("invisible"):
+        assert otel_trace.get_current_span() is otel_trace.INVALID_SPAN
+    ppetrace.flush()
+    assert ppetrace.stats().recorded == provider_stats.recorded
+    assert span_exporter.get_finished_spans() == ()
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.batches: list[SpanBatch] = []
+        self.shut = False
+
+    def export_batch(self, batch: SpanBatch) -> None:
+        self.batches.append(batch)
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+class _Broken:
+    def export_batch(self, batch: SpanBatch) -> None:
+        raise OSError("disk full")
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_fast_exporters_get_rows_and_a_failing_exporter_never_breaks_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = _Sink()
+    ppetrace.configure(exporters=[_Broken(), sink], service_name="fast", rank=3)
+    try:
+        errors_before = ppetrace.stats().export_errors
+        with ppetrace.trace("a", {"k": 1}), ppetrace.trace("b"):
+            pass
+        ppetrace.flush()
+        assert ppetrace.stats().export_errors == errors_before + 1
+        assert "disk full" in caplog.text
+        (batch,) = sink.batches
+        assert batch.resource["service.name"] == "fast"
+        assert batch.resource["ppetrace.rank"] == 3
+        a, b = sorted(batch.rows, key=lambda r: r.name)
+        assert (a.name, b.name) == ("a", "b")
+        assert b.parent_id == a.span_id and a.parent_id == 0
+        assert a.attributes == {"k": 1}
+        assert a.start_ns <= b.start_ns <= b.end_ns <= a.end_ns
+        assert batch.thread_names[a.tid] == threading.current_thread().name
+    finally:
+        ppetrace.shutdown()
+        ppetrace.configure()
+    assert sink.shut
+
+
+def test_add_and_remove_exporter_scope_what_an_exporter_sees() -> None:
+    ppetrace.configure()
+    sink = _Sink()
+    with ppetrace.trace("before"):
+        pass
+    ppetrace.tracing.add_exporter(sink)
+    with ppetrace.trace("during"):
+        pass
+    ppetrace.tracing.remove_exporter(sink)
+    with ppetrace.trace("after"):
+        pass
+    ppetrace.flush()
+    assert [r.name for b in sink.batches for r in b.rows] == ["during"]
+    assert sink.shut
+
+
+def test_global_sdk_provider_is_used_and_otel_service_name_is_honoured(tmp_path: Any) -> None:
+    script = textwrap.dedent(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        import ppetrace
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        with ppetrace.trace("x"):
+            pass
+        ppetrace.flush()
+        (span,) = exporter.get_finished_spans()
+        print(span.name, span.resource.attributes["service.name"])
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**_env(), "OTEL_SERVICE_NAME": "from-env"},
+        check=True,
+    )
+    assert out.stdout.split() == ["x", "from-env"]
+
+
+def test_spans_are_flushed_at_exit_and_import_starts_no_thread() -> None:
+    script = textwrap.dedent(
+        """
+        import threading, sys
+        import ppetrace
+        assert threading.active_count() == 1, threading.enumerate()
+        assert "torch" not in sys.modules
+        class Sink:
+            def export_batch(self, batch):
+                for row in batch.rows:
+                    print("exported", row.name, flush=True)
+            def shutdown(self):
+                print("shutdown", flush=True)
+        ppetrace.configure(exporters=[Sink()])
+        with ppetrace.trace("last.words"):
+            pass
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(), check=True
+    )
+    assert out.stdout.splitlines() == ["exported last.words", "shutdown"]
+
+
+def test_configure_rejects_bad_arguments() -> None:
+    with pytest.raises(
+        ValueError, match="Expected a positive int for buffer_spans, but received 0"
+    ):
+        ppetrace.configure(buffer_spans=0)
+    with pytest.raises(TypeError, match=r"Expected an opentelemetry\.sdk\.trace\.TracerProvider"):
+        ppetrace.configure(tracer_provider=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Expected an exporter with export_batch"):
+        ppetrace.configure(exporters=[object()])
+    ppetrace.configure()
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+
+
+def test_before_flush_hooks_can_complete_attributes_off_the_hot_path(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    pending: list[dict[str, Any]] = []
+
+    def resolve() -> None:
+        for attrs in pending:
+            attrs["ppetrace.device_dur_ns"] = 1234
+        pending.clear()
+
+    RECORDER.before_flush.append(resolve)
+    try:
+        attrs: dict[str, Any] = {"ppetrace.step": 1}
+        with ppetrace.trace("trainer.step", attrs):
+            pending.append(attrs)
+        ppetrace.flush()
+    finally:
+        RECORDER.before_flush.remove(resolve)
+    (span,) = span_exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["ppetrace.device_dur_ns"] == 1234
+
+
+def test_values_inside_a_mapping_arg_are_not_kept_alive() -> None:
+    import gc
+    import weakref
+
+    class Tensorish:
+        pass
+
+    ppetrace.configure()
+    obj = Tensorish()
+    ref = weakref.ref(obj)
+    with ppetrace.trace("holds", {"loss": obj, "step": 1}):
+        pass
+    del obj
+    gc.collect()
+    assert ref() is None  # the buffered span keeps no reference to it
+    ppetrace.flush()
+
+
+def test_event_name_must_be_a_string() -> None:
+    with pytest.raises(TypeError, match=r"Expected a str for event_name, but received int\."):
+        ppetrace.trace(123)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="received function"):
+
+        @ppetrace.trace  # type: ignore[arg-type]
+        def oops() -> None:
+            pass
+
+
+def test_an_instance_cannot_be_entered_twice_and_reuse_does_not_keep_the_error(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    span = ppetrace.trace("reused")
+    with span, pytest.raises(RuntimeError, match="already entered"), span:
+        pass
+    assert otel_trace.get_current_span() is otel_trace.INVALID_SPAN
+    with pytest.raises(KeyError), span:
+        raise KeyError("x")
+    with span:
+        pass
+    ppetrace.flush()
+    statuses = [s.status.status_code for s in span_exporter.get_finished_spans()]
+    assert statuses == [StatusCode.UNSET, StatusCode.ERROR, StatusCode.UNSET]
+
+
+def test_an_unprintable_exception_propagates_unchanged(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str for you")
+
+    error = Unprintable()
+    with pytest.raises(Unprintable) as info, ppetrace.trace("odd"):
+        raise error
+    assert info.value is error
+    ppetrace.flush()
+    (span,) = span_exporter.get_finished_spans()
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.status.description == (
+        "test_an_unprintable_exception_propagates_unchanged.<locals>.Unprintable: <unprintable>"
+    )
+
+
+def test_a_subclass_that_skips_init_gets_an_error_not_a_crash() -> None:
+    class Careless(ppetrace.trace):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            pass
+
+    with pytest.raises((TypeError, AttributeError)), Careless():
+        pass
+
+
+def test_processors_added_after_configure_receive_spans() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    ppetrace.configure(tracer_provider=provider)
+    try:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with ppetrace.trace("late"):
+            pass
+        ppetrace.flush()
+        assert [s.name for s in exporter.get_finished_spans()] == ["late"]
+    finally:
+        ppetrace.configure()
+
+
+def test_reconfiguring_shuts_down_replaced_exporters_and_a_bad_call_changes_nothing() -> None:
+    first, kept = _Sink(), _Sink()
+    ppetrace.configure(exporters=[first, kept])
+    with ppetrace.trace("a"):
+        pass
+    ppetrace.configure(exporters=[kept])
+    assert first.shut and not kept.shut
+    assert [r.name for b in first.batches for r in b.rows] == ["a"]
+    with pytest.raises(TypeError, match="Expected an exporter"):
+        ppetrace.configure(enabled=False, exporters=[object()])
+    assert RECORDER.enabled and RECORDER.sinks == [kept]  # the failed call changed nothing
+    ppetrace.shutdown()
+    assert kept.shut
+    ppetrace.configure()
+
+
+class _FailingFlush(_Sink):
+    def force_flush(self) -> None:
+        raise OSError("disk gone")
+
+
+def test_flush_never_raises_an_exporter_failure(caplog: pytest.LogCaptureFixture) -> None:
+    sink = _FailingFlush()
+    ppetrace.configure(exporters=[sink])
+    try:
+        before = ppetrace.stats().export_errors
+        with ppetrace.trace("x"):
+            pass
+        ppetrace.flush()
+        assert ppetrace.stats().export_errors == before + 1
+        assert "disk gone" in caplog.text
+    finally:
+        ppetrace.configure()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_draws_fresh_span_ids() -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys
+        import ppetrace
+        with ppetrace.trace("parent") as parent:
+            pass
+        with ppetrace.trace("parent.next") as parent_next:
+            pass
+        pid = os.fork()
+        if pid == 0:
+            with ppetrace.trace("child") as child:
+                pass
+            sys.stdout.write(f"{child.span_id - parent.span_id}\\n")
+            sys.stdout.flush()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        sys.stdout.write(f"{parent_next.span_id - parent.span_id}\\n")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(), check=True
+    )
+    child_gap, parent_gap = (int(x) for x in out.stdout.split())
+    assert parent_gap == 1  # ids count up within a process
+    assert child_gap not in (1, 2)  # the child does not continue the parent's sequence
