@@ -11,15 +11,20 @@ import importlib
 import os
 from typing import Any
 
+from ._spans import FrozenAttributes
+
 
 def load_speedups() -> Any:
-    """``exporters._speedups``, or None (not built, or ``PPETRACE_PURE_PYTHON`` set)."""
+    """``exporters._speedups``, or None (not built, ``PPETRACE_PURE_PYTHON`` set, or
+    imported in a second interpreter of the process, which it refuses)."""
     if os.environ.get("PPETRACE_PURE_PYTHON"):
         return None
     try:
-        return importlib.import_module("exporters._speedups")
+        module = importlib.import_module("exporters._speedups")
     except ImportError:
         return None
+    module.register_frozen_type(FrozenAttributes)  # handled like a dict, as in Python
+    return module
 
 
 SPEEDUPS: Any = load_speedups()

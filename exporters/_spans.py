@@ -11,20 +11,57 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
-__all__ = ["SpanBatch", "SpanRow", "rows_from_readable_spans"]
+__all__ = ["FrozenAttributes", "SpanBatch", "SpanRow", "rows_from_readable_spans"]
+
+
+class FrozenAttributes(dict):  # type: ignore[type-arg]
+    """Span attributes that cannot be changed, so that many spans can share one mapping.
+
+    A ``dict`` whose mutating methods raise ``TypeError``. ``ppetrace.trace``
+    copies every mapping it is given when the span starts (a snapshot, as
+    OpenTelemetry copies attributes), except a ``FrozenAttributes``, which it
+    keeps as it is: ppetrace's own code builds one per step and passes it to
+    all of that step's spans. Build it from numbers, strings, bools, None or
+    tuples of them (the values a snapshot keeps); it does not check. The
+    exporters treat it exactly like a ``dict``, in C as in Python.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(
+            "Expected no change to a FrozenAttributes (span attributes shared between "
+            "spans), but received one. Build a new one: FrozenAttributes({**old, key: value})."
+        )
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def copy(self) -> dict[Any, Any]:  # type: ignore[override]
+        """A plain, mutable ``dict`` with the same items."""
+        return dict(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenAttributes, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenAttributes({dict.__repr__(self)})"
 
 
 class SpanRow(NamedTuple):
     """One finished span.
 
-    Times are epoch nanoseconds. ``parent_id`` is 0 for a root span.
+    Times are epoch nanoseconds within int64 (the exporters compute with them
+    exactly, without overflow). ``parent_id`` is 0 for a root span.
     ``attributes`` values are usually ``str``, ``bool``, ``int``, ``float`` or
-    tuples of them; an exporter turns any other value into its ``str()``.
+    tuples of them; an exporter turns any other value into its ``str()``, and
+    a value that cannot be encoded at all into ``"<unencodable: TypeName>"``
+    (that value only: its row and batch are written as usual).
     ``status`` is ``"UNSET"``, ``"OK"`` or ``"ERROR"``; ``error`` holds the
     exception type and message when the span's block raised, else ``""``.
     """

@@ -1,11 +1,12 @@
 /*
  * The exporters' per-row work in C: Chrome trace "X" events and frame columns.
  *
- * exporters/chrome.py and exporters/frame.py keep the reference
+ * exporters/chrome/_encode.py and exporters/frame.py keep the reference
  * implementations and use this module when it was built (see setup.py; the
  * build is optional). Python still does everything that needs judgement: the
  * order of the rows, the per-name prefixes, the quoting of names, keys and
- * error texts. This module does the per-row arithmetic and concatenation:
+ * error texts, and every attribute key or value that is not an exact str, int,
+ * float or bool. This module does the per-row arithmetic and concatenation:
  *
  *   prefix tid ,"ts": us ,"dur": us ,"args":{"span_id":"hex16","parent_id":"hex16"
  *   attrs ,"status": status [,"error": quoted-error] }}
@@ -14,12 +15,48 @@
  * as exact decimal microseconds (three fraction digits), and for frames it
  * takes rows apart into typed columns (dictionary-encoded strings, int64,
  * float64 and bool buffers for numpy.frombuffer).
+ *
+ * THE RULE, followed throughout this file:
+ *   - No borrowed reference is held across any call that can run Python code.
+ *     That includes calls into Python callbacks, __hash__/__eq__/__lt__/
+ *     __repr__/__index__/__len__ of user objects, and any allocation of a
+ *     GC-tracked object (a collection runs finalizers, which can do anything).
+ *     Such a reference is made strong first (Py_INCREF, released after) or
+ *     fetched again after the call. Caches that compare objects by address
+ *     (KeyOrder, SlotCache, Encoder.last) own what they compare, so that an
+ *     address cannot be reused by another object while it is cached.
+ *   - Input containers that C walks are copied (the row lists, the attribute
+ *     lists; the snapshot of a row's attribute dict holds strong references),
+ *     or, where no call in the loop can run Python code, their length is
+ *     checked on each access.
+ *   - Integer arithmetic on times cannot overflow: the difference of two int64
+ *     is written from its sign and its magnitude (which fits in uint64), so
+ *     ts and dur are exact for any int64 times, as the Python encoder's.
+ *     Buffer sizes are checked before they grow.
+ *   - Attribute keys that are not exact str send the row's batch to the Python
+ *     encoder: C then never calls a user __hash__/__eq__/__lt__ on a key, and
+ *     per-row key sorting orders exactly like the Python encoder's.
+ *
+ * Module state (the FrozenAttributes type, registered once) is process-wide;
+ * the module refuses to load in a second interpreter of the process
+ * (ImportError), where the exporters then use their pure-Python paths.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+static PyObject *frozen_type = NULL; /* exporters.FrozenAttributes, a dict subclass */
+static PyInterpreterState *owner_interp = NULL;
+
+static inline int
+is_plain_dict(PyObject *d)
+{
+    /* a dict, or a FrozenAttributes (a dict subclass that overrides no read method) */
+    return PyDict_CheckExact(d) || (frozen_type != NULL && (PyObject *)Py_TYPE(d) == frozen_type);
+}
 
 typedef struct {
     char *data;
@@ -30,12 +67,17 @@ typedef struct {
 static int
 buf_reserve(Buf *b, Py_ssize_t extra)
 {
+    if (extra < 0 || extra > PY_SSIZE_T_MAX - b->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (b->len + extra <= b->cap) {
         return 0;
     }
+    Py_ssize_t need = b->len + extra;
     Py_ssize_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra) {
-        cap *= 2;
+    while (cap < need) {
+        cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
     }
     char *data = PyMem_Realloc(b->data, (size_t)cap);
     if (data == NULL) {
@@ -61,8 +103,15 @@ buf_add(Buf *b, const char *s, Py_ssize_t n)
 static int
 buf_add_str(Buf *b, PyObject *s)
 {
+    /* the UTF-8 of a str (no Python code runs: at most the UTF-8 cache is allocated) */
     Py_ssize_t n;
-    const char *p = PyUnicode_AsUTF8AndSize(s, &n);
+    const char *p;
+    if (!PyUnicode_Check(s)) {
+        PyErr_Format(PyExc_TypeError, "Expected a str from the encoder, but received %.100s.",
+                     Py_TYPE(s)->tp_name);
+        return -1;
+    }
+    p = PyUnicode_AsUTF8AndSize(s, &n);
     if (p == NULL) {
         return -1;
     }
@@ -94,14 +143,18 @@ buf_add_ll(Buf *b, long long v)
 }
 
 static int
-buf_add_us(Buf *b, long long ns)
+buf_add_diff_us(Buf *b, long long hi, long long lo)
 {
-    /* integer ns as decimal µs: 1234567 -> "1234.567", -1 -> "-0.001" */
-    unsigned long long mag = ns < 0 ? (unsigned long long)(-(ns + 1)) + 1ULL : (unsigned long long)ns;
+    /* (hi - lo) ns as exact decimal µs: 1234567 -> "1234.567", -1 -> "-0.001". The
+     * magnitude of a difference of two int64 fits in uint64, and unsigned subtraction
+     * is defined modulo 2**64, so this cannot overflow. */
+    int neg = hi < lo;
+    unsigned long long mag = neg ? (unsigned long long)lo - (unsigned long long)hi
+                                 : (unsigned long long)hi - (unsigned long long)lo;
     unsigned long long frac = mag % 1000ULL;
     char f[4] = {'.', (char)('0' + frac / 100), (char)('0' + (frac / 10) % 10),
                  (char)('0' + frac % 10)};
-    if (ns < 0 && buf_add(b, "-", 1) < 0) {
+    if (neg && buf_add(b, "-", 1) < 0) {
         return -1;
     }
     if (buf_add_ull(b, mag / 1000ULL) < 0) {
@@ -122,41 +175,41 @@ buf_add_hex16(Buf *b, unsigned long long v)
     return buf_add(b, tmp, 16);
 }
 
-static int
-ascii_only(const char *s, Py_ssize_t n)
+static PyObject *
+buf_to_str(const Buf *b)
 {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((unsigned char)s[i] >= 128) {
-            return 0;
+    for (Py_ssize_t i = 0; i < b->len; i++) {
+        if ((unsigned char)b->data[i] >= 128) {
+            return PyUnicode_DecodeUTF8(b->data, b->len, "strict");
         }
     }
-    return 1;
+    PyObject *s = PyUnicode_New(b->len, 127);
+    if (s != NULL && b->len) {
+        memcpy(PyUnicode_DATA(s), b->data, (size_t)b->len);
+    }
+    return s;
 }
 
 static int
 item_ll(PyObject *row, Py_ssize_t i, long long *out)
 {
-    PyObject *v = PyTuple_GET_ITEM(row, i);
-    *out = PyLong_AsLongLong(v);
+    /* row is a tuple the caller holds: its items live as long as it */
+    *out = PyLong_AsLongLong(PyTuple_GET_ITEM(row, i));
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
 static int
 item_ull(PyObject *row, Py_ssize_t i, unsigned long long *out)
 {
-    PyObject *v = PyTuple_GET_ITEM(row, i);
-    *out = PyLong_AsUnsignedLongLong(v);
+    *out = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(row, i));
     return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* encode_attrs(attrs, heads, strings, head_of, encode_value) -> list[str] | None
- *
- * Each row's attributes as ',"key":value...' in sorted key order, None values
- * skipped: what chrome._attribute_strings writes. heads caches key -> ',"key":'
- * (made by head_of), strings caches str value -> JSON literal. Values that are
- * not exact bool/int/float/str go through encode_value. Returns None when the
- * keys of a row cannot be sorted (the caller then uses the Python encoder).
- */
+/* One attribute value as JSON, appended to b. Exact bool/int/float/str are done
+ * here (str through the strings cache: str value -> JSON literal); any other
+ * value, and an int whose str() fails (more digits than Python allows), goes
+ * through encode_value, the Python encoder, which never raises for a bad value.
+ * v is a strong reference the caller holds. */
 static int
 add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
 {
@@ -175,11 +228,18 @@ add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
         }
         PyErr_Clear();
         text = PyObject_Str(v);
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return -1;
+            }
+            PyErr_Clear(); /* too many digits: the Python encoder says what it is */
+            text = PyObject_CallOneArg(encode_value, v);
+        }
     }
     else if (PyUnicode_CheckExact(v)) {
-        text = PyDict_GetItemWithError(strings, v);
+        text = PyDict_GetItemWithError(strings, v); /* exact str key: no Python code */
         if (text != NULL) {
-            return buf_add_str(b, text);
+            return buf_add_str(b, text); /* used before anything else runs */
         }
         if (PyErr_Occurred()) {
             return -1;
@@ -210,143 +270,76 @@ add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
     return rc;
 }
 
-static PyObject *
-encode_attrs(PyObject *module, PyObject *args)
-{
-    PyObject *attrs, *heads, *strings, *head_of, *encode_value, *out = NULL, *keys = NULL;
-    Buf b = {NULL, 0, 0};
-    if (!PyArg_ParseTuple(args, "O!O!O!OO:encode_attrs", &PyList_Type, &attrs, &PyDict_Type,
-                          &heads, &PyDict_Type, &strings, &head_of, &encode_value)) {
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(attrs);
-    out = PyList_New(n);
-    if (out == NULL) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *d = PyList_GET_ITEM(attrs, i), *row;
-        if (!PyDict_CheckExact(d)) {
-            Py_ssize_t size = PyObject_Size(d);
-            if (size < 0) {
-                goto fail;
-            }
-            if (size > 0) {
-                goto fallback; /* a non-empty Mapping that is not a dict */
-            }
-            row = PyUnicode_New(0, 127); /* an empty mapping (ppetrace's arg None) */
-            if (row == NULL) {
-                goto fail;
-            }
-            PyList_SET_ITEM(out, i, row);
-            continue;
-        }
-        b.len = 0;
-        if (PyDict_GET_SIZE(d) > 0) {
-            keys = PyDict_Keys(d);
-            if (keys == NULL) {
-                goto fail;
-            }
-            if (PyList_Sort(keys) < 0) {
-                if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-                    PyErr_Clear();
-                    goto fallback;
-                }
-                goto fail;
-            }
-            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(keys); k++) {
-                PyObject *key = PyList_GET_ITEM(keys, k);
-                PyObject *v = PyDict_GetItemWithError(d, key), *head;
-                if (v == NULL) {
-                    if (PyErr_Occurred()) {
-                        goto fail;
-                    }
-                    continue;
-                }
-                if (v == Py_None) {
-                    continue;
-                }
-                head = PyDict_GetItemWithError(heads, key);
-                if (head == NULL) {
-                    if (PyErr_Occurred()) {
-                        goto fail;
-                    }
-                    head = PyObject_CallOneArg(head_of, key);
-                    if (head == NULL) {
-                        goto fail;
-                    }
-                    int rc = PyDict_SetItem(heads, key, head);
-                    Py_DECREF(head); /* the dict holds it */
-                    if (rc < 0) {
-                        goto fail;
-                    }
-                }
-                if (buf_add_str(&b, head) < 0 || add_value(&b, v, strings, encode_value) < 0) {
-                    goto fail;
-                }
-            }
-            Py_CLEAR(keys);
-        }
-        if (ascii_only(b.data, b.len)) {
-            row = PyUnicode_New(b.len, 127);
-            if (row == NULL) {
-                goto fail;
-            }
-            if (b.len) {
-                memcpy(PyUnicode_DATA(row), b.data, (size_t)b.len);
-            }
-        }
-        else {
-            row = PyUnicode_DecodeUTF8(b.data, b.len, "strict");
-            if (row == NULL) {
-                goto fail;
-            }
-        }
-        PyList_SET_ITEM(out, i, row);
-    }
-    PyMem_Free(b.data);
-    return out;
-fallback:
-    PyMem_Free(b.data);
-    Py_XDECREF(keys);
-    Py_DECREF(out);
-    Py_RETURN_NONE;
-fail:
-    PyMem_Free(b.data);
-    Py_XDECREF(keys);
-    Py_XDECREF(out);
-    return NULL;
-}
-
-
-/* The attributes of one row, appended to b as ',"key":value...' in sorted key
- * order with None values skipped, as encode_attrs writes them. Rows mostly
- * share their keys and key order, so the sorted order (and each key's head) of
- * the previous row is reused while the keys are the same objects in the same
- * order. Returns 0, -1 on error, or 1 when the Python encoder must do the row
- * (a non-empty mapping that is not a dict, or keys that cannot be sorted). */
-#define ORDER_SLOTS 32
-
+/* The sorted key order of the last attribute dict seen, and each key's head
+ * (',"key":'). Rows mostly share their keys and key order, so the order is
+ * reused while a row's keys are the same objects in the same order. It owns the
+ * keys it compares by address. */
 typedef struct {
-    Py_ssize_t n;                  /* keys cached; -1: none */
-    PyObject *keys[ORDER_SLOTS];   /* borrowed (the rows keep them alive), dict order */
-    PyObject *heads[ORDER_SLOTS];  /* owned: ',"key":' per dict position */
-    Py_ssize_t perm[ORDER_SLOTS];  /* sorted rank -> dict position */
+    Py_ssize_t n;      /* keys cached; -1: none */
+    Py_ssize_t cap;
+    PyObject **keys;   /* owned, in dict order */
+    PyObject **heads;  /* owned: ',"key":' per dict position */
+    Py_ssize_t *perm;  /* sorted rank -> dict position */
 } KeyOrder;
 
 static void
 key_order_clear(KeyOrder *o)
 {
     for (Py_ssize_t j = 0; j < o->n; j++) {
+        Py_CLEAR(o->keys[j]);
         Py_CLEAR(o->heads[j]);
     }
     o->n = -1;
 }
 
+static void
+key_order_free(KeyOrder *o)
+{
+    key_order_clear(o);
+    PyMem_Free(o->keys);
+    PyMem_Free(o->heads);
+    PyMem_Free(o->perm);
+    o->keys = o->heads = NULL;
+    o->perm = NULL;
+    o->cap = 0;
+}
+
+static int
+key_order_reserve(KeyOrder *o, Py_ssize_t m)
+{
+    if (m <= o->cap) {
+        return 0;
+    }
+    if ((size_t)m > PY_SSIZE_T_MAX / sizeof(PyObject *)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject **keys = PyMem_Realloc(o->keys, (size_t)m * sizeof(PyObject *));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->keys = keys;
+    PyObject **heads = PyMem_Realloc(o->heads, (size_t)m * sizeof(PyObject *));
+    if (heads == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->heads = heads;
+    Py_ssize_t *perm = PyMem_Realloc(o->perm, (size_t)m * sizeof(Py_ssize_t));
+    if (perm == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->perm = perm;
+    o->cap = m;
+    return 0;
+}
+
 static PyObject *
 head_for(PyObject *heads, PyObject *head_of, PyObject *key)
 {
-    /* heads[key], made by head_of when missing; a new reference */
+    /* heads[key], made by head_of when missing; a new reference (key: an exact str) */
     PyObject *head = PyDict_GetItemWithError(heads, key);
     if (head != NULL) {
         return Py_NewRef(head);
@@ -365,90 +358,220 @@ head_for(PyObject *heads, PyObject *head_of, PyObject *key)
     return head;
 }
 
+typedef struct {
+    PyObject *key;
+    Py_ssize_t pos;
+} Ranked;
+
+static int
+compare_ranked(const void *a, const void *b)
+{
+    /* exact str keys, all distinct (keys of one dict): code point order, as sorted() */
+    return PyUnicode_Compare(((const Ranked *)a)->key, ((const Ranked *)b)->key);
+}
+
 static int
 key_order_build(KeyOrder *o, PyObject **ks, Py_ssize_t m, PyObject *heads, PyObject *head_of)
 {
-    /* the sorted order of the m keys ks; 1 when they cannot be sorted */
+    /* the sorted order of the m exact-str keys ks (strong references the caller holds) */
+    Ranked *ranked;
     key_order_clear(o);
-    PyObject *sorted = PyList_New(m);
-    if (sorted == NULL) {
+    if (key_order_reserve(o, m) < 0) {
+        return -1;
+    }
+    ranked = PyMem_Malloc((size_t)m * sizeof(Ranked));
+    if (ranked == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
     for (Py_ssize_t j = 0; j < m; j++) {
-        PyList_SET_ITEM(sorted, j, Py_NewRef(ks[j]));
+        ranked[j].key = ks[j];
+        ranked[j].pos = j;
     }
-    if (PyList_Sort(sorted) < 0) {
-        Py_DECREF(sorted);
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            return 1;
-        }
-        return -1;
-    }
+    qsort(ranked, (size_t)m, sizeof(Ranked), compare_ranked); /* runs no Python code */
     for (Py_ssize_t r = 0; r < m; r++) {
-        PyObject *key = PyList_GET_ITEM(sorted, r);
-        for (Py_ssize_t j = 0; j < m; j++) {
-            if (ks[j] == key) {
-                o->perm[r] = j;
-                break;
-            }
-        }
+        o->perm[r] = ranked[r].pos;
     }
-    Py_DECREF(sorted);
+    PyMem_Free(ranked);
     o->n = 0;
     for (Py_ssize_t j = 0; j < m; j++) {
-        o->keys[j] = ks[j];
-        o->heads[j] = head_for(heads, head_of, ks[j]);
-        if (o->heads[j] == NULL) {
+        PyObject *head = head_for(heads, head_of, ks[j]); /* Python code: ks[j] is held */
+        if (head == NULL) {
             return -1;
         }
+        o->keys[j] = Py_NewRef(ks[j]);
+        o->heads[j] = head;
         o->n = j + 1;
     }
     return 0;
 }
 
+/* The attributes of one row, appended to b as ',"key":value...' in sorted key
+ * order with None values skipped. d is a strong reference the caller holds.
+ * Returns 0, -1 on error, or 1 when the Python encoder must do the batch (a
+ * non-empty mapping that is not a dict, or a key that is not an exact str). */
+#define STACK_ITEMS 32
+
 static int
 add_attrs(Buf *b, PyObject *d, KeyOrder *o, PyObject *heads, PyObject *strings,
           PyObject *head_of, PyObject *encode_value)
 {
-    if (!PyDict_CheckExact(d)) {
+    PyObject *stack[2 * STACK_ITEMS], **items = stack, *k, *v;
+    Py_ssize_t m, pos = 0, j = 0;
+    int rc = 0, same;
+    if (!is_plain_dict(d)) {
         Py_ssize_t size = PyObject_Size(d);
         return size < 0 ? -1 : (size > 0 ? 1 : 0);
     }
-    Py_ssize_t m = PyDict_GET_SIZE(d);
+    m = PyDict_GET_SIZE(d);
     if (m == 0) {
         return 0;
     }
-    if (m > ORDER_SLOTS) {
-        return 1;
-    }
-    PyObject *ks[ORDER_SLOTS], *vs[ORDER_SLOTS], *k, *v;
-    Py_ssize_t pos = 0, j = 0;
-    int same = o->n == m;
-    while (PyDict_Next(d, &pos, &k, &v) && j < m) {
-        same = same && o->keys[j] == k;
-        ks[j] = k;
-        vs[j] = v;
-        j++;
-    }
-    if (!same) {
-        int rc = key_order_build(o, ks, m, heads, head_of);
-        if (rc != 0) {
-            return rc;
+    if (m > STACK_ITEMS) {
+        if ((size_t)m > PY_SSIZE_T_MAX / (2 * sizeof(PyObject *))) {
+            PyErr_NoMemory();
+            return -1;
         }
-    }
-    for (Py_ssize_t r = 0; r < m; r++) {
-        Py_ssize_t at = o->perm[r];
-        if (vs[at] == Py_None) {
-            continue;
-        }
-        if (buf_add_str(b, o->heads[at]) < 0 || add_value(b, vs[at], strings, encode_value) < 0) {
+        items = PyMem_Malloc((size_t)m * 2 * sizeof(PyObject *));
+        if (items == NULL) {
+            PyErr_NoMemory();
             return -1;
         }
     }
-    return 0;
+    /* the snapshot: keys at items[0..m), values at items[m..2m), all strong. Nothing
+     * in this loop runs Python code, so the dict cannot change while it is walked. */
+    while (j < m && PyDict_Next(d, &pos, &k, &v)) {
+        items[j] = Py_NewRef(k);
+        items[m + j] = Py_NewRef(v);
+        j++;
+    }
+    m = j;
+    same = o->n == m;
+    for (j = 0; j < m; j++) {
+        if (!PyUnicode_CheckExact(items[j])) {
+            rc = 1;
+            goto done;
+        }
+        same = same && o->keys[j] == items[j];
+    }
+    if (!same && key_order_build(o, items, m, heads, head_of) < 0) {
+        rc = -1;
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < m; r++) {
+        Py_ssize_t at = o->perm[r];
+        PyObject *value = items[m + at];
+        if (value == Py_None) {
+            continue;
+        }
+        if (buf_add_str(b, o->heads[at]) < 0 || add_value(b, value, strings, encode_value) < 0) {
+            rc = -1;
+            goto done;
+        }
+    }
+done:
+    for (j = 0; j < 2 * m; j++) {
+        Py_DECREF(items[j]);
+    }
+    if (items != stack) {
+        PyMem_Free(items);
+    }
+    return rc;
 }
 
+static void
+list_replace(PyObject *list, Py_ssize_t i, PyObject *item)
+{
+    /* list[i] = item (stolen), for a slot that holds None: releasing None runs no code */
+    PyObject *old = PyList_GET_ITEM(list, i);
+    PyList_SET_ITEM(list, i, item);
+    Py_DECREF(old);
+}
+
+static PyObject *
+copy_list(PyObject *seq, const char *what)
+{
+    /* a private copy of a sequence C walks: Python code that runs meanwhile (a
+     * __hash__, a finalizer) cannot change it */
+    PyObject *copy = PySequence_List(seq);
+    if (copy == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Format(PyExc_TypeError, "Expected a sequence of %s, but received %.100s.", what,
+                     Py_TYPE(seq)->tp_name);
+    }
+    return copy;
+}
+
+/* encode_attrs(attrs, heads, strings, head_of, encode_value) -> list[str] | None
+ *
+ * Each row's attributes as ',"key":value...' in sorted key order, None values
+ * skipped: what chrome._attribute_strings writes. heads caches key -> ',"key":'
+ * (made by head_of), strings caches str value -> JSON literal. Values that are
+ * not exact bool/int/float/str go through encode_value. Returns None when a row
+ * needs the Python encoder (see add_attrs).
+ */
+static PyObject *
+encode_attrs(PyObject *module, PyObject *args)
+{
+    PyObject *attrs, *heads, *strings, *head_of, *encode_value, *rows = NULL, *out = NULL;
+    Buf b = {NULL, 0, 0};
+    KeyOrder order = {-1, 0, NULL, NULL, NULL};
+    if (!PyArg_ParseTuple(args, "O!O!O!OO:encode_attrs", &PyList_Type, &attrs, &PyDict_Type,
+                          &heads, &PyDict_Type, &strings, &head_of, &encode_value)) {
+        return NULL;
+    }
+    rows = copy_list(attrs, "attribute mappings");
+    if (rows == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    out = PyList_New(n);
+    if (out == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = Py_NewRef(PyList_GET_ITEM(rows, i)), *row;
+        b.len = 0;
+        int rc = add_attrs(&b, d, &order, heads, strings, head_of, encode_value);
+        Py_DECREF(d);
+        if (rc < 0) {
+            goto fail;
+        }
+        if (rc > 0) {
+            Py_CLEAR(out);
+            out = Py_NewRef(Py_None);
+            break;
+        }
+        row = buf_to_str(&b);
+        if (row == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+    PyMem_Free(b.data);
+    key_order_free(&order);
+    Py_DECREF(rows);
+    return out;
+fail:
+    PyMem_Free(b.data);
+    key_order_free(&order);
+    Py_XDECREF(rows);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *
+lookup_strong(PyObject *cache, PyObject *key, const char *missing)
+{
+    /* cache[key] as a new reference; KeyError(missing) when absent */
+    PyObject *v = PyDict_GetItemWithError(cache, key);
+    if (v == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_KeyError, missing);
+        }
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
 
 /* encode_x_batch(rows, prefixes, statuses, attrs, heads, strings, head_of,
  *                encode_value, origin_ns, quote, first) -> bytes | None
@@ -463,50 +586,55 @@ static PyObject *
 encode_x_batch(PyObject *module, PyObject *args)
 {
     PyObject *rows, *prefixes, *statuses, *attrs, *heads, *strings, *head_of, *encode_value;
-    PyObject *quote, *seq = NULL, *out = NULL;
+    PyObject *quote, *seq = NULL, *texts = NULL, *out = NULL;
+    PyObject *row = NULL, *prefix = NULL, *status = NULL, *text = NULL;
     long long origin;
     int first;
     Buf b = {NULL, 0, 0};
-    KeyOrder order;
-    order.n = -1;
+    KeyOrder order = {-1, 0, NULL, NULL, NULL};
     if (!PyArg_ParseTuple(args, "OO!O!OO!O!OOLOp:encode_x_batch", &rows, &PyDict_Type, &prefixes,
                           &PyDict_Type, &statuses, &attrs, &PyDict_Type, &heads, &PyDict_Type,
                           &strings, &head_of, &encode_value, &origin, &quote, &first)) {
         return NULL;
     }
-    seq = PySequence_Fast(rows, "Expected a sequence of span rows.");
+    seq = copy_list(rows, "span rows");
     if (seq == NULL) {
         return NULL;
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (attrs != Py_None && (!PyList_Check(attrs) || PyList_GET_SIZE(attrs) != n)) {
-        PyErr_Format(PyExc_ValueError, "Expected None or one attribute string per row (%zd).", n);
-        goto fail;
+    Py_ssize_t n = PyList_GET_SIZE(seq);
+    if (attrs != Py_None) {
+        if (!PyList_Check(attrs) || PyList_GET_SIZE(attrs) != n) {
+            PyErr_Format(PyExc_ValueError, "Expected None or one attribute string per row (%zd).",
+                         n);
+            goto fail;
+        }
+        texts = copy_list(attrs, "attribute strings");
+        if (texts == NULL) {
+            goto fail;
+        }
     }
-    if (buf_reserve(&b, n * 320 + 16) < 0) {
+    if (n > (PY_SSIZE_T_MAX - 16) / 320 || buf_reserve(&b, n * 320 + 16) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *row = PySequence_Fast_GET_ITEM(seq, i);
-        PyObject *prefix, *status, *error;
+        PyObject *error;
         long long start, end, tid;
         unsigned long long span_id, parent_id;
+        row = Py_NewRef(PyList_GET_ITEM(seq, i)); /* a tuple: its fields live with it */
         if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
             PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
             goto fail;
         }
-        prefix = PyDict_GetItemWithError(prefixes, PyTuple_GET_ITEM(row, 0));
+        prefix = lookup_strong(prefixes, PyTuple_GET_ITEM(row, 0), "A span name has no prefix.");
         if (prefix == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_KeyError, "A span name has no prefix.");
-            }
             goto fail;
         }
-        status = PyDict_GetItemWithError(statuses, PyTuple_GET_ITEM(row, 8));
+        status = lookup_strong(statuses, PyTuple_GET_ITEM(row, 8),
+                               "A span status has no encoding.");
         if (status == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_KeyError, "A span status has no encoding.");
-            }
             goto fail;
         }
         if (item_ull(row, 1, &span_id) < 0 || item_ull(row, 2, &parent_id) < 0 ||
@@ -517,28 +645,31 @@ encode_x_batch(PyObject *module, PyObject *args)
         const char *sep = (i == 0 && first) ? "\n" : ",\n";
         if (buf_add(&b, sep, (Py_ssize_t)strlen(sep)) < 0 || buf_add_str(&b, prefix) < 0 ||
             buf_add_ll(&b, tid) < 0 || buf_add(&b, ",\"ts\":", 6) < 0 ||
-            buf_add_us(&b, start - origin) < 0 || buf_add(&b, ",\"dur\":", 7) < 0 ||
-            buf_add_us(&b, end > start ? end - start : 0) < 0 ||
+            buf_add_diff_us(&b, start, origin) < 0 || buf_add(&b, ",\"dur\":", 7) < 0 ||
+            buf_add_diff_us(&b, end > start ? end : start, start) < 0 ||
             buf_add(&b, ",\"args\":{\"span_id\":\"", 20) < 0 || buf_add_hex16(&b, span_id) < 0 ||
             buf_add(&b, "\",\"parent_id\":\"", 15) < 0 || buf_add_hex16(&b, parent_id) < 0 ||
             buf_add(&b, "\"", 1) < 0) {
             goto fail;
         }
-        if (attrs == Py_None) {
-            int rc = add_attrs(&b, PyTuple_GET_ITEM(row, 7), &order, heads, strings, head_of,
-                               encode_value);
+        if (texts == NULL) {
+            PyObject *d = Py_NewRef(PyTuple_GET_ITEM(row, 7));
+            int rc = add_attrs(&b, d, &order, heads, strings, head_of, encode_value);
+            Py_DECREF(d);
             if (rc < 0) {
                 goto fail;
             }
             if (rc > 0) {
-                PyMem_Free(b.data);
-                key_order_clear(&order);
-                Py_DECREF(seq);
-                Py_RETURN_NONE;
+                out = Py_NewRef(Py_None);
+                goto fail; /* not a failure: the caller encodes the attributes in Python */
             }
         }
-        else if (buf_add_str(&b, PyList_GET_ITEM(attrs, i)) < 0) {
-            goto fail;
+        else {
+            text = Py_NewRef(PyList_GET_ITEM(texts, i));
+            if (buf_add_str(&b, text) < 0) {
+                goto fail;
+            }
+            Py_CLEAR(text);
         }
         if (buf_add(&b, ",\"status\":", 10) < 0 || buf_add_str(&b, status) < 0) {
             goto fail;
@@ -558,11 +689,19 @@ encode_x_batch(PyObject *module, PyObject *args)
         if (buf_add(&b, "}}", 2) < 0) {
             goto fail;
         }
+        Py_CLEAR(prefix);
+        Py_CLEAR(status);
+        Py_CLEAR(row);
     }
     out = PyBytes_FromStringAndSize(b.data, b.len);
 fail:
     PyMem_Free(b.data);
-    key_order_clear(&order);
+    key_order_free(&order);
+    Py_XDECREF(text);
+    Py_XDECREF(prefix);
+    Py_XDECREF(status);
+    Py_XDECREF(row);
+    Py_XDECREF(texts);
     Py_XDECREF(seq);
     return out;
 }
@@ -570,7 +709,7 @@ fail:
 
 /* The numeric fields of a span row (ids as uint64, times and thread id as
  * int64) written at index i of the five bytearrays; -1 with an error set when
- * the row is not a span row. */
+ * the row is not a span row. row is a tuple the caller holds. */
 static int
 row_numbers(PyObject *row, PyObject **arrays, Py_ssize_t i)
 {
@@ -581,21 +720,23 @@ row_numbers(PyObject *row, PyObject **arrays, Py_ssize_t i)
     }
     for (int c = 0; c < 5; c++) {
         PyObject *v = PyTuple_GET_ITEM(row, fields[c]);
-        char *dst = PyByteArray_AS_STRING(arrays[c]) + i * 8;
+        char buf[8];
         if (c < 2) {
             unsigned long long x = PyLong_AsUnsignedLongLong(v);
             if (x == (unsigned long long)-1 && PyErr_Occurred()) {
                 return -1;
             }
-            memcpy(dst, &x, 8);
+            memcpy(buf, &x, 8);
         }
         else {
-            long long x = PyLong_AsLongLong(v);
+            long long x = PyLong_AsLongLong(v); /* may run __index__ */
             if (x == -1 && PyErr_Occurred()) {
                 return -1;
             }
-            memcpy(dst, &x, 8);
+            memcpy(buf, &x, 8);
         }
+        /* the array's address is read after the conversion, which ran Python code */
+        memcpy(PyByteArray_AS_STRING(arrays[c]) + i * 8, buf, 8);
     }
     return 0;
 }
@@ -612,9 +753,9 @@ row_numbers(PyObject *row, PyObject **arrays, Py_ssize_t i)
 static PyObject *
 lookup(PyObject *mapping, PyObject *key)
 {
-    /* mapping.get(key) as a new reference (Py_None when absent) */
+    /* mapping.get(key) as a new reference (Py_None when absent); mapping is held */
     PyObject *v;
-    if (PyDict_CheckExact(mapping)) {
+    if (is_plain_dict(mapping)) {
         v = PyDict_GetItemWithError(mapping, key);
         if (v == NULL) {
             return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
@@ -632,13 +773,12 @@ lookup(PyObject *mapping, PyObject *key)
 }
 
 static PyObject *
-borrowed_get(PyObject *mapping, PyObject *key, int *slow)
+strong_get(PyObject *mapping, PyObject *key, int *slow)
 {
-    /* mapping.get(key) borrowed for exact dicts (Py_None when absent); sets *slow for
-     * other non-empty mappings, whose values need a real get() */
-    if (PyDict_CheckExact(mapping)) {
-        PyObject *v = PyDict_GetItemWithError(mapping, key);
-        return v != NULL ? v : (PyErr_Occurred() ? NULL : Py_None);
+    /* mapping.get(key) as a new reference for dicts (Py_None when absent); sets *slow
+     * for other non-empty mappings, whose values need a real get() */
+    if (is_plain_dict(mapping)) {
+        return lookup(mapping, key);
     }
     Py_ssize_t size = PyObject_Size(mapping);
     if (size < 0) {
@@ -647,23 +787,28 @@ borrowed_get(PyObject *mapping, PyObject *key, int *slow)
     if (size > 0) {
         *slow = 1;
     }
-    return Py_None;
+    return Py_NewRef(Py_None);
 }
 
 static PyObject *
 typed_column(PyObject *module, PyObject *args)
 {
-    PyObject *attrs, *key, *values = NULL, *data = NULL, *mask = NULL, *result = NULL;
+    PyObject *attrs, *key, *rows = NULL, *values = NULL, *data = NULL, *mask = NULL;
+    PyObject *result = NULL;
     int ints = 0, floats = 0, bools = 0, others = 0, missing = 0, slow = 0;
     if (!PyArg_ParseTuple(args, "O!O:typed_column", &PyList_Type, &attrs, &key)) {
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(attrs);
-    /* pass 1: the kinds of the values (borrowed: no list is built for numbers) */
+    rows = copy_list(attrs, "attribute mappings");
+    if (rows == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    /* pass 1: the kinds of the values (no list is built for numbers) */
     for (Py_ssize_t i = 0; i < n && !slow; i++) {
-        PyObject *v = borrowed_get(PyList_GET_ITEM(attrs, i), key, &slow);
+        PyObject *v = strong_get(PyList_GET_ITEM(rows, i), key, &slow);
         if (v == NULL) {
-            return NULL;
+            goto done;
         }
         if (v == Py_None) {
             missing = 1;
@@ -680,6 +825,7 @@ typed_column(PyObject *module, PyObject *args)
         else {
             others = 1;
         }
+        Py_DECREF(v);
     }
     if (slow || others || !(ints || floats || bools) || (bools && (ints || floats))) {
         goto as_objects;
@@ -689,36 +835,48 @@ typed_column(PyObject *module, PyObject *args)
     if (data == NULL || mask == NULL) {
         goto done;
     }
-    char *d = PyByteArray_AS_STRING(data), *m = PyByteArray_AS_STRING(mask);
+    /* pass 2: the values. A key's __hash__/__eq__ may have changed a row since pass 1:
+     * a value of another kind then makes the column objects. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = borrowed_get(PyList_GET_ITEM(attrs, i), key, &slow);
+        PyObject *v = strong_get(PyList_GET_ITEM(rows, i), key, &slow);
+        int ok = 1;
         if (v == NULL) {
             goto done;
         }
+        char *d = PyByteArray_AS_STRING(data), *m = PyByteArray_AS_STRING(mask);
         m[i] = (char)(v == Py_None);
         if (bools) {
+            ok = v == Py_None || PyBool_Check(v);
             d[i] = (char)(v == Py_True);
         }
         else if (ints && !floats) {
             long long x = 0;
             if (v != Py_None) {
                 int overflow = 0;
-                x = PyLong_AsLongLongAndOverflow(v, &overflow);
-                if (overflow || (x == -1 && PyErr_Occurred())) {
-                    PyErr_Clear();
-                    Py_CLEAR(data);
-                    Py_CLEAR(mask);
-                    goto as_objects;
-                }
+                ok = PyLong_CheckExact(v);
+                x = ok ? PyLong_AsLongLongAndOverflow(v, &overflow) : 0;
+                ok = ok && !overflow && !(x == -1 && PyErr_Occurred());
+                PyErr_Clear();
             }
             memcpy(d + i * 8, &x, 8);
         }
         else {
-            double x = v == Py_None ? Py_NAN : PyFloat_AsDouble(v);
-            if (x == -1.0 && PyErr_Occurred()) {
-                goto done;
+            double x = Py_NAN;
+            if (v != Py_None) {
+                ok = PyLong_CheckExact(v) || PyFloat_CheckExact(v);
+                x = ok ? PyFloat_AsDouble(v) : 0.0; /* exact int or float: no Python code */
+                if (x == -1.0 && PyErr_Occurred()) {
+                    Py_DECREF(v);
+                    goto done;
+                }
             }
             memcpy(d + i * 8, &x, 8);
+        }
+        Py_DECREF(v);
+        if (!ok || slow) {
+            Py_CLEAR(data);
+            Py_CLEAR(mask);
+            goto as_objects;
         }
     }
     if (bools) {
@@ -740,17 +898,21 @@ as_objects:
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = lookup(PyList_GET_ITEM(attrs, i), key);
+        PyList_SET_ITEM(values, i, Py_NewRef(Py_None));
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = lookup(PyList_GET_ITEM(rows, i), key);
         if (v == NULL) {
             goto done;
         }
-        PyList_SET_ITEM(values, i, v);
+        list_replace(values, i, v);
     }
     result = Py_BuildValue("(sOO)", "o", values, Py_None);
 done:
     Py_XDECREF(values);
     Py_XDECREF(data);
     Py_XDECREF(mask);
+    Py_XDECREF(rows);
     return result;
 }
 
@@ -764,7 +926,7 @@ done:
 typedef struct {
     PyObject *index; /* str -> code */
     PyObject *uniques;
-    PyObject *last; /* borrowed: the last string seen, and its code */
+    PyObject *last; /* the last string seen (kept alive by uniques), and its code */
     int32_t last_code;
 } Encoder;
 
@@ -789,7 +951,8 @@ encoder_clear(Encoder *e)
 static int
 encoder_code(Encoder *e, PyObject *s, int32_t *out)
 {
-    /* the code of the exact str s, adding it when new; -1 on error */
+    /* the code of the exact str (or exact int) s, adding it when new; -1 on error.
+     * Hashing and comparing exact str and int runs no Python code. */
     if (s == e->last) {
         *out = e->last_code;
         return 0;
@@ -818,7 +981,7 @@ encoder_code(Encoder *e, PyObject *s, int32_t *out)
             return -1;
         }
     }
-    e->last = s; /* kept alive by e->uniques */
+    e->last = s; /* kept alive by e->uniques, which we own */
     e->last_code = (int32_t)code;
     *out = (int32_t)code;
     return 0;
@@ -829,6 +992,7 @@ dict_encode(PyObject *module, PyObject *arg)
 {
     Encoder e;
     PyObject *codes = NULL, *result = NULL;
+    memset(&e, 0, sizeof(e));
     if (!PyList_Check(arg)) {
         PyErr_Format(PyExc_TypeError, "Expected a list of strings, but received %.100s.",
                      Py_TYPE(arg)->tp_name);
@@ -842,9 +1006,15 @@ dict_encode(PyObject *module, PyObject *arg)
     if (codes == NULL) {
         goto done;
     }
-    int32_t *c = (int32_t *)PyByteArray_AS_STRING(codes);
+    /* No call in this loop can run Python code (exact str only; no GC-tracked object is
+     * allocated), so the list cannot change under it; its length is checked anyway. */
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(arg)) {
+            PyErr_SetString(PyExc_RuntimeError, "The list changed while it was encoded.");
+            goto done;
+        }
         PyObject *v = PyList_GET_ITEM(arg, i);
+        int32_t *c = (int32_t *)PyByteArray_AS_STRING(codes);
         if (v == Py_None) {
             c[i] = -1;
         }
@@ -877,7 +1047,8 @@ done:
  *   "s": exact strs: int32 codes (-1 for missing), the list of distinct strs;
  *   "o": anything else: the list of values (None for missing), None.
  * Keys in skip get no column. None when a row is a non-empty mapping other
- * than a dict (the caller then uses typed_column per key).
+ * than a dict, or has a key that is not an exact str (the caller then uses
+ * typed_column per key).
  */
 enum { K_INT = 1, K_FLOAT = 2, K_BOOL = 4, K_STR = 8, K_OTHER = 16, K_BIG = 32 };
 
@@ -940,13 +1111,23 @@ column_kind(const Column *c)
 
 /* The column of attribute key k, found through a cache of the key seen at the
  * same position of the previous dicts (rows mostly share their key order),
- * else through keymap. -1 with no error set: the key is new. */
+ * else through keymap. -1 with no error set: the key is new. The cache owns
+ * its keys, so that a cached address always means the same key. */
 #define SLOTS 32
 
 typedef struct {
-    PyObject *key[SLOTS]; /* borrowed: kept alive by the rows */
+    PyObject *key[SLOTS]; /* owned */
     Py_ssize_t col[SLOTS];
 } SlotCache;
+
+static void
+slot_store(SlotCache *cache, Py_ssize_t slot, PyObject *k, Py_ssize_t col)
+{
+    if (slot < SLOTS) {
+        Py_XSETREF(cache->key[slot], Py_NewRef(k)); /* releases an exact str: no code runs */
+        cache->col[slot] = col;
+    }
+}
 
 static Py_ssize_t
 slot_lookup(SlotCache *cache, Py_ssize_t slot, PyObject *keymap, PyObject *k)
@@ -954,32 +1135,41 @@ slot_lookup(SlotCache *cache, Py_ssize_t slot, PyObject *keymap, PyObject *k)
     if (slot < SLOTS && cache->key[slot] == k) {
         return cache->col[slot];
     }
-    PyObject *found = PyDict_GetItemWithError(keymap, k);
+    PyObject *found = PyDict_GetItemWithError(keymap, k); /* k: an exact str */
     if (found == NULL) {
         return -1;
     }
     Py_ssize_t col = PyLong_AsSsize_t(found);
-    if (slot < SLOTS) {
-        cache->key[slot] = k;
-        cache->col[slot] = col;
-    }
+    slot_store(cache, slot, k, col);
     return col;
+}
+
+static void
+slot_cache_clear(SlotCache *cache)
+{
+    for (int s = 0; s < SLOTS; s++) {
+        Py_CLEAR(cache->key[s]);
+    }
 }
 
 static PyObject *
 attr_table(PyObject *module, PyObject *args)
 {
-    PyObject *arg, *skip = NULL, *keymap = NULL, *keys = NULL, *result = NULL, *columns = NULL;
-    PyObject *wanted = NULL;
+    PyObject *arg, *rows = NULL, *skip = NULL, *keymap = NULL, *keys = NULL, *result = NULL;
+    PyObject *columns = NULL, *wanted = NULL, *a = NULL, *k = NULL, *v = NULL;
     Column *cols = NULL;
     Py_ssize_t ncols = 0, cap = 0;
+    SlotCache cache;
+    memset(&cache, 0, sizeof(cache));
     if (!PyArg_ParseTuple(args, "O!|O!:attr_table", &PyList_Type, &arg, &PyFrozenSet_Type,
                           &skip)) {
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(arg);
-    SlotCache cache;
-    memset(&cache, 0, sizeof(cache));
+    rows = copy_list(arg, "attribute mappings");
+    if (rows == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
     keymap = PyDict_New();
     keys = PyList_New(0);
     if (keymap == NULL || keys == NULL) {
@@ -987,8 +1177,8 @@ attr_table(PyObject *module, PyObject *args)
     }
     /* pass 1: the keys, and the kinds of their values */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *a = PyList_GET_ITEM(arg, i);
-        if (!PyDict_CheckExact(a)) {
+        a = Py_NewRef(PyList_GET_ITEM(rows, i));
+        if (!is_plain_dict(a)) {
             Py_ssize_t size = PyObject_Size(a);
             if (size < 0) {
                 goto done;
@@ -997,11 +1187,18 @@ attr_table(PyObject *module, PyObject *args)
                 result = Py_NewRef(Py_None);
                 goto done;
             }
+            Py_CLEAR(a);
             continue;
         }
         Py_ssize_t pos = 0, slot = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(a, &pos, &k, &v)) {
+        PyObject *bk, *bv;
+        while (PyDict_Next(a, &pos, &bk, &bv)) {
+            k = Py_NewRef(bk);
+            v = Py_NewRef(bv);
+            if (!PyUnicode_CheckExact(k)) {
+                result = Py_NewRef(Py_None); /* typed per key in Python and typed_column */
+                goto done;
+            }
             Py_ssize_t col = slot_lookup(&cache, slot, keymap, k);
             if (col < 0) {
                 if (PyErr_Occurred()) {
@@ -1036,10 +1233,7 @@ attr_table(PyObject *module, PyObject *args)
                 if (failed) {
                     goto done;
                 }
-                if (slot < SLOTS) {
-                    cache.key[slot] = k;
-                    cache.col[slot] = col;
-                }
+                slot_store(&cache, slot, k, col);
             }
             slot++;
             if (v != Py_None && !cols[col].skip) {
@@ -1050,7 +1244,10 @@ attr_table(PyObject *module, PyObject *args)
                 cols[col].seen |= kind;
                 cols[col].present++;
             }
+            Py_CLEAR(k);
+            Py_CLEAR(v);
         }
+        Py_CLEAR(a);
     }
     /* the columns, filled with "missing" */
     for (Py_ssize_t c = 0; c < ncols; c++) {
@@ -1109,16 +1306,20 @@ attr_table(PyObject *module, PyObject *args)
             goto done;
         }
     }
-    /* pass 2: the values */
+    /* pass 2: the values. The allocations above may have run finalizers that changed
+     * a row: every value is checked against its column's kind. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *a = PyList_GET_ITEM(arg, i);
-        if (!PyDict_CheckExact(a)) {
+        a = Py_NewRef(PyList_GET_ITEM(rows, i));
+        if (!is_plain_dict(a)) {
+            Py_CLEAR(a);
             continue; /* empty */
         }
         Py_ssize_t pos = 0, slot = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(a, &pos, &k, &v)) {
-            Py_ssize_t c = slot_lookup(&cache, slot++, keymap, k);
+        PyObject *bk, *bv;
+        while (PyDict_Next(a, &pos, &bk, &bv)) {
+            k = Py_NewRef(bk);
+            v = Py_NewRef(bv);
+            Py_ssize_t c = PyUnicode_CheckExact(k) ? slot_lookup(&cache, slot++, keymap, k) : -1;
             if (c < 0) {
                 if (!PyErr_Occurred()) {
                     PyErr_SetString(PyExc_RuntimeError,
@@ -1126,52 +1327,69 @@ attr_table(PyObject *module, PyObject *args)
                 }
                 goto done;
             }
-            if (v == Py_None || cols[c].skip) {
+            Column *col = &cols[c];
+            if (v == Py_None || col->skip) {
+                Py_CLEAR(k);
+                Py_CLEAR(v);
                 continue;
             }
-            Column *col = &cols[c];
+            int changed = 0;
             switch (col->kind) {
                 case 'i': {
-                    long long x = PyLong_AsLongLong(v);
-                    if (x == -1 && PyErr_Occurred()) {
-                        goto done;
+                    int overflow = 0;
+                    long long x = 0;
+                    changed = !PyLong_CheckExact(v);
+                    if (!changed) {
+                        x = PyLong_AsLongLongAndOverflow(v, &overflow);
+                        if (x == -1 && PyErr_Occurred()) {
+                            goto done;
+                        }
+                        changed = overflow;
                     }
                     memcpy(PyByteArray_AS_STRING(col->data) + i * 8, &x, 8);
                     PyByteArray_AS_STRING(col->extra)[i] = 0;
                     break;
                 }
                 case 'f': {
-                    double x = PyFloat_AsDouble(v);
-                    if (x == -1.0 && PyErr_Occurred()) {
-                        goto done;
+                    double x = 0.0;
+                    changed = !PyLong_CheckExact(v) && !PyFloat_CheckExact(v);
+                    if (!changed) {
+                        x = PyFloat_AsDouble(v);
+                        if (x == -1.0 && PyErr_Occurred()) {
+                            goto done;
+                        }
                     }
                     memcpy(PyByteArray_AS_STRING(col->data) + i * 8, &x, 8);
                     break;
                 }
                 case 'b':
+                    changed = !PyBool_Check(v);
                     PyByteArray_AS_STRING(col->data)[i] = (char)(v == Py_True);
                     PyByteArray_AS_STRING(col->extra)[i] = 0;
                     break;
                 case 's': {
                     int32_t code;
-                    if (!PyUnicode_CheckExact(v)) {
-                        PyErr_SetString(PyExc_RuntimeError,
-                                        "The attributes changed while the frame was built.");
-                        goto done;
+                    changed = !PyUnicode_CheckExact(v);
+                    if (!changed) {
+                        if (encoder_code(&col->enc, v, &code) < 0) {
+                            goto done;
+                        }
+                        memcpy(PyByteArray_AS_STRING(col->data) + i * 4, &code, 4);
                     }
-                    if (encoder_code(&col->enc, v, &code) < 0) {
-                        goto done;
-                    }
-                    memcpy(PyByteArray_AS_STRING(col->data) + i * 4, &code, 4);
                     break;
                 }
-                default: {
-                    PyObject *old = PyList_GET_ITEM(col->data, i);
-                    PyList_SET_ITEM(col->data, i, Py_NewRef(v));
-                    Py_DECREF(old);
-                }
+                default:
+                    list_replace(col->data, i, Py_NewRef(v));
             }
+            if (changed) {
+                PyErr_SetString(PyExc_RuntimeError,
+                                "The attributes changed while the frame was built.");
+                goto done;
+            }
+            Py_CLEAR(k);
+            Py_CLEAR(v);
         }
+        Py_CLEAR(a);
     }
     columns = PyList_New(0);
     wanted = PyList_New(0);
@@ -1200,6 +1418,10 @@ attr_table(PyObject *module, PyObject *args)
     }
     result = PyTuple_Pack(2, wanted, columns);
 done:
+    Py_XDECREF(a);
+    Py_XDECREF(k);
+    Py_XDECREF(v);
+    slot_cache_clear(&cache);
     for (Py_ssize_t c = 0; c < ncols; c++) {
         Py_XDECREF(cols[c].data);
         Py_XDECREF(cols[c].extra);
@@ -1210,6 +1432,7 @@ done:
     Py_XDECREF(wanted);
     Py_XDECREF(keymap);
     Py_XDECREF(keys);
+    Py_XDECREF(rows);
     return result;
 }
 
@@ -1231,7 +1454,7 @@ span_columns(PyObject *module, PyObject *arg)
     PyObject *codes[4] = {NULL, NULL, NULL, NULL};
     PyObject *coded[4] = {NULL, NULL, NULL, NULL};
     PyObject *arrays[5] = {NULL, NULL, NULL, NULL, NULL};
-    PyObject *attrs = NULL, *result = NULL;
+    PyObject *rows = NULL, *attrs = NULL, *result = NULL;
     int as_list[4] = {0, 0, 0, 0};
     memset(enc, 0, sizeof(enc));
     if (!PyList_Check(arg)) {
@@ -1239,10 +1462,18 @@ span_columns(PyObject *module, PyObject *arg)
                      Py_TYPE(arg)->tp_name);
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(arg);
+    /* a private copy: a row's __index__ may change the caller's list */
+    rows = copy_list(arg, "span rows");
+    if (rows == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
     attrs = PyList_New(n);
     if (attrs == NULL) {
         goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyList_SET_ITEM(attrs, i, Py_NewRef(Py_None));
     }
     for (int c = 0; c < 4; c++) {
         codes[c] = PyByteArray_FromStringAndSize(NULL, n * 4);
@@ -1257,28 +1488,29 @@ span_columns(PyObject *module, PyObject *arg)
         }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *row = PyList_GET_ITEM(arg, i);
+        PyObject *row = PyList_GET_ITEM(rows, i); /* owned by our copy; a tuple */
         if (row_numbers(row, arrays, i) < 0) {
             goto done;
         }
-        PyList_SET_ITEM(attrs, i, Py_NewRef(PyTuple_GET_ITEM(row, 7)));
+        list_replace(attrs, i, Py_NewRef(PyTuple_GET_ITEM(row, 7)));
         for (int c = 0; c < 4; c++) {
             if (as_list[c]) {
                 continue;
             }
             PyObject *v = PyTuple_GET_ITEM(row, coded_fields[c]);
-            int32_t *dst = (int32_t *)PyByteArray_AS_STRING(codes[c]) + i;
+            int32_t code = -1;
             if (v == Py_None) {
-                *dst = -1;
+                code = -1;
             }
             else if (PyUnicode_CheckExact(v) || PyLong_CheckExact(v)) {
-                if (encoder_code(&enc[c], v, dst) < 0) {
+                if (encoder_code(&enc[c], v, &code) < 0) {
                     goto done;
                 }
             }
             else {
                 as_list[c] = 1; /* listed after this loop */
             }
+            memcpy(PyByteArray_AS_STRING(codes[c]) + i * 4, &code, 4);
         }
     }
     for (int c = 0; c < 4; c++) {
@@ -1288,7 +1520,7 @@ span_columns(PyObject *module, PyObject *arg)
                 goto done;
             }
             for (Py_ssize_t i = 0; i < n; i++) {
-                PyObject *row = PyList_GET_ITEM(arg, i);
+                PyObject *row = PyList_GET_ITEM(rows, i);
                 PyList_SET_ITEM(coded[c], i, Py_NewRef(PyTuple_GET_ITEM(row, coded_fields[c])));
             }
         }
@@ -1311,7 +1543,19 @@ done:
         Py_XDECREF(arrays[c]);
     }
     Py_XDECREF(attrs);
+    Py_XDECREF(rows);
     return result;
+}
+
+static PyObject *
+register_frozen_type(PyObject *module, PyObject *type)
+{
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyDict_Type)) {
+        PyErr_SetString(PyExc_TypeError, "Expected a dict subclass for the frozen mapping type.");
+        return NULL;
+    }
+    Py_XSETREF(frozen_type, Py_NewRef(type));
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
@@ -1324,16 +1568,41 @@ static PyMethodDef module_methods[] = {
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_batch", encode_x_batch, METH_VARARGS,
      "Assemble a batch of Chrome X events into one bytes object."},
+    {"register_frozen_type", register_frozen_type, METH_O,
+     "Treat this dict subclass (exporters.FrozenAttributes) like a dict."},
     {NULL, NULL, 0, NULL},
 };
 
+static int
+speedups_exec(PyObject *m)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    if (owner_interp != NULL && owner_interp != interp) {
+        PyErr_SetString(PyExc_ImportError,
+                        "exporters._speedups keeps process-wide state and loads in one "
+                        "interpreter per process only; this one uses the pure-Python paths.");
+        return -1;
+    }
+    owner_interp = interp;
+    return 0;
+}
+
+static PyModuleDef_Slot speedups_slots[] = {
+    {Py_mod_exec, speedups_exec},
+    {0, NULL},
+};
+
 static struct PyModuleDef speedups_module = {
-    PyModuleDef_HEAD_INIT, "exporters._speedups",
-    "The exporters' per-row work in C: Chrome events and frame columns.", -1, module_methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "exporters._speedups",
+    .m_doc = "The exporters' per-row work in C: Chrome events and frame columns.",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = speedups_slots,
 };
 
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&speedups_module);
+    return PyModuleDef_Init(&speedups_module);
 }

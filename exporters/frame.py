@@ -14,7 +14,7 @@ column              dtype     meaning
 ``trace_id``        string    the trace id as 32 hex digits (missing if unknown)
 ``start_ns``        int64     start, epoch nanoseconds
 ``end_ns``          int64     end, epoch nanoseconds
-``dur_ns``          int64     ``end_ns - start_ns``
+``dur_ns``          int64     ``end_ns - start_ns`` (saturated at the int64 bounds)
 ``self_ns``         int64     ``dur_ns`` minus the durations of the direct children
                               on the same thread (children on other threads run
                               concurrently and are not subtracted)
@@ -363,6 +363,20 @@ def _inherit_masked(
     return out, out_missing
 
 
+_INT64_INFO = np.iinfo(np.int64)
+
+
+def _saturating_diff(end: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """``end - start`` in int64, saturated at the int64 bounds where the true difference
+    (of absurd times, 292 years apart) does not fit, instead of wrapping around."""
+    dur = end - start
+    wrapped = ((end ^ start) & (end ^ dur)) < 0
+    if wrapped.any():
+        bound = np.where(end > start, _INT64_INFO.max, _INT64_INFO.min)
+        dur = np.where(wrapped, bound, dur)
+    return dur
+
+
 def _build(
     names: Sequence[str] | Coded,
     span_ids: ArrayLike,
@@ -391,7 +405,7 @@ def _build(
     end = np.asarray(ends, dtype=np.int64) if n else np.zeros(0, np.int64)
     tid = np.asarray(tids, dtype=np.int64) if n else np.zeros(0, np.int64)
     pid = np.asarray(pids, dtype=np.int64)
-    dur = end - start
+    dur = _saturating_diff(end, start)
     ppos = _parent_positions(sid, par, pid) if n else np.zeros(0, np.int64)
     has_parent = ppos >= 0
     safe = np.where(has_parent, ppos, 0)

@@ -1,11 +1,20 @@
 """Encoding spans as Chrome trace JSON: values, events, and the file's open/dump helpers.
 
 The pure-Python twin of the C helpers in ``exporters/_speedups.c``
-(``encode_attrs``, ``encode_x_batch``): both give byte-identical output.
+(``encode_attrs``, ``encode_x_batch``): both give byte-identical output for
+every input (tests/exporters/test_encoder_fuzz.py compares them on generated
+batches). Two rules hold on both paths:
+
+- A value that cannot be encoded (a ``__repr__`` or ``__str__`` that raises,
+  an int with more digits than ``str()`` allows) is written as the string
+  ``"<unencodable: TypeName>"``; its row and its batch are written as usual.
+- Times are exact: ``ts = start - origin`` and ``dur = max(end - start, 0)``
+  are computed without overflow for any int64 times.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -55,8 +64,23 @@ def _us(ns: int) -> str:
     return f"-{ns // 1000}.{ns % 1000:03d}"
 
 
+def _unencodable(v: Any) -> str:
+    """The JSON string written for a value that cannot be encoded."""
+    return _quote(f"<unencodable: {type(v).__name__}>")
+
+
 def _encode_value(v: Any) -> str:
-    """One attribute value as JSON (bool before int: ``True`` is ``true``, not ``1``)."""
+    """One attribute value as JSON (bool before int: ``True`` is ``true``, not ``1``).
+
+    Never raises for a bad value: one that cannot be encoded becomes
+    ``"<unencodable: TypeName>"`` (module doc)."""
+    try:
+        return _encode_value_or_raise(v)
+    except Exception:
+        return _unencodable(v)
+
+
+def _encode_value_or_raise(v: Any) -> str:
     if v is True:
         return "true"
     if v is False:
@@ -73,7 +97,10 @@ def _encode_value(v: Any) -> str:
         return _quote(v)
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_encode_value(x) for x in v) + "]"
-    return _quote(str(v))
+    text = str(v)
+    if not isinstance(text, str):  # a str() of a str subclass that returns itself
+        raise TypeError("str() did not return a str")
+    return _quote(text)
 
 
 def _json_safe(value: Any) -> Any:
@@ -127,6 +154,36 @@ def _hex16_repeated(values: list[int]) -> list[str]:
     return list(map(table.__getitem__, values))
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _diff_us(hi: np.ndarray, lo: np.ndarray | int) -> tuple[list[str], list[str]]:
+    """``hi - lo`` (int64 ns; ``lo`` may be any int) as exact decimal µs parts.
+
+    int64 subtraction wraps where the difference leaves int64; those entries
+    (found by their signs) are computed again with Python ints."""
+    if isinstance(lo, int) and not _INT64_MIN <= lo <= _INT64_MAX:
+        return _split_exact([h - lo for h in hi.tolist()])
+    low = np.int64(lo) if isinstance(lo, int) else lo
+    diff = hi - low
+    wrapped = np.flatnonzero(((hi ^ low) & (hi ^ diff)) < 0)
+    if not wrapped.size:
+        return _split_us(diff)
+    whole, frac = _split_us(diff)
+    his = hi[wrapped].tolist()
+    los = [lo] * len(his) if isinstance(lo, int) else low[wrapped].tolist()
+    exact_whole, exact_frac = _split_exact([h - x for h, x in zip(his, los, strict=True)])
+    for j, i in enumerate(wrapped.tolist()):
+        whole[i], frac[i] = exact_whole[j], exact_frac[j]
+    return whole, frac
+
+
+def _split_exact(ns: list[int]) -> tuple[list[str], list[str]]:
+    """Python-int ns as the integer and 3-digit fraction parts of decimal µs."""
+    parts = [_us(x).split(".") for x in ns]
+    return [p[0] for p in parts], [p[1] for p in parts]
+
+
 def _split_us(ns: np.ndarray) -> tuple[list[str], list[str]]:
     """Integer ns as the integer and 3-digit fraction parts of decimal µs."""
     whole = list(map(str, (ns // 1000).tolist()))
@@ -140,13 +197,63 @@ def _split_us(ns: np.ndarray) -> tuple[list[str], list[str]]:
 
 
 def _head_of(key: Any) -> str:
-    """``,"key":`` for an attribute key (keys that clash with ppetrace's args get ``attr.``)."""
-    return "," + _quote(f"attr.{key}" if key in RESERVED_ARGS else str(key)) + ":"
+    """``,"key":`` for an attribute key (keys that clash with ppetrace's args get ``attr.``).
+
+    A key whose ``str()`` or comparison raises is written ``"<unencodable: TypeName>"``."""
+    try:
+        return "," + _quote(f"attr.{key}" if key in RESERVED_ARGS else str(key)) + ":"
+    except Exception:
+        return "," + _unencodable(key) + ":"
 
 
 def _key_order(key: Any) -> tuple[str, str]:
     """A sort key for attribute keys of mixed types (strings among themselves as usual)."""
-    return type(key).__name__, str(key)
+    try:
+        return type(key).__name__, str(key)
+    except Exception:
+        return type(key).__name__, ""
+
+
+def _sorted_keys(attrs: list[Mapping[str, Any]]) -> list[Any]:
+    """Every key of the rows, sorted: the same order on every run and on both paths."""
+    try:
+        keys = set().union(*attrs)
+    except Exception:  # a mapping that cannot be iterated: the keys of the others
+        keys = set()
+        for a in attrs:
+            with contextlib.suppress(Exception):
+                keys.update(a)
+    try:
+        return sorted(keys)
+    except Exception:  # keys that are not all strings: strings still in sorted order
+        return sorted(keys, key=_key_order)
+
+
+def _column_values(attrs: list[Mapping[str, Any]], key: Any) -> list[Any]:
+    """The value of ``key`` in each row (None where absent)."""
+    try:
+        return list(map(dict.get, attrs, repeat(key)))  # type: ignore[arg-type]
+    except Exception:  # a Mapping that is not a dict, or a key whose __eq__ raises
+        return [_get_or_unencodable(a, key) for a in attrs]
+
+
+def _get_or_unencodable(attrs: Mapping[str, Any], key: Any) -> Any:
+    try:
+        return attrs.get(key)
+    except Exception:
+        return _Unencodable(attrs)
+
+
+class _Unencodable:
+    """Stands for a value that could not even be read (its mapping's ``get`` raised)."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __str__(self) -> str:
+        return f"<unencodable: {type(self.source).__name__}>"
 
 
 def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, Any]]) -> list[str]:
@@ -162,51 +269,50 @@ def _attribute_strings(exporter: ChromeTraceExporter, attrs: list[Mapping[str, A
         )
         if encoded is not None:
             return encoded
-    try:
-        keys = sorted(set().union(*attrs))  # sorted: the same output on every run
-    except TypeError:  # keys that are not all strings: strings still in sorted order
-        keys = sorted(set().union(*attrs), key=_key_order)
+    keys = _sorted_keys(attrs)  # sorted: the same output on every run
     if not keys:
         return [""] * n
+    # every value is read before any is encoded: the snapshot the C encoder takes too
+    values = [_column_values(attrs, key) for key in keys]
     columns = []
-    caches = exporter._values
-    for key in keys:
-        try:
-            col = list(map(dict.get, attrs, repeat(key)))  # type: ignore[arg-type]
-        except TypeError:  # a Mapping that is not a dict
-            col = [a.get(key) for a in attrs]
+    for key, col in zip(keys, values, strict=True):
         head = _head_of(key)
-        try:
-            distinct = set(col)
-        except TypeError:  # an unhashable value
-            distinct = None
-        kind = None
-        if distinct is not None:
-            kinds = set(map(type, distinct))
-            kinds.discard(_NONE)
-            if kinds == {str} or kinds == {tuple}:
-                kind = kinds.pop()  # str (or tuple) never equals another type's value
-            elif len(kinds) == 1:
-                # equal values of different types (True == 1 == 1.0) hide in a set
-                kinds = set(map(type, col))
-                kinds.discard(_NONE)
-                if len(kinds) == 1:
-                    kind = kinds.pop()
-        if kind is not None and distinct is not None:
-            cache = caches.get((key, kind))
-            if cache is None or len(cache) > _VALUE_CACHE_LIMIT:
-                cache = caches[(key, kind)] = {None: ""}
-            try:
-                for v in distinct.difference(cache):
-                    cache[v] = head + _encode_value(v)
-                columns.append(list(map(cache.__getitem__, col)))
-                continue
-            except TypeError:  # an unhashable value inside a tuple
-                pass
-        columns.append(["" if v is None else head + _encode_value(v) for v in col])
+        cached = _cached_column(exporter, key, head, col)
+        if cached is None:
+            cached = ["" if v is None else head + _encode_value(v) for v in col]
+        columns.append(cached)
     if len(columns) == 1:
         return columns[0]
     return list(map("".join, zip(*columns, strict=True)))
+
+
+_CACHED_KINDS = frozenset({str, int, float, bool})
+
+
+def _cached_column(
+    exporter: ChromeTraceExporter, key: Any, head: str, col: list[Any]
+) -> list[str] | None:
+    """The encoded column through the exporter's per-(key, type) value cache, or None
+    (then encode per row). Only columns of one exact type among str, int, float and
+    bool are cached: values of those that compare equal encode alike, but for
+    ``-0.0 == 0.0``, which is left to the per-row encoding."""
+    kinds = set(map(type, col))
+    kinds.discard(_NONE)
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    if kind not in _CACHED_KINDS:
+        return None
+    distinct = set(col)
+    if kind is float and 0.0 in distinct:
+        return None  # -0.0 == 0.0: a cache would write one for the other
+    caches = exporter._values
+    cache = caches.get((key, kind))
+    if cache is None or len(cache) > _VALUE_CACHE_LIMIT:
+        cache = caches[(key, kind)] = {None: ""}
+    for v in distinct.difference(cache):
+        cache[v] = head + _encode_value(v)
+    return list(map(cache.__getitem__, col))
 
 
 def _encode_columns(
@@ -221,18 +327,23 @@ def _encode_columns(
     the same nanosecond (Perfetto nests equal timestamps by file order).
     """
     n = len(rows)
-    if _speedups is not None:
+    # the C encoder takes origin as an int64; an origin below that (floored to the
+    # second from a start near -2**63) goes the exact Python way
+    fast = _speedups if _INT64_MIN <= origin <= _INT64_MAX else None
+    if fast is not None:
         rows = rows if type(rows) is list else list(rows)
-        cols = _speedups.span_columns(rows)
+        cols = fast.span_columns(rows)
         start = np.frombuffer(cols[7], dtype=np.int64)
         end = np.frombuffer(cols[8], dtype=np.int64)
     else:
         start = np.fromiter(map(_get_start, rows), dtype=np.int64, count=n)
         end = np.fromiter(map(_get_end, rows), dtype=np.int64, count=n)
     if n > 1:
-        d = np.diff(start)
-        if (d < 0).any() or ((d == 0) & (np.diff(end) > 0)).any():
-            order = np.lexsort((-end, start))
+        # compared, not subtracted: no overflow for any int64 times
+        earlier = start[1:] < start[:-1]
+        longer = (start[1:] == start[:-1]) & (end[1:] > end[:-1])
+        if earlier.any() or longer.any():
+            order = np.lexsort((~end, start))  # ~end: descending end, without overflow
             rows = [rows[i] for i in order.tolist()]
             start = start[order]
             end = end[order]
@@ -240,7 +351,7 @@ def _encode_columns(
     if prefixes is None:
         prefixes = exporter._prefixes[pid] = {}
     strs = exporter._strs
-    if _speedups is not None:  # the same events, assembled in C
+    if fast is not None:  # the same events, assembled in C
         # the distinct names and statuses: uniques of the encoded columns
         names, statuses = _distinct(cols[0]), _distinct(cols[2])
         _add_prefixes(exporter, prefixes, pid, names, strs, statuses)
@@ -251,12 +362,12 @@ def _encode_columns(
             head = first and lo == 0
             encoded = None
             if every is None:
-                encoded = _speedups.encode_x_batch(part, prefixes, strs, None, *caches, head)
+                encoded = fast.encode_x_batch(part, prefixes, strs, None, *caches, head)
             if encoded is None:  # attributes that need the Python encoder, as for the batch
                 if every is None:
                     every = _attribute_strings(exporter, list(map(_get_attrs, rows)))
                 some = every[lo : lo + _PART_ROWS]
-                encoded = _speedups.encode_x_batch(part, prefixes, strs, some, *caches, head)
+                encoded = fast.encode_x_batch(part, prefixes, strs, some, *caches, head)
             yield encoded, len(part)
         return
     names = list(map(_get_name, rows))
@@ -264,14 +375,14 @@ def _encode_columns(
     _add_prefixes(exporter, prefixes, pid, set(names), strs, set(statuses))
     attrs = _attribute_strings(exporter, list(map(_get_attrs, rows)))
     errors = [',"error":' + _quote(e) if e else "" for e in map(_get_error, rows)]
-    ts_whole, ts_frac = _split_us(start - origin)
-    dur_whole, dur_frac = _split_us(np.maximum(end - start, 0))
+    ts_whole, ts_frac = _diff_us(start, origin)
+    dur_whole, dur_frac = _diff_us(np.maximum(end, start), start)
     events = [
         f'{pre}{tid},"ts":{tw}.{tf},"dur":{dw}.{df},"args":{{"span_id":"{sid}",'
         f'"parent_id":"{par}"{attrs},"status":{st}{err}}}}}'
         for pre, tid, tw, tf, dw, df, sid, par, attrs, st, err in zip(
             map(prefixes.__getitem__, names),
-            map(_get_tid, rows),
+            np.fromiter(map(_get_tid, rows), dtype=np.int64, count=n).tolist(),
             ts_whole,
             ts_frac,
             dur_whole,

@@ -47,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from opentelemetry import trace as otel_trace
 
-from ..tracing._recorder import RECORDER, Span, trace
+from ..tracing._recorder import RECORDER, Span, span_attributes, trace
 from ._base import DEVICE_TID, Profiler, sink_of
 from ._schedule import Schedule, check_schedule
 
@@ -168,12 +168,18 @@ class _Wrap:
 
     def __enter__(self) -> _Wrap:
         span = otel_trace.get_current_span()  # the span this block runs in, if ppetrace's
-        self.begin(getattr(span, "start_ns", None) if type(span) is Span else None)
+        if type(span) is Span:
+            self.begin(getattr(span, "start_ns", None), span_attributes(span))
+        else:
+            self.begin(None, None)
         return self
 
-    def begin(self, start_ns: int | None) -> None:
-        """Record the start event, for the span that started at ``start_ns``."""
-        self._rec = self._timer._begin(self._name, self._attrs, start_ns)
+    def begin(self, start_ns: int | None, span_attrs: dict[str, Any] | None) -> None:
+        """Record the start event, for the span that started at ``start_ns``. The result is
+        written into ``span_attrs``, the attributes that span records (ppetrace takes a
+        snapshot of the dict it was given), else into the dict given to :meth:`wrap`."""
+        attrs = self._attrs if span_attrs is None else span_attrs
+        self._rec = self._timer._begin(self._name, attrs, start_ns)
 
     def __exit__(
         self,
@@ -197,7 +203,7 @@ class _TimedSpan:
 
     def __enter__(self) -> Any:
         span = self._span.__enter__()
-        self._wrap.begin(getattr(span, "start_ns", None))
+        self._wrap.begin(getattr(span, "start_ns", None), span_attributes(span))
         return span
 
     def __exit__(
@@ -360,10 +366,10 @@ class CudaTimer(Profiler):
         now. Timed spans get a copy of ``attrs``, so dicts shared between spans are safe."""
         if not self.active or name not in self.spans:
             return trace(name, attrs)
-        own = dict(attrs) if isinstance(attrs, dict) else ({} if attrs is None else None)
+        own = attrs if isinstance(attrs, dict) else ({} if attrs is None else None)
         if own is None:
             own = {"ppetrace.arg": attrs}
-        return _TimedSpan(self, name, own)
+        return _TimedSpan(self, name, own)  # the span writes into its own snapshot
 
     def _begin(self, name: str, attrs: dict[str, Any], start_ns: int | None) -> _Timed | None:
         """Record the start event; ``start_ns`` is the span's host start (perf_counter_ns)."""

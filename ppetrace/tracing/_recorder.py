@@ -32,7 +32,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from exporters._spans import SpanBatch, SpanRow
+from exporters._spans import FrozenAttributes, SpanBatch, SpanRow
 
 
 def _load_speedups() -> Any:
@@ -69,10 +69,12 @@ else:  # pragma: no cover - an exotic runtime context
     )
 
 _perf_ns = time.perf_counter_ns
+_native_id = threading.get_native_id
 _tuple_new = tuple.__new__
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _PRIMITIVES = (str, bool, int, float)
 _KEEP_SCALAR = frozenset({type(None), str, bool, int, float})
+_INT64 = (-(2**63), 2**63 - 1)
 _SAMPLED = otel_trace.TraceFlags(otel_trace.TraceFlags.SAMPLED)
 # The calling thread's record list; its _ThreadBuffer owns the same list.
 _tls = threading.local()
@@ -317,31 +319,44 @@ def _has_processors(processor: Any) -> bool:
     return inner is None or len(inner) > 0
 
 
+def _unencodable(v: Any) -> str:
+    """The string that stands for a value that cannot be turned into an attribute."""
+    return f"<unencodable: {type(v).__name__}>"
+
+
 def _attr_value(v: Any) -> Any:
-    if isinstance(v, _PRIMITIVES):
-        return v
-    if isinstance(v, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in v):
-        return tuple(v)
-    return str(v)
+    """One attribute value as OpenTelemetry takes it: ``str``, ``bool``, an int within
+    int64, ``float``, or a tuple of those; anything else becomes its ``str()``, and
+    what cannot even be that becomes ``"<unencodable: TypeName>"``. Never raises."""
+    try:
+        if isinstance(v, (str, bool, float)):
+            return v
+        if isinstance(v, int):
+            return v if _INT64[0] <= v <= _INT64[1] else str(v)
+        if isinstance(v, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in v):
+            return tuple(_attr_value(x) for x in v)
+        return str(v)
+    except Exception:  # a str() that raises, an int too long for str(): this value only
+        return _unencodable(v)
 
 
-def _attributes(arg: Any) -> Mapping[str, Any]:
-    """``trace``'s ``arg`` as span attributes (DESIGN.md: Spans)."""
-    if arg is None:
-        return _EMPTY
-    if isinstance(arg, dict):
-        return {str(k): _attr_value(v) for k, v in arg.items() if v is not None}
-    return {"ppetrace.arg": _attr_value(arg)}
-
-
-def _keep_arg(arg: Any) -> bool:
-    """Whether ``arg`` can be kept as is until the flush (the C hot path's rule too)."""
-    t = type(arg)
-    if t in _KEEP_SCALAR:
-        return True
-    if t is dict:
-        return all(type(v) in _KEEP_SCALAR for v in arg.values())
-    return False
+def _otel_attributes(attrs: Mapping[Any, Any]) -> dict[str, Any]:
+    """A row's attributes as OpenTelemetry span attributes (None values dropped); a key or
+    value that cannot be converted costs only itself (:func:`_attr_value`)."""
+    try:
+        items = list(attrs.items())
+    except Exception:
+        return {"ppetrace.arg": _unencodable(attrs)}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        if v is None:
+            continue
+        try:
+            key = k if type(k) is str else str(k)
+        except Exception:
+            key = _unencodable(k)
+        out[key] = _attr_value(v)
+    return out
 
 
 def _reduce(v: Any) -> Any:
@@ -352,16 +367,28 @@ def _reduce(v: Any) -> Any:
     return type(v).__qualname__
 
 
-def _describe(arg: Any) -> Any:
-    """Reduce an ``arg`` to something safe to keep until the flush.
+def _snapshot(arg: Any) -> Mapping[Any, Any]:
+    """The attributes of a span whose ``arg`` is ``arg``, as they are now.
 
-    Numbers, strings and tuples of them are kept; any other object (a tensor,
-    a module) becomes its type name, so no reference to it is kept and nothing
-    is formatted (formatting a CUDA tensor would synchronize the device).
+    The hot paths (C and Python) copy a dict of numbers and strings themselves
+    and hand everything else here. A mapping becomes a new dict, a
+    :class:`FrozenAttributes` is kept as it is, any other value becomes the
+    attribute ``ppetrace.arg``. Values that are not numbers, strings or tuples
+    of them (a tensor, a module) become their type name, so no reference to
+    them is kept and nothing is formatted (formatting a CUDA tensor would
+    synchronize the device). Never raises for a bad ``arg``: a mapping that
+    cannot be read becomes ``{"ppetrace.arg": "<unencodable: TypeName>"}``.
     """
-    if isinstance(arg, Mapping):
-        return {k: _reduce(v) for k, v in arg.items()}
-    return _reduce(arg)
+    if arg is None:
+        return _EMPTY
+    if type(arg) is FrozenAttributes:
+        return arg
+    try:
+        if isinstance(arg, Mapping):
+            return {k: _reduce(v) for k, v in arg.items()}
+        return {"ppetrace.arg": _reduce(arg)}
+    except Exception:
+        return {"ppetrace.arg": _unencodable(arg)}
 
 
 def _error_text(exc: BaseException) -> str:
@@ -387,10 +414,14 @@ class _SpanAPI:
     This class is ``ppetrace.trace``. Use it as ``with ppetrace.trace("name",
     arg):`` or as a decorator ``@ppetrace.trace("name")``. ``arg`` becomes
     attributes: a mapping gives one attribute per key, any other value the
-    attribute ``ppetrace.arg``. Values that are not numbers, strings or tuples
-    of them (tensors, modules), also inside a mapping, are reduced to their type
-    name when the span starts, so no reference to them is kept. ``event_name``
-    must be a ``str``. When the block raises, the span gets ERROR status and an
+    attribute ``ppetrace.arg``. The attributes are a snapshot taken when the
+    block is entered, as OpenTelemetry copies attributes when they are set: a
+    dict changed afterwards does not change the span. ppetrace's own code may
+    pass a :class:`FrozenAttributes`, which is shared instead of copied.
+    Values that are not numbers, strings or tuples of them (tensors, modules),
+    also inside a mapping, are reduced to their type name in the snapshot, so
+    no reference to them is kept until the flush. ``event_name`` must be a
+    ``str``. When the block raises, the span gets ERROR status and an
     ``exception`` event, and the exception propagates unchanged; a failure of
     the recording itself is logged, never raised.
 
@@ -431,9 +462,10 @@ class _SpanAPI:
 
     def get_span_context(self) -> otel_trace.SpanContext:
         # built on request only: the hot path never pays for a SpanContext
-        return otel_trace.SpanContext(
-            self.trace_id, self.span_id, is_remote=False, trace_flags=_SAMPLED
-        )
+        trace_id = getattr(self, "trace_id", None)
+        if trace_id is None:  # never recorded (not entered, or entered while disabled)
+            return otel_trace.INVALID_SPAN_CONTEXT
+        return otel_trace.SpanContext(trace_id, self.span_id, is_remote=False, trace_flags=_SAMPLED)
 
     def __repr__(self) -> str:
         return f"ppetrace.Span({self.name!r})"
@@ -458,6 +490,7 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
     __slots__ = (
         "name",
         "arg",
+        "_attrs",
         "span_id",
         "trace_id",
         "parent_id",
@@ -467,6 +500,7 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         "_token",
     )
     _token: Any
+    _attrs: Mapping[Any, Any]
 
     def __init__(self, event_name: str, arg: Any = None) -> None:  # no super(): lazy context
         if type(event_name) is not str and not isinstance(event_name, str):
@@ -476,7 +510,7 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
                 '@ppetrace.trace("data.load").'
             )
         self.name = event_name
-        self.arg = arg if _keep_arg(arg) else _describe(arg)
+        self.arg = arg
         self._token = None
 
     # -- the hot path ------------------------------------------------------------
@@ -491,14 +525,29 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         rec = RECORDER
         if not rec.enabled:
             return self
+        # the attributes as they are now (the C path does the same, see _speedups.c)
+        arg = self.arg
+        if type(arg) is dict:
+            attrs = arg.copy()
+            for v in attrs.values():
+                if type(v) not in _KEEP_SCALAR:
+                    attrs = _snapshot(attrs)
+                    break
+            self._attrs = attrs
+        else:
+            self._attrs = _snapshot(arg)
         ctx = _get_ctx()
         parent = ctx.get(_SPAN_KEY)
         if parent is None:
             self.trace_id = rec.trace_id
             self.parent_id = 0
         elif type(parent) is PySpan:
-            self.trace_id = parent.trace_id
-            self.parent_id = parent.span_id
+            try:
+                self.trace_id = parent.trace_id
+                self.parent_id = parent.span_id
+            except AttributeError:  # never recorded, so it has no ids: a root, as in C
+                self.trace_id = rec.trace_id
+                self.parent_id = 0
         else:  # an OpenTelemetry span of someone else's, as the C path does
             ids = _foreign_parent(parent)
             self.trace_id, self.parent_id = (rec.trace_id, 0) if ids is None else ids
@@ -524,9 +573,10 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         self._token = None
         try:  # noqa: SIM105 - contextlib.suppress costs more on this hot path
             _reset_ctx(token)
-        except ValueError:
+        except (ValueError, RuntimeError):
             # Left in another context than it was entered in (a generator
-            # resumed elsewhere); the span is still recorded.
+            # resumed elsewhere), or the token was used already; the span is
+            # still recorded, and the block's own exception goes on unchanged.
             pass
         self.end_ns = end
         try:
@@ -535,35 +585,49 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
             else:
                 status = "ERROR"
                 self.error = text = _error_text(exc)
-            arg = self.arg
             offset = RECORDER.offset_ns
+            # the finished span becomes an exporters.SpanRow right here, before the
+            # buffer is looked up: making it can run a finalizer, even a fork whose
+            # child replaces this thread's buffer
+            row = _tuple_new(
+                SpanRow,
+                (
+                    self.name,
+                    self.span_id,
+                    self.parent_id,
+                    self.trace_id,
+                    self.start_ns + offset,
+                    end + offset,
+                    _native_id(),
+                    self._attrs,
+                    status,
+                    text,
+                ),
+            )
             try:
                 buf = _tls.buf
             except AttributeError:
                 buf = _tls.buf = RECORDER._new_buffer_object()
             records = buf.records
-            # the finished span becomes an exporters.SpanRow right here
-            records.append(
-                _tuple_new(
-                    SpanRow,
-                    (
-                        self.name,
-                        self.span_id,
-                        self.parent_id,
-                        self.trace_id,
-                        self.start_ns + offset,
-                        end + offset,
-                        buf.tid,
-                        arg if type(arg) is dict else _attributes(arg),
-                        status,
-                        text,
-                    ),
-                )
-            )
+            records.append(row)
             if len(records) >= RECORDER.capacity:
                 RECORDER.on_full(records)
         except Exception:  # telemetry never breaks training, nor replaces its exception
             _log.exception("ppetrace: recording the span %r failed; it is lost", self.name)
+
+
+def span_attributes(span: Any) -> dict[Any, Any] | None:
+    """The attribute dict that the entered ppetrace span ``span`` records: its snapshot.
+
+    For ppetrace's own hooks that complete attributes off the hot path (a
+    ``RECORDER.before_flush`` hook writing ``ppetrace.device_dur_ns``): what
+    they write there before the span is flushed reaches the exporters. None
+    for anything else: not a ppetrace span, not entered while tracing was
+    enabled, or attributes that are not a private dict (a
+    :class:`FrozenAttributes` shared between spans, the shared empty mapping).
+    """
+    attrs = getattr(span, "_attrs", None) if isinstance(span, _SpanAPI) else None
+    return attrs if type(attrs) is dict else None
 
 
 def _foreign_parent(parent: Any) -> tuple[int, int] | None:
@@ -586,10 +650,10 @@ if _speedups is not None and _CTXVAR is not None:
         RECORDER._new_buffer,
         RECORDER.on_full,
         _foreign_parent,
-        _describe,
+        _snapshot,
         _error_text,
         SpanRow,
-        _attributes,
+        FrozenAttributes,
         _EMPTY,
     )
     Span: type[_SpanAPI] = CSpan

@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from exporters._spans import SpanRow
 
 from .._version import __version__
-from ._recorder import RECORDER, RecorderStats, Span, _attributes, trace
+from ._recorder import RECORDER, RecorderStats, Span, _otel_attributes, trace
 
 __all__ = [
     "RecorderStats",
@@ -79,7 +79,8 @@ def _make_span_builder(
             if row.parent_id
             else None
         )
-        attributes = dict(_attributes(row.attributes))
+        # one attribute that cannot be converted costs only itself, never the span
+        attributes = _otel_attributes(row.attributes)
         attributes["thread.id"] = row.tid
         name = thread_names.get(row.tid)
         if name is not None:

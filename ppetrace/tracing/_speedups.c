@@ -1,21 +1,42 @@
 /*
  * The hot path of ppetrace.trace in C: entering and leaving a traced block.
  *
- * ppetrace/_recorder.py holds the reference implementation in pure Python and
- * uses this module when it was built (see setup.py; the build is optional).
- * Both do the same work, in the same order:
+ * ppetrace/tracing/_recorder.py holds the reference implementation in pure
+ * Python and uses this module when it was built (see setup.py; the build is
+ * optional). Both do the same work, in the same order:
  *
- *   enter: read the OpenTelemetry context (a ContextVar holding a dict), take
- *          the parent span from it, give the block the next span id, set a
- *          copy of the context with the block as the current span, read the
- *          monotonic clock (the clock of time.perf_counter_ns).
- *   exit:  read the clock, reset the context, append the finished span to its
- *          thread's record list as an exporters.SpanRow (epoch times, thread
- *          id, attributes, status and the exception text if the block raised)
- *          and call the recorder back when that list is full.
+ *   enter: take a snapshot of the arg as the span's attributes (a copy of a
+ *          dict, the shared empty mapping for None, a FrozenAttributes as it
+ *          is, anything else through the Python callback), read the
+ *          OpenTelemetry context (a ContextVar holding a dict), take the parent
+ *          span from it, give the block the next span id, set a copy of the
+ *          context with the block as the current span, read the monotonic
+ *          clock (the clock of time.perf_counter_ns).
+ *   exit:  read the clock, reset the context, turn the finished span into an
+ *          exporters.SpanRow (epoch times, thread id, attributes, status and
+ *          the exception text if the block raised), append it to its thread's
+ *          record list and call the recorder back when that list is full.
  *
  * Everything else (flushing, exporters, the OpenTelemetry span API of the
  * object) stays in Python.
+ *
+ * THE RULE, followed throughout this file:
+ *   - No borrowed reference is held across any call that can run Python code.
+ *     That includes calls into Python callbacks, __hash__/__eq__/__repr__/
+ *     __index__ of user objects, and any allocation of a GC-tracked object
+ *     (a collection runs finalizers, and a finalizer can do anything, even
+ *     fork). Such a reference is made strong first (Py_INCREF, released
+ *     after) or fetched again after the call.
+ *   - Input containers that C walks are copied, or their length is checked
+ *     on each access.
+ *   - Integer arithmetic on times is checked: monotonic + offset is computed
+ *     with __builtin_add_overflow, and where it overflows the row gets the
+ *     exact sum as a Python int, which is what the pure-Python path computes.
+ *
+ * Module state (the callbacks, the run's trace id, the capacity) is
+ * process-global. The module refuses to load in a second interpreter of the
+ * process (ImportError); ppetrace then uses its pure-Python path there. Until
+ * install() has run, SpanBase refuses to be used (RuntimeError).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,8 +46,9 @@
 typedef struct {
     PyObject_HEAD
     PyObject *name;
-    PyObject *arg;
-    PyObject *trace_id;
+    PyObject *arg;      /* as given to __init__ */
+    PyObject *attrs;    /* the snapshot taken at __enter__: the row's attributes */
+    PyObject *trace_id; /* NULL until the span was entered while tracing was enabled */
     PyObject *error;
     PyObject *token;
     unsigned long long span_id;
@@ -38,6 +60,7 @@ typedef struct {
 static PyTypeObject SpanBaseType;
 
 /* Recorder state, set from Python by install() and set_state(). */
+static int installed = 0;
 static int enabled = 1;
 static Py_ssize_t capacity = 65536;
 static unsigned long long next_id = 1;
@@ -48,20 +71,28 @@ static PyObject *tls_key = NULL;           /* str: key in the thread-state dict 
 static PyObject *new_buffer_cb = NULL;     /* () -> list */
 static PyObject *on_full_cb = NULL;        /* (list) -> None */
 static PyObject *foreign_parent_cb = NULL; /* (span) -> (trace_id, parent_id) | None */
-static PyObject *describe_cb = NULL;       /* (arg) -> reduced arg */
+static PyObject *snapshot_cb = NULL;       /* (arg) -> Mapping: the attributes of any other arg */
 static PyObject *error_text_cb = NULL;     /* (exc) -> str */
 static PyObject *row_type = NULL;          /* exporters.SpanRow, a tuple subclass */
-static PyObject *attributes_cb = NULL;     /* (arg) -> Mapping, for args that are not dicts */
+static PyObject *frozen_type = NULL;       /* exporters.FrozenAttributes: kept without a copy */
 static PyObject *empty_attrs = NULL;       /* the shared empty Mapping for arg None */
 static PyObject *str_unset = NULL, *str_error = NULL, *str_empty = NULL;
 static long long offset_ns = 0;            /* monotonic ns -> epoch ns */
+static PyInterpreterState *owner_interp = NULL;
 
 static inline long long
 now_monotonic_ns(void)
 {
+    /* CLOCK_MONOTONIC counts from boot: tv_sec * 1e9 overflows int64 only after 292
+     * years of uptime. Checked all the same; it saturates there. */
     struct timespec ts;
+    long long ns;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
+    if (__builtin_mul_overflow((long long)ts.tv_sec, 1000000000LL, &ns) ||
+        __builtin_add_overflow(ns, (long long)ts.tv_nsec, &ns)) {
+        return LLONG_MAX;
+    }
+    return ns;
 }
 
 static inline int
@@ -72,23 +103,14 @@ is_primitive(PyObject *v)
 }
 
 static int
-keep_arg(PyObject *arg)
+check_installed(void)
 {
-    /* None, a primitive, or a dict whose values are all None or primitives: kept as is.
-     * Anything else goes through describe() so that no reference to objects such as
-     * tensors is kept until the flush. */
-    if (arg == Py_None || is_primitive(arg)) {
-        return 1;
-    }
-    if (PyDict_CheckExact(arg)) {
-        Py_ssize_t pos = 0;
-        PyObject *key, *value;
-        while (PyDict_Next(arg, &pos, &key, &value)) {
-            if (value != Py_None && !is_primitive(value)) {
-                return 0;
-            }
-        }
-        return 1;
+    if (!installed) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Expected ppetrace.tracing._speedups to be installed by "
+                        "ppetrace.tracing._recorder, but install() has not run. Use ppetrace.trace, "
+                        "not SpanBase directly.");
+        return -1;
     }
     return 0;
 }
@@ -116,25 +138,58 @@ Span_init(SpanBase *self, PyObject *args, PyObject *kwds)
                      Py_TYPE(name)->tp_name);
         return -1;
     }
+    /* args owns name and arg until we return: no Python code runs before they are ours */
     Py_INCREF(name);
+    Py_INCREF(arg);
     Py_XSETREF(self->name, name);
-    if (keep_arg(arg)) {
-        Py_INCREF(arg);
-    }
-    else {
-        arg = PyObject_CallOneArg(describe_cb, arg);
-        if (arg == NULL) {
-            return -1;
-        }
-    }
     Py_XSETREF(self->arg, arg);
     return 0;
 }
 
 static PyObject *
+snapshot(PyObject *arg)
+{
+    /* The attributes of a span whose arg is arg, as they are now (a new reference):
+     * None -> the shared empty mapping; a dict -> a copy (values that are not None,
+     * str, int, float or bool make the callback reduce the copy); a FrozenAttributes
+     * -> itself; anything else -> the callback's mapping. */
+    PyObject *copy, *key, *value, *res;
+    Py_ssize_t pos = 0;
+    if (arg == Py_None) {
+        return Py_NewRef(empty_attrs);
+    }
+    if (PyDict_CheckExact(arg)) {
+        copy = PyDict_Copy(arg);
+        if (copy == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL;
+            }
+            PyErr_Clear(); /* e.g. changed during the copy: the callback says what it can */
+            return PyObject_CallOneArg(snapshot_cb, arg);
+        }
+        /* the copy is ours alone: no Python code runs while it is walked */
+        while (PyDict_Next(copy, &pos, &key, &value)) {
+            if (value != Py_None && !is_primitive(value)) {
+                res = PyObject_CallOneArg(snapshot_cb, copy);
+                Py_DECREF(copy);
+                return res;
+            }
+        }
+        return copy;
+    }
+    if ((PyObject *)Py_TYPE(arg) == frozen_type) {
+        return Py_NewRef(arg);
+    }
+    return PyObject_CallOneArg(snapshot_cb, arg);
+}
+
+static PyObject *
 Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *ctx = NULL, *parent, *new_ctx, *token;
+    PyObject *ctx = NULL, *parent = NULL, *new_ctx, *token, *attrs;
+    if (check_installed() < 0) {
+        return NULL;
+    }
     if (self->name == NULL) {
         PyErr_SetString(PyExc_TypeError,
                         "Expected an initialised ppetrace.trace, but __init__ was not run. A "
@@ -152,10 +207,14 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
         Py_INCREF(self);
         return (PyObject *)self;
     }
+    attrs = snapshot(self->arg != NULL ? self->arg : Py_None);
+    if (attrs == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(self->attrs, attrs);
     if (PyContextVar_Get(ctxvar, NULL, &ctx) < 0) {
         return NULL;
     }
-    parent = NULL;
     if (ctx != NULL) {
         if (!PyDict_Check(ctx)) {
             Py_DECREF(ctx);
@@ -163,11 +222,18 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
                             "ppetrace expected the OpenTelemetry context to be a dict.");
             return NULL;
         }
-        parent = PyDict_GetItemWithError(ctx, span_key); /* borrowed */
+        parent = PyDict_GetItemWithError(ctx, span_key);
         if (parent == NULL && PyErr_Occurred()) {
             Py_DECREF(ctx);
             return NULL;
         }
+        Py_XINCREF(parent); /* strong: the callback below runs Python code */
+    }
+    if (parent != NULL && PyObject_TypeCheck(parent, &SpanBaseType) &&
+        ((SpanBase *)parent)->trace_id == NULL) {
+        /* a ppetrace span that was never recorded (never entered, or entered while
+         * tracing was disabled) has no ids: the block is a root, as with no parent */
+        Py_CLEAR(parent);
     }
     if (parent == NULL) {
         Py_INCREF(run_trace_id);
@@ -176,13 +242,14 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
     }
     else if (PyObject_TypeCheck(parent, &SpanBaseType)) {
         SpanBase *p = (SpanBase *)parent;
-        Py_XINCREF(p->trace_id);
+        Py_INCREF(p->trace_id);
         Py_XSETREF(self->trace_id, p->trace_id);
         self->parent_id = p->span_id;
     }
     else {
         PyObject *res = PyObject_CallOneArg(foreign_parent_cb, parent);
         if (res == NULL) {
+            Py_DECREF(parent);
             Py_DECREF(ctx);
             return NULL;
         }
@@ -192,10 +259,11 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
             self->parent_id = 0;
         }
         else if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
-            PyObject *tid = PyTuple_GET_ITEM(res, 0);
+            PyObject *tid = PyTuple_GET_ITEM(res, 0); /* res owns it */
             unsigned long long pid = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(res, 1));
             if (pid == (unsigned long long)-1 && PyErr_Occurred()) {
                 Py_DECREF(res);
+                Py_DECREF(parent);
                 Py_DECREF(ctx);
                 return NULL;
             }
@@ -205,6 +273,7 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
         }
         else {
             Py_DECREF(res);
+            Py_DECREF(parent);
             Py_DECREF(ctx);
             PyErr_SetString(PyExc_TypeError,
                             "ppetrace expected (trace_id, parent_id) or None from the "
@@ -213,6 +282,7 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
         }
         Py_DECREF(res);
     }
+    Py_XDECREF(parent);
     self->span_id = next_id++;
     new_ctx = ctx != NULL ? PyDict_Copy(ctx) : PyDict_New();
     Py_XDECREF(ctx);
@@ -237,7 +307,7 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 thread_records(void)
 {
-    /* the calling thread's record list (borrowed), made on first use */
+    /* the calling thread's record list (a new reference), made on first use */
     PyObject *tsdict = PyThreadState_GetDict();
     PyObject *records;
     if (tsdict == NULL) {
@@ -245,73 +315,97 @@ thread_records(void)
         return NULL;
     }
     records = PyDict_GetItemWithError(tsdict, tls_key);
-    if (records != NULL || PyErr_Occurred()) {
-        return records;
+    if (records != NULL) {
+        return Py_NewRef(records);
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
     }
     records = PyObject_CallNoArgs(new_buffer_cb);
     if (records == NULL) {
         return NULL;
     }
-    if (!PyList_CheckExact(records) || PyDict_SetItem(tsdict, tls_key, records) < 0) {
+    if (!PyList_CheckExact(records)) {
+        Py_DECREF(records);
+        PyErr_SetString(PyExc_TypeError, "ppetrace expected a list from new_buffer().");
+        return NULL;
+    }
+    tsdict = PyThreadState_GetDict(); /* the callback ran Python code: fetched again */
+    if (tsdict == NULL || PyDict_SetItem(tsdict, tls_key, records) < 0) {
         if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "ppetrace expected a list from new_buffer().");
+            PyErr_SetString(PyExc_RuntimeError, "ppetrace found no thread state dict.");
         }
         Py_DECREF(records);
         return NULL;
     }
-    Py_DECREF(records); /* the thread-state dict holds it */
     return records;
+}
+
+static PyObject *
+epoch_ns(long long monotonic)
+{
+    /* monotonic + offset_ns, exactly: a Python int beyond int64 where the sum overflows
+     * (the pure-Python path adds Python ints) */
+    long long sum;
+    PyObject *a, *b, *res;
+    if (!__builtin_add_overflow(monotonic, offset_ns, &sum)) {
+        return PyLong_FromLongLong(sum);
+    }
+    a = PyLong_FromLongLong(monotonic);
+    b = PyLong_FromLongLong(offset_ns);
+    res = (a != NULL && b != NULL) ? PyNumber_Add(a, b) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return res;
 }
 
 static PyObject *
 make_row(SpanBase *self)
 {
     /* exporters.SpanRow(name, span_id, parent_id, trace_id, start_ns, end_ns, tid,
-     *                   attributes, status, error) */
+     *                   attributes, status, error). Every field is taken (strong, or by
+     * value) before the row is allocated: the allocation can run a collection. */
     PyTypeObject *type = (PyTypeObject *)row_type;
-    PyObject *row, *attrs, *item;
-    PyObject *arg = self->arg != NULL ? self->arg : Py_None;
-    if (PyDict_CheckExact(arg)) {
-        attrs = Py_NewRef(arg);
+    PyObject *fields[10] = {NULL};
+    PyObject *row;
+    if (self->name == NULL || self->trace_id == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ppetrace found a span without a name or trace id.");
+        return NULL;
     }
-    else if (arg == Py_None) {
-        attrs = Py_NewRef(empty_attrs);
+    fields[0] = Py_NewRef(self->name);
+    fields[3] = Py_NewRef(self->trace_id);
+    fields[7] = Py_NewRef(self->attrs != NULL ? self->attrs : empty_attrs);
+    if (self->error != NULL && self->error != Py_None) {
+        fields[8] = Py_NewRef(str_error);
+        fields[9] = Py_NewRef(self->error);
     }
     else {
-        attrs = PyObject_CallOneArg(attributes_cb, arg);
-        if (attrs == NULL) {
-            return NULL;
+        fields[8] = Py_NewRef(str_unset);
+        fields[9] = Py_NewRef(str_empty);
+    }
+    fields[1] = PyLong_FromUnsignedLongLong(self->span_id);
+    fields[2] = PyLong_FromUnsignedLongLong(self->parent_id);
+    fields[4] = epoch_ns(self->start_ns);
+    fields[5] = epoch_ns(self->end_ns);
+    fields[6] = PyLong_FromUnsignedLong(PyThread_get_thread_native_id());
+    row = NULL;
+    for (int i = 0; i < 10; i++) {
+        if (fields[i] == NULL) {
+            goto done;
         }
     }
     row = type->tp_alloc(type, 10);
     if (row == NULL) {
-        Py_DECREF(attrs);
-        return NULL;
+        goto done;
     }
-    PyTuple_SET_ITEM(row, 0, Py_NewRef(self->name));
-    PyTuple_SET_ITEM(row, 3, Py_NewRef(self->trace_id));
-    PyTuple_SET_ITEM(row, 7, attrs);
-    if (self->error != NULL && self->error != Py_None) {
-        PyTuple_SET_ITEM(row, 8, Py_NewRef(str_error));
-        PyTuple_SET_ITEM(row, 9, Py_NewRef(self->error));
+    for (int i = 0; i < 10; i++) {
+        PyTuple_SET_ITEM(row, i, fields[i]);
+        fields[i] = NULL;
     }
-    else {
-        PyTuple_SET_ITEM(row, 8, Py_NewRef(str_unset));
-        PyTuple_SET_ITEM(row, 9, Py_NewRef(str_empty));
+done:
+    for (int i = 0; i < 10; i++) {
+        Py_XDECREF(fields[i]);
     }
-#define SET_NUM(i, expr)                \
-    item = (expr);                      \
-    if (item == NULL) {                 \
-        Py_DECREF(row);                 \
-        return NULL;                    \
-    }                                   \
-    PyTuple_SET_ITEM(row, i, item);
-    SET_NUM(1, PyLong_FromUnsignedLongLong(self->span_id));
-    SET_NUM(2, PyLong_FromUnsignedLongLong(self->parent_id));
-    SET_NUM(4, PyLong_FromLongLong(self->start_ns + offset_ns));
-    SET_NUM(5, PyLong_FromLongLong(self->end_ns + offset_ns));
-    SET_NUM(6, PyLong_FromUnsignedLong(PyThread_get_thread_native_id()));
-#undef SET_NUM
     return row;
 }
 
@@ -333,11 +427,16 @@ Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     if (PyContextVar_Reset(ctxvar, self->token) < 0) {
-        /* left in another context than it was entered in: still recorded */
-        if (!PyErr_ExceptionMatches(PyExc_ValueError)) {
-            return NULL;
+        /* Left in another context than it was entered in (ValueError), or the token was
+         * used already (RuntimeError): the span is still recorded, and __exit__ never
+         * replaces the block's own exception. */
+        if (PyErr_ExceptionMatches(PyExc_ValueError) ||
+            PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+            PyErr_Clear();
         }
-        PyErr_Clear();
+        else {
+            PyErr_WriteUnraisable((PyObject *)self);
+        }
     }
     Py_CLEAR(self->token);
     self->end_ns = end;
@@ -354,25 +453,33 @@ Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_XSETREF(self->error, text);
     }
-    records = thread_records();
-    if (records == NULL) {
-        goto lost;
-    }
+    /* the row first: making it can run Python code (a finalizer, even a fork whose
+     * child drops this thread's list), so the list is fetched afterwards, and held */
     row = make_row(self);
     if (row == NULL) {
+        goto lost;
+    }
+    records = thread_records();
+    if (records == NULL) {
+        Py_DECREF(row);
         goto lost;
     }
     rc = PyList_Append(records, row);
     Py_DECREF(row);
     if (rc < 0) {
+        Py_DECREF(records);
         goto lost;
     }
     if (PyList_GET_SIZE(records) >= capacity) {
         PyObject *res = PyObject_CallOneArg(on_full_cb, records);
+        Py_DECREF(records);
         if (res == NULL) {
             goto lost;
         }
         Py_DECREF(res);
+    }
+    else {
+        Py_DECREF(records);
     }
     Py_RETURN_NONE;
 lost:
@@ -386,6 +493,7 @@ Span_traverse(SpanBase *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->name);
     Py_VISIT(self->arg);
+    Py_VISIT(self->attrs);
     Py_VISIT(self->trace_id);
     Py_VISIT(self->error);
     Py_VISIT(self->token);
@@ -397,6 +505,7 @@ Span_clear(SpanBase *self)
 {
     Py_CLEAR(self->name);
     Py_CLEAR(self->arg);
+    Py_CLEAR(self->attrs);
     Py_CLEAR(self->trace_id);
     Py_CLEAR(self->error);
     Py_CLEAR(self->token);
@@ -419,7 +528,9 @@ static PyMethodDef Span_methods[] = {
 
 static PyMemberDef Span_members[] = {
     {"name", T_OBJECT, offsetof(SpanBase, name), READONLY, "the event name"},
-    {"arg", T_OBJECT, offsetof(SpanBase, arg), READONLY, "the (reduced) arg"},
+    {"arg", T_OBJECT, offsetof(SpanBase, arg), READONLY, "the arg, as given"},
+    {"_attrs", T_OBJECT, offsetof(SpanBase, attrs), READONLY,
+     "the attributes: the snapshot of arg taken when the span was entered"},
     {"trace_id", T_OBJECT, offsetof(SpanBase, trace_id), READONLY, "the trace id"},
     {"error", T_OBJECT, offsetof(SpanBase, error), READONLY, "exception text or None"},
     {"span_id", T_ULONGLONG, offsetof(SpanBase, span_id), READONLY, "the span id"},
@@ -448,37 +559,37 @@ static PyTypeObject SpanBaseType = {
 static PyObject *
 install(PyObject *module, PyObject *args)
 {
-    PyObject *cv, *key, *tk, *nb, *of, *fp, *ds, *et, *rt, *ac, *ea;
-    if (!PyArg_ParseTuple(args, "OUUOOOOOOOO:install", &cv, &key, &tk, &nb, &of, &fp, &ds, &et,
-                          &rt, &ac, &ea)) {
+    PyObject *cv, *key, *tk, *nb, *of, *fp, *sn, *et, *rt, *ft, *ea;
+    if (!PyArg_ParseTuple(args, "OUUOOOOOOOO:install", &cv, &key, &tk, &nb, &of, &fp, &sn, &et,
+                          &rt, &ft, &ea)) {
         return NULL;
     }
     if (!PyType_Check(rt) || !PyType_IsSubtype((PyTypeObject *)rt, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "install() expected a tuple subclass for the row type.");
         return NULL;
     }
-    Py_INCREF(rt);
-    Py_XSETREF(row_type, rt);
-    Py_INCREF(ac);
-    Py_XSETREF(attributes_cb, ac);
-    Py_INCREF(ea);
-    Py_XSETREF(empty_attrs, ea);
-    Py_INCREF(cv);
-    Py_XSETREF(ctxvar, cv);
-    Py_INCREF(key);
-    Py_XSETREF(span_key, key);
-    Py_INCREF(tk);
-    Py_XSETREF(tls_key, tk);
-    Py_INCREF(nb);
-    Py_XSETREF(new_buffer_cb, nb);
-    Py_INCREF(of);
-    Py_XSETREF(on_full_cb, of);
-    Py_INCREF(fp);
-    Py_XSETREF(foreign_parent_cb, fp);
-    Py_INCREF(ds);
-    Py_XSETREF(describe_cb, ds);
-    Py_INCREF(et);
-    Py_XSETREF(error_text_cb, et);
+    if (!PyType_Check(ft)) {
+        PyErr_SetString(PyExc_TypeError, "install() expected a type for the frozen mapping.");
+        return NULL;
+    }
+    Py_XSETREF(row_type, Py_NewRef(rt));
+    Py_XSETREF(frozen_type, Py_NewRef(ft));
+    Py_XSETREF(empty_attrs, Py_NewRef(ea));
+    Py_XSETREF(ctxvar, Py_NewRef(cv));
+    Py_XSETREF(span_key, Py_NewRef(key));
+    Py_XSETREF(tls_key, Py_NewRef(tk));
+    Py_XSETREF(new_buffer_cb, Py_NewRef(nb));
+    Py_XSETREF(on_full_cb, Py_NewRef(of));
+    Py_XSETREF(foreign_parent_cb, Py_NewRef(fp));
+    Py_XSETREF(snapshot_cb, Py_NewRef(sn));
+    Py_XSETREF(error_text_cb, Py_NewRef(et));
+    if (run_trace_id == NULL) {
+        run_trace_id = PyLong_FromLong(1);
+        if (run_trace_id == NULL) {
+            return NULL;
+        }
+    }
+    installed = 1;
     Py_RETURN_NONE;
 }
 
@@ -493,15 +604,20 @@ set_state(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "pnOKL:set_state", &en, &cap, &tid, &first_id, &offset)) {
         return NULL;
     }
-    offset_ns = offset;
+    /* everything is checked before anything changes */
     if (cap < 1) {
         PyErr_Format(PyExc_ValueError, "Expected a positive capacity, but received %zd.", cap);
         return NULL;
     }
+    if (!PyLong_Check(tid)) {
+        PyErr_Format(PyExc_TypeError, "Expected an int trace id, but received %.100s.",
+                     Py_TYPE(tid)->tp_name);
+        return NULL;
+    }
+    offset_ns = offset;
     enabled = en;
     capacity = cap;
-    Py_INCREF(tid);
-    Py_XSETREF(run_trace_id, tid);
+    Py_XSETREF(run_trace_id, Py_NewRef(tid));
     if (first_id != 0) {
         next_id = first_id;
     }
@@ -535,34 +651,50 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int
+speedups_exec(PyObject *m)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    if (owner_interp != NULL && owner_interp != interp) {
+        PyErr_SetString(PyExc_ImportError,
+                        "ppetrace.tracing._speedups keeps process-wide state and loads in one "
+                        "interpreter per process only; this one uses the pure-Python hot path.");
+        return -1;
+    }
+    if (PyType_Ready(&SpanBaseType) < 0) {
+        return -1;
+    }
+    if (str_unset == NULL) {
+        str_unset = PyUnicode_InternFromString("UNSET");
+        str_error = PyUnicode_InternFromString("ERROR");
+        str_empty = PyUnicode_InternFromString("");
+        if (str_unset == NULL || str_error == NULL || str_empty == NULL) {
+            return -1;
+        }
+    }
+    if (PyModule_AddObjectRef(m, "SpanBase", (PyObject *)&SpanBaseType) < 0) {
+        return -1;
+    }
+    owner_interp = interp;
+    return 0;
+}
+
+static PyModuleDef_Slot speedups_slots[] = {
+    {Py_mod_exec, speedups_exec},
+    {0, NULL},
+};
+
 static struct PyModuleDef speedups_module = {
-    PyModuleDef_HEAD_INIT, "ppetrace.tracing._speedups", "The hot path of ppetrace.trace, in C.", -1,
-    module_methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ppetrace.tracing._speedups",
+    .m_doc = "The hot path of ppetrace.trace, in C.",
+    .m_size = 0,
+    .m_methods = module_methods,
+    .m_slots = speedups_slots,
 };
 
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    PyObject *m;
-    if (PyType_Ready(&SpanBaseType) < 0) {
-        return NULL;
-    }
-    m = PyModule_Create(&speedups_module);
-    if (m == NULL) {
-        return NULL;
-    }
-    str_unset = PyUnicode_InternFromString("UNSET");
-    str_error = PyUnicode_InternFromString("ERROR");
-    str_empty = PyUnicode_InternFromString("");
-    if (str_unset == NULL || str_error == NULL || str_empty == NULL) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&SpanBaseType);
-    if (PyModule_AddObject(m, "SpanBase", (PyObject *)&SpanBaseType) < 0) {
-        Py_DECREF(&SpanBaseType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return PyModuleDef_Init(&speedups_module);
 }

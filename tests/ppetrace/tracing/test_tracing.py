@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 import ppetrace
 from exporters._spans import SpanBatch
-from ppetrace.tracing._recorder import RECORDER
+from ppetrace.tracing._recorder import RECORDER, span_attributes
 
 
 def by_name(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> dict[str, ReadableSpan]:
@@ -378,14 +378,17 @@ def test_before_flush_hooks_can_complete_attributes_off_the_hot_path(
     RECORDER.before_flush.append(resolve)
     try:
         attrs: dict[str, Any] = {"ppetrace.step": 1}
-        with ppetrace.trace("trainer.step", attrs):
-            pending.append(attrs)
+        with ppetrace.trace("trainer.step", attrs) as open_span:
+            own = span_attributes(open_span)  # the span's snapshot, not the caller's dict
+            assert own is not None and own is not attrs
+            pending.append(own)
         ppetrace.flush()
     finally:
         RECORDER.before_flush.remove(resolve)
     (span,) = span_exporter.get_finished_spans()
     assert span.attributes is not None
     assert span.attributes["ppetrace.device_dur_ns"] == 1234
+    assert "ppetrace.device_dur_ns" not in attrs
 
 
 def test_values_inside_a_mapping_arg_are_not_kept_alive() -> None:
