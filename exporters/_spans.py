@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 __all__ = ["FrozenAttributes", "SpanBatch", "SpanRow", "rows_from_readable_spans"]
 
 
-class FrozenAttributes(dict):  # type: ignore[type-arg]
+class FrozenAttributes(dict[Any, Any]):
     """Span attributes that cannot be changed, so that many spans can share one mapping.
 
     A ``dict`` whose mutating methods raise ``TypeError``. ``ppetrace.trace``
@@ -40,9 +40,9 @@ class FrozenAttributes(dict):  # type: ignore[type-arg]
         )
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
-    __ior__ = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse
 
-    def copy(self) -> dict[Any, Any]:  # type: ignore[override]
+    def copy(self) -> dict[Any, Any]:
         """A plain, mutable ``dict`` with the same items."""
         return dict(self)
 

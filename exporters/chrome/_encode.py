@@ -326,12 +326,12 @@ def _encode_columns(
     longest first) order, so that a parent comes before a child that starts at
     the same nanosecond (Perfetto nests equal timestamps by file order).
     """
+    rows = list(rows)  # ours: a row's __index__ may change the caller's list meanwhile
     n = len(rows)
     # the C encoder takes origin as an int64; an origin below that (floored to the
     # second from a start near -2**63) goes the exact Python way
     fast = _speedups if _INT64_MIN <= origin <= _INT64_MAX else None
     if fast is not None:
-        rows = rows if type(rows) is list else list(rows)
         cols = fast.span_columns(rows)
         start = np.frombuffer(cols[7], dtype=np.int64)
         end = np.frombuffer(cols[8], dtype=np.int64)

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context as otel_context
@@ -33,6 +33,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation import _SPAN_KEY
 
 from exporters._spans import FrozenAttributes, SpanBatch, SpanRow
+
+from ._attributes import _EMPTY, _snapshot
 
 
 def _load_speedups() -> Any:
@@ -71,10 +73,7 @@ else:  # pragma: no cover - an exotic runtime context
 _perf_ns = time.perf_counter_ns
 _native_id = threading.get_native_id
 _tuple_new = tuple.__new__
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-_PRIMITIVES = (str, bool, int, float)
 _KEEP_SCALAR = frozenset({type(None), str, bool, int, float})
-_INT64 = (-(2**63), 2**63 - 1)
 _SAMPLED = otel_trace.TraceFlags(otel_trace.TraceFlags.SAMPLED)
 # The calling thread's record list; its _ThreadBuffer owns the same list.
 _tls = threading.local()
@@ -319,78 +318,6 @@ def _has_processors(processor: Any) -> bool:
     return inner is None or len(inner) > 0
 
 
-def _unencodable(v: Any) -> str:
-    """The string that stands for a value that cannot be turned into an attribute."""
-    return f"<unencodable: {type(v).__name__}>"
-
-
-def _attr_value(v: Any) -> Any:
-    """One attribute value as OpenTelemetry takes it: ``str``, ``bool``, an int within
-    int64, ``float``, or a tuple of those; anything else becomes its ``str()``, and
-    what cannot even be that becomes ``"<unencodable: TypeName>"``. Never raises."""
-    try:
-        if isinstance(v, (str, bool, float)):
-            return v
-        if isinstance(v, int):
-            return v if _INT64[0] <= v <= _INT64[1] else str(v)
-        if isinstance(v, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in v):
-            return tuple(_attr_value(x) for x in v)
-        return str(v)
-    except Exception:  # a str() that raises, an int too long for str(): this value only
-        return _unencodable(v)
-
-
-def _otel_attributes(attrs: Mapping[Any, Any]) -> dict[str, Any]:
-    """A row's attributes as OpenTelemetry span attributes (None values dropped); a key or
-    value that cannot be converted costs only itself (:func:`_attr_value`)."""
-    try:
-        items = list(attrs.items())
-    except Exception:
-        return {"ppetrace.arg": _unencodable(attrs)}
-    out: dict[str, Any] = {}
-    for k, v in items:
-        if v is None:
-            continue
-        try:
-            key = k if type(k) is str else str(k)
-        except Exception:
-            key = _unencodable(k)
-        out[key] = _attr_value(v)
-    return out
-
-
-def _reduce(v: Any) -> Any:
-    if v is None or isinstance(v, _PRIMITIVES):
-        return v
-    if isinstance(v, (list, tuple)) and all(isinstance(x, _PRIMITIVES) for x in v):
-        return tuple(v)
-    return type(v).__qualname__
-
-
-def _snapshot(arg: Any) -> Mapping[Any, Any]:
-    """The attributes of a span whose ``arg`` is ``arg``, as they are now.
-
-    The hot paths (C and Python) copy a dict of numbers and strings themselves
-    and hand everything else here. A mapping becomes a new dict, a
-    :class:`FrozenAttributes` is kept as it is, any other value becomes the
-    attribute ``ppetrace.arg``. Values that are not numbers, strings or tuples
-    of them (a tensor, a module) become their type name, so no reference to
-    them is kept and nothing is formatted (formatting a CUDA tensor would
-    synchronize the device). Never raises for a bad ``arg``: a mapping that
-    cannot be read becomes ``{"ppetrace.arg": "<unencodable: TypeName>"}``.
-    """
-    if arg is None:
-        return _EMPTY
-    if type(arg) is FrozenAttributes:
-        return arg
-    try:
-        if isinstance(arg, Mapping):
-            return {k: _reduce(v) for k, v in arg.items()}
-        return {"ppetrace.arg": _reduce(arg)}
-    except Exception:
-        return {"ppetrace.arg": _unencodable(arg)}
-
-
 def _error_text(exc: BaseException) -> str:
     """``"Type: message"`` and the traceback; never raises."""
     name = type(exc).__qualname__
@@ -528,12 +455,13 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         # the attributes as they are now (the C path does the same, see _speedups.c)
         arg = self.arg
         if type(arg) is dict:
-            attrs = arg.copy()
-            for v in attrs.values():
+            copy = arg.copy()
+            for v in copy.values():
                 if type(v) not in _KEEP_SCALAR:
-                    attrs = _snapshot(attrs)
+                    self._attrs = _snapshot(copy)
                     break
-            self._attrs = attrs
+            else:
+                self._attrs = copy
         else:
             self._attrs = _snapshot(arg)
         ctx = _get_ctx()

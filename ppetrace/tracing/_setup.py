@@ -26,7 +26,8 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from exporters._spans import SpanRow
 
 from .._version import __version__
-from ._recorder import RECORDER, RecorderStats, Span, _otel_attributes, trace
+from ._attributes import _otel_attributes
+from ._recorder import RECORDER, RecorderStats, Span, trace
 
 __all__ = [
     "RecorderStats",
