@@ -14,6 +14,11 @@ Every budget is a ratio of two figures from the same run (DESIGN.md, Budgets):
 "hot path" cases clear the span buffer between rounds, so they time entering and
 leaving a block; the "all in" case also turns every record into an exported row
 (``ppetrace.flush`` to an exporter that keeps nothing).
+
+Attribute snapshots: ``trace`` copies a dict ``arg`` when the block is entered
+(issue 18). The cases "dict arg" (the Trainer's six ``ppetrace.*`` keys, copied)
+and "FrozenAttributes arg" (the same keys, shared without a copy) show what the
+copy costs; their difference is printed as "snapshot copy".
 """
 
 from __future__ import annotations
@@ -29,7 +34,18 @@ from collections.abc import Callable
 from typing import Any
 
 import ppetrace
+from exporters._spans import FrozenAttributes
 from ppetrace.tracing import _recorder
+
+# the attributes of a Trainer step span (training/_trainer.py)
+_STEP_ATTRS = {
+    "ppetrace.epoch": 0,
+    "ppetrace.step": 12,
+    "ppetrace.batch_idx": 12,
+    "ppetrace.stage": "train",
+    "ppetrace.device": "cpu",
+    "ppetrace.runtime": "PyTorchRuntime",
+}
 
 
 class _Floor:
@@ -83,11 +99,26 @@ def _cases(n: int) -> dict[str, tuple[Callable[[], None], int]]:
             ):
                 pass
 
+    attrs = dict(_STEP_ATTRS)
+    frozen = FrozenAttributes(_STEP_ATTRS)
+
+    def with_dict() -> None:
+        for _ in range(n):
+            with trace("bench.dict", attrs):
+                pass
+
+    def with_frozen() -> None:
+        for _ in range(n):
+            with trace("bench.frozen", frozen):
+                pass
+
     cases: dict[str, tuple[Callable[[], None], int]] = {
         "nullcontext": (nullcontext, n),
         "floor": (floor, n),
         "trace enabled, flat": (flat, n),
         "trace enabled, nested x3 + attribute": (nested, n // 3 * 3),
+        "trace enabled, dict arg (6 keys, copied)": (with_dict, n),
+        "trace enabled, FrozenAttributes arg (6 keys, shared)": (with_frozen, n),
     }
     try:
         from opentelemetry.sdk.trace import TracerProvider
@@ -198,7 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<{width}}  ns/span")
     for name, ns in best.items():
         print(f"{name:<{width}}  {ns:8.0f}")
+    copy_ns = (
+        best["trace enabled, dict arg (6 keys, copied)"]
+        - best["trace enabled, FrozenAttributes arg (6 keys, shared)"]
+    )
+    print(f"{'snapshot copy (dict - FrozenAttributes)':<{width}}  {copy_ns:8.0f}")
     print()
+    with_dict = best["trace enabled, dict arg (6 keys, copied)"] / best["floor"]
+    print(f"{'trace with a 6-key dict / floor':<40} {with_dict:6.3f}x  (information: same 3x)")
     failed = False
     checks = budgets(best)
     for what, ratio, budget in checks:

@@ -14,6 +14,8 @@ processors and ``SpanExporter``\\ s. Nothing here imports torch.
 
 from __future__ import annotations
 
+from exporters._spans import FrozenAttributes
+
 from ._recorder import IMPLEMENTATION, RecorderStats, Span, trace
 from ._setup import (
     add_exporter,
@@ -27,6 +29,7 @@ from ._setup import (
 
 __all__ = [
     "IMPLEMENTATION",
+    "FrozenAttributes",
     "RecorderStats",
     "Span",
     "add_exporter",

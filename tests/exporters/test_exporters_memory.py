@@ -20,7 +20,8 @@ IMPLEMENTATIONS = ["c", "python"]
 def _run(code: str, implementation: str) -> dict:
     """Run ``code`` in a fresh interpreter; it prints one JSON line last."""
     env = dict(os.environ)
-    env["PYTHONMALLOC"] = "debug"
+    # the debug allocator overwrites freed memory; the sanitizer job runs with malloc
+    env["PYTHONMALLOC"] = os.environ.get("PYTHONMALLOC") or "debug"
     env.pop("PPETRACE_PURE_PYTHON", None)
     if implementation == "python":
         env["PPETRACE_PURE_PYTHON"] = "1"

@@ -185,7 +185,7 @@ def test_unencodable_values_cost_only_themselves_in_the_chrome_file(
     assert len(events) == 10_001
     assert exported <= len(events)
     odd = [e["args"] for e in events if "v" in e["args"]]
-    assert odd == [{**odd[0], "v": "<unencodable: int>"}, {**odd[1], "v": "<unencodable: _BadRepr>"}]
+    assert [a["v"] for a in odd] == ["<unencodable: int>", "<unencodable: _BadRepr>"]
     assert odd[1]["w"] == 2
 
 
