@@ -10,7 +10,8 @@ without torch. The data flows along the modules:
   merger in modules of their own);
 - :mod:`exporters.frame`: :func:`spans_to_frame`, one row per span;
 - :mod:`exporters.report`: :func:`step_report` and its renderers;
-- :mod:`exporters.comparison`: :func:`compare` and its renderers.
+- :mod:`exporters.comparison`: :func:`compare` (runs as samples, a gate, a noise
+  floor; :func:`summarize_run` reduces a run first) and its renderers.
 
 ``import exporters`` is cheap (ppetrace imports it on every start): the
 modules above, with pandas and scipy, load on first use of a name.
@@ -50,7 +51,13 @@ if TYPE_CHECKING:
         COMPARE_FORMATS as COMPARE_FORMATS,
     )
     from .comparison import (
+        DEFAULT_NOISE_FLOOR as DEFAULT_NOISE_FLOOR,
+    )
+    from .comparison import (
         Comparison as Comparison,
+    )
+    from .comparison import (
+        RunSummary as RunSummary,
     )
     from .comparison import (
         Verdict as Verdict,
@@ -72,6 +79,9 @@ if TYPE_CHECKING:
     )
     from .comparison import (
         render_comparison_table as render_comparison_table,
+    )
+    from .comparison import (
+        summarize_run as summarize_run,
     )
     from .frame import COLUMNS as COLUMNS
     from .frame import spans_to_frame as spans_to_frame
@@ -124,6 +134,9 @@ _LAZY = {
     "render_table": ".report",
     "step_report": ".report",
     "COMPARE_FORMATS": ".comparison",
+    "DEFAULT_NOISE_FLOOR": ".comparison",
+    "RunSummary": ".comparison",
+    "summarize_run": ".comparison",
     "Comparison": ".comparison",
     "Verdict": ".comparison",
     "compare": ".comparison",

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["fmt_count", "fmt_ns", "fmt_pct", "json_records", "json_value", "markdown", "text_table"]
+__all__ = [
+    "fmt_count",
+    "fmt_ns",
+    "fmt_pct",
+    "json_records",
+    "json_value",
+    "markdown",
+    "md_code",
+    "md_text",
+    "text_table",
+]
 
 
 def _missing(value: Any) -> bool:
@@ -81,18 +92,58 @@ def text_table(
     return "\n".join(out)
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+_NEWLINES = re.compile(r"\r\n|[\r\n\u2028\u2029\x0b\x0c\x85]")
+# characters with a meaning in inline Markdown (CommonMark and GitHub's extensions)
+_MD_ESCAPE = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def md_text(text: str) -> str:
+    """``text`` as inert inline Markdown: no HTML, link, image, emphasis, strike-through,
+    code or table cell boundary can come out of it, and it stays on one line.
+
+    ``&``, ``<`` and ``>`` become entities; backslashes, backticks, ``*``, ``[``, ``]``,
+    ``|``, ``~`` and ``_`` (unless between letters or digits, where it cannot emphasise)
+    are backslash-escaped; line breaks become spaces.
+    """
+    one_line = _NEWLINES.sub(" ", str(text))
+    escaped = _MD_ESCAPE.sub(lambda m: "\\" + m.group(0), one_line)
+    return "".join(_HTML.get(ch, ch) for ch in escaped)
+
+
+def md_code(text: str, *, in_table: bool = True) -> str:
+    """``text`` as a Markdown code span: shown verbatim, so nothing in it is markup and
+    GitHub does not turn ``@name`` or ``#123`` into mentions or links. The fence is one
+    backtick longer than the longest run of backticks inside; line breaks become spaces;
+    in a table (``in_table``) pipes are escaped, which GitHub undoes inside code spans."""
+    one_line = _NEWLINES.sub(" ", str(text))
+    longest = max((len(run) for run in re.findall(r"`+", one_line)), default=0)
+    fence = "`" * (longest + 1)
+    if one_line.startswith(("`", " ")) or one_line.endswith(("`", " ")) or not one_line:
+        one_line = f" {one_line} "
+    if in_table:
+        one_line = one_line.replace("|", "\\|")
+    return f"{fence}{one_line}{fence}"
 
 
 def markdown(
-    header: Sequence[str], rows: Sequence[Sequence[str]], *, left: Collection[int] = (0,)
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    left: Collection[int] = (0,),
+    code: Collection[int] = (),
 ) -> str:
     """A GitHub-flavoured Markdown table; the columns at the positions ``left`` are
-    left-aligned."""
-    out = ["| " + " | ".join(_md_cell(h) for h in header) + " |"]
+    left-aligned. Every cell is escaped (:func:`md_text`); the cells of the columns at
+    the positions ``code`` (names that come from the traced program) are code spans
+    (:func:`md_code`)."""
+
+    def cell(i: int, text: str) -> str:
+        return md_code(text) if i in code else md_text(text)
+
+    out = ["| " + " | ".join(md_text(h) for h in header) + " |"]
     out.append("|" + "|".join(":---" if i in left else "---:" for i in range(len(header))) + "|")
-    out.extend("| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows)
+    out.extend("| " + " | ".join(cell(i, c) for i, c in enumerate(r)) + " |" for r in rows)
     return "\n".join(out)
 
 

@@ -1,46 +1,78 @@
-"""Compare a baseline run with a candidate, event by event, with statistics.
+"""Compare baseline runs with candidate runs, event by event, and gate on what matters.
 
-For each event the samples are *per step*: the total time of that event
-inside each counted (non-warmup) training step (a ``trainer.step``, its
-``trainer.fetch_batch`` and everything under them; see
-:mod:`exporters._steps`). An event outside steps contributes one sample per
-span. For each event present in both runs :func:`compare` gives:
+In: one run or several runs per side (span frames, or :class:`RunSummary`\\ s
+from :func:`summarize_run`). Out: a :class:`Comparison`, one row per event
+found on both sides, and a verdict that a CI job can exit on.
 
-- the base and candidate medians and the relative change
-  ``median(candidate) / median(base) - 1``;
-- a bootstrap confidence interval for that change (percentile method,
-  ``n_bootstrap`` resamples from a generator seeded with ``seed``, so results
-  are reproducible);
-- a two-sided Mann-Whitney U p-value (``scipy.stats.mannwhitneyu``) and its
-  Holm-corrected value across all tested events;
-- a verdict: ``regression`` (significant, i.e. Holm p < ``alpha``, and the
-  change is above ``+threshold``), ``improvement`` (significant and below
-  ``-threshold``), ``unchanged``, or ``insufficient data`` when either run has
-  fewer than ``min_samples`` samples of the event.
+The method (the README's "How `compare` decides" has the measured figures):
 
-Events found in only one run are listed as ``added`` or ``removed``.
+- **Runs are the samples.** Each run gives, per event, the median of its
+  per-step samples (:mod:`exporters._compare_runs`). The change is the ratio of
+  the geometric means of the run medians, minus 1, and its confidence interval
+  and two-sided p-value come from :func:`exporters._compare_stats.run_level_test`:
+  the run-to-run noise is the larger of the ``noise_floor`` (plus each run's
+  own sampling error; normal distribution) and, with three runs or more, the
+  scatter of the runs themselves (Student's t).
+- **Only a change that matters is a verdict.** ``regression`` or
+  ``improvement`` needs all three: Holm-adjusted p below ``alpha``, a change
+  beyond ``threshold``, and an absolute change of at least the minimum effect
+  (``min_effect`` of the base's median ``trainer.step``, and never less than
+  ``min_effect_ns``). A change that is significant and beyond the threshold
+  but smaller than the minimum effect is ``below noise`` (a sub-microsecond
+  hook, say); anything else is ``unchanged``; ``insufficient data`` when a
+  side has no run with ``min_samples`` samples of the event.
+- **A gate.** Only gated events decide :attr:`Comparison.has_regression` (the
+  CLI's exit code). By default that is ``trainer.step`` alone; every other
+  event is informational. The Holm correction runs over the gated events, and
+  separately over the informational ones.
+- **Environments are named.** :attr:`Comparison.environment_warnings` has a
+  line per environment field (``otherData.environment``) that differs.
+
+Events found on one side only are listed as ``added`` or ``removed``.
 """
 
 from __future__ import annotations
 
-import json
-import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from ._compare_env import environment_warnings
+from ._compare_render import (
+    COMPARE_FORMATS,
+    render_comparison,
+    render_comparison_json,
+    render_comparison_markdown,
+    render_comparison_table,
+)
+from ._compare_result import _ORDER, Comparison, Verdict
+from ._compare_runs import EventStat, RunSummary, event_samples, summarize_run
+from ._compare_stats import holm, run_level_test
+from ._defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_GATE,
+    DEFAULT_MIN_EFFECT,
+    DEFAULT_MIN_EFFECT_NS,
+    DEFAULT_NOISE_FLOOR,
+    DEFAULT_THRESHOLD,
+)
 from ._errors import TraceError
-from ._pandas import records_frame
-from ._render import fmt_ns, fmt_pct, json_records, markdown, text_table
-from ._steps import assign_steps
+from ._steps import STEP
 
 __all__ = [
     "COMPARE_FORMATS",
+    "DEFAULT_ALPHA",
+    "DEFAULT_GATE",
+    "DEFAULT_MIN_EFFECT",
+    "DEFAULT_MIN_EFFECT_NS",
+    "DEFAULT_NOISE_FLOOR",
+    "DEFAULT_THRESHOLD",
     "Comparison",
+    "EventStat",
+    "RunSummary",
     "Verdict",
     "compare",
     "event_samples",
@@ -49,147 +81,34 @@ __all__ = [
     "render_comparison_json",
     "render_comparison_markdown",
     "render_comparison_table",
+    "summarize_run",
 ]
 
-
-class Verdict:
-    """The verdict strings of a comparison."""
-
-    REGRESSION = "regression"
-    IMPROVEMENT = "improvement"
-    UNCHANGED = "unchanged"
-    INSUFFICIENT = "insufficient data"
+Run = pd.DataFrame | RunSummary
 
 
-_ORDER = {
-    Verdict.REGRESSION: 0,
-    Verdict.IMPROVEMENT: 1,
-    Verdict.UNCHANGED: 2,
-    Verdict.INSUFFICIENT: 3,
-}
-
-
-@dataclass
-class Comparison:
-    """The result of :func:`compare`.
-
-    ``events`` has one row per event present in both runs: ``event, base_n,
-    cand_n, base_median_ns, cand_median_ns, change, ci_low, ci_high, p_value,
-    p_holm, verdict``, regressions first. ``added``/``removed`` list the
-    events only in the candidate/base.
-    """
-
-    events: pd.DataFrame
-    added: list[str]
-    removed: list[str]
-    threshold: float
-    alpha: float
-    min_samples: int
-    confidence: float
-
-    def _with(self, verdict: str) -> list[str]:
-        return [str(e) for e in self.events.loc[self.events["verdict"] == verdict, "event"]]
-
-    @property
-    def regressions(self) -> list[str]:
-        """Events with a significant slowdown beyond the threshold."""
-        return self._with(Verdict.REGRESSION)
-
-    @property
-    def improvements(self) -> list[str]:
-        """Events with a significant speed-up beyond the threshold."""
-        return self._with(Verdict.IMPROVEMENT)
-
-    @property
-    def has_regression(self) -> bool:
-        """Whether any event regressed (the CLI then exits with 1)."""
-        return bool((self.events["verdict"] == Verdict.REGRESSION).any())
-
-
-def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
-    """Per-event duration samples in ns: per counted step, the event's total time in
-    that step; for spans outside steps, one sample per span."""
-    n = len(frame)
-    if n == 0:
-        return {}
-    assignment = assign_steps(frame, warmup_steps)
-    steps = assignment.steps
-    warm = np.zeros(n, dtype=bool)
-    warm[steps.index[steps["warmup"].to_numpy(dtype=bool)].to_numpy()] = True
-    step_row = assignment.step_row
-    in_step = step_row >= 0
-    keep = ~(in_step & warm[np.where(in_step, step_row, 0)])
-    unit = np.where(in_step, step_row, -1 - np.arange(n))[keep]
-    codes, uniques = pd.factorize(frame["name"].to_numpy(dtype=object)[keep])
-    dur = frame["dur_ns"].to_numpy(np.int64)[keep]
-    if not len(codes):
-        return {}
-    order = np.lexsort((unit, codes))
-    c, u, d = codes[order], unit[order], dur[order]
-    first = np.ones(len(c), dtype=bool)
-    first[1:] = (c[1:] != c[:-1]) | (u[1:] != u[:-1])
-    sums = np.add.reduceat(d, np.flatnonzero(first)).astype(float)
-    events = c[first]
-    cuts = np.flatnonzero(events[1:] != events[:-1]) + 1
-    return {
-        str(uniques[part_events[0]]): part
-        for part_events, part in zip(np.split(events, cuts), np.split(sums, cuts), strict=True)
-    }
-
-
-def holm(p_values: np.ndarray) -> np.ndarray:
-    """Holm's step-down adjustment of p-values (family-wise error rate)."""
-    p = np.asarray(p_values, dtype=float)
-    m = len(p)
-    if m == 0:
-        return p.copy()
-    order = np.argsort(p, kind="stable")
-    scaled = (m - np.arange(m)) * p[order]
-    adjusted = np.minimum(np.maximum.accumulate(scaled), 1.0)
-    out = np.empty(m)
-    out[order] = adjusted
-    return out
-
-
-def _change(base_median: float, cand_median: float) -> float:
-    if base_median == 0:
-        return 0.0 if cand_median == 0 else float("inf")
-    return cand_median / base_median - 1.0
-
-
-def _bootstrap_ci(
-    base: np.ndarray, cand: np.ndarray, *, n_boot: int, confidence: float, seed: int
-) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    chunk = max(1, min(n_boot, 4_000_000 // max(len(base), len(cand), 1)))
-    changes = []
-    done = 0
-    while done < n_boot:
-        k = min(chunk, n_boot - done)
-        mb = np.median(base[rng.integers(0, len(base), size=(k, len(base)))], axis=1)
-        mc = np.median(cand[rng.integers(0, len(cand), size=(k, len(cand)))], axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            changes.append(np.where(mb > 0, mc / mb - 1.0, np.where(mc > 0, np.inf, 0.0)))
-        done += k
-    values = np.concatenate(changes)
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    lo, hi = np.percentile(values, [tail, 100.0 - tail])
-    return float(lo), float(hi)
+def _is_fraction(value: object, *, low: float, high: float, closed: bool = True) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    v = float(value)
+    return (low <= v <= high) if closed else (low < v < high)
 
 
 def _check(
-    threshold: float, alpha: float, min_samples: int, confidence: float, n_bootstrap: int
+    threshold: float,
+    alpha: float,
+    min_samples: int,
+    confidence: float,
+    noise_floor: float,
+    min_effect: float,
+    min_effect_ns: float,
 ) -> None:
-    if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not (0.0 <= threshold < float("inf"))
-    ):
+    if not _is_fraction(threshold, low=0.0, high=math.inf) or math.isinf(threshold):
         raise ValueError(
-            f"Expected a non-negative fraction for threshold (0.05 is 5%), but received "
-            f"{threshold!r}. Pass a finite number such as threshold=0.05."
+            f"Expected a non-negative fraction for threshold (0.03 is 3%), but received "
+            f"{threshold!r}. Pass a finite number such as threshold=0.03."
         )
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0.0 < alpha < 1.0):
+    if not _is_fraction(alpha, low=0.0, high=1.0, closed=False):
         raise ValueError(
             f"Expected alpha between 0 and 1 (exclusive), but received {alpha!r}. Pass a "
             "significance level such as alpha=0.01."
@@ -199,275 +118,255 @@ def _check(
             f"Expected an int >= 2 for min_samples, but received {min_samples!r}. Pass the "
             "fewest samples per run for a verdict, such as min_samples=5."
         )
-    if (
-        isinstance(confidence, bool)
-        or not isinstance(confidence, float)
-        or not (0.0 < confidence < 1.0)
+    if not isinstance(confidence, float) or not _is_fraction(
+        confidence, low=0.0, high=1.0, closed=False
     ):
         raise ValueError(
             f"Expected confidence between 0 and 1 (exclusive), but received {confidence!r}. "
             "Pass a float level such as confidence=0.95 (not 95)."
         )
-    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 100:
+    if not _is_fraction(noise_floor, low=0.0, high=1.0):
         raise ValueError(
-            f"Expected an int >= 100 for n_bootstrap, but received {n_bootstrap!r}. Pass "
-            "the number of bootstrap resamples, such as n_bootstrap=2000."
+            f"Expected a fraction between 0 and 1 for noise_floor (0.025 is 2.5%), but "
+            f"received {noise_floor!r}. Pass the run-to-run CV of the median step time, "
+            "such as noise_floor=0.03."
         )
+    if not _is_fraction(min_effect, low=0.0, high=1.0):
+        raise ValueError(
+            f"Expected a fraction between 0 and 1 for min_effect (0.01 is 1% of the median "
+            f"step), but received {min_effect!r}."
+        )
+    if not _is_fraction(min_effect_ns, low=0.0, high=math.inf) or math.isinf(min_effect_ns):
+        raise ValueError(
+            f"Expected a non-negative number of nanoseconds for min_effect_ns, but received "
+            f"{min_effect_ns!r}. Pass a duration such as min_effect_ns=1000 (1 µs)."
+        )
+
+
+def _runs(side: Run | Sequence[Run], label: str, warmup_steps: int) -> list[RunSummary]:
+    items: Sequence[object]
+    if isinstance(side, (pd.DataFrame, RunSummary)):
+        items = [side]
+    elif isinstance(side, Sequence) and not isinstance(side, (str, bytes)):
+        items = side
+        if not items:
+            raise ValueError(f"Expected at least one {label} run, but received an empty sequence.")
+    else:
+        items = [side]
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, RunSummary):
+            out.append(item)
+        elif isinstance(item, pd.DataFrame) and "dur_ns" in item.columns:
+            out.append(summarize_run(item, warmup_steps=warmup_steps))
+        else:
+            which = label if len(items) == 1 else f"{label} run {i + 1}"
+            raise TypeError(
+                f"Expected a span frame for {which} (from exporters.spans_to_frame or "
+                f"read_chrome_trace) or a RunSummary, but received {type(item).__name__}."
+            )
+    return out
+
+
+def _names(names: set[str]) -> str:
+    shown = sorted(names)
+    if not shown:
+        return "no events"
+    head = ", ".join(shown[:5])
+    return f"{len(shown)} events ({head}{', ...' if len(shown) > 5 else ''})"
+
+
+def _resolve_gate(
+    gate: str | Sequence[str] | None, common: list[str], notes: list[str]
+) -> list[str]:
+    if gate is None:
+        found = [e for e in DEFAULT_GATE if e in common]
+        if not found:
+            notes.append(
+                f"{', '.join(DEFAULT_GATE)} is not in both runs, so nothing is gated and this "
+                "comparison cannot fail; choose events to gate with gate=[...] (--gate)."
+            )
+        return found
+    if isinstance(gate, str):
+        if gate == "all":
+            return list(common)
+        gate = [gate]
+    names = [str(g) for g in gate]
+    if not names:
+        raise ValueError("Expected at least one event name to gate (or 'all'), but received none.")
+    missing = [g for g in names if g not in common]
+    if missing:
+        raise TraceError(
+            f"Expected the gated events to be in both the base and the candidate runs, but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not; the events "
+            f"in both are {', '.join(sorted(common)[:12])}{', ...' if len(common) > 12 else ''}."
+        )
+    return list(dict.fromkeys(names))
+
+
+def _center(stats: list[EventStat]) -> float:
+    """The geometric mean of the runs' medians (the median itself for one run)."""
+    if not stats:
+        return math.nan
+    return float(np.exp(np.mean(np.log(np.maximum([s.median_ns for s in stats], 1.0)))))
+
+
+def _verdict(
+    change: float, p_holm: float, delta_ns: float, *, alpha: float, threshold: float, floor: float
+) -> str:
+    if not (p_holm < alpha and abs(change) > threshold):
+        return Verdict.UNCHANGED
+    if abs(delta_ns) < floor:
+        return Verdict.BELOW_NOISE
+    return Verdict.REGRESSION if change > 0 else Verdict.IMPROVEMENT
 
 
 def compare(
-    base: pd.DataFrame,
-    candidate: pd.DataFrame,
+    base: Run | Sequence[Run],
+    candidate: Run | Sequence[Run],
     *,
-    threshold: float = 0.05,
-    alpha: float = 0.01,
+    threshold: float = DEFAULT_THRESHOLD,
+    alpha: float = DEFAULT_ALPHA,
+    noise_floor: float = DEFAULT_NOISE_FLOOR,
+    gate: str | Sequence[str] | None = None,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    min_effect_ns: float = DEFAULT_MIN_EFFECT_NS,
     min_samples: int = 5,
     warmup_steps: int = 1,
     confidence: float = 0.95,
-    n_bootstrap: int = 2000,
-    seed: int = 0,
 ) -> Comparison:
-    """Compare two frames event by event (see the module doc for the statistics).
+    """Compare the base run(s) with the candidate run(s) (see the module doc).
 
-    ``threshold`` is the smallest relative change that counts (0.05 = 5%),
-    ``alpha`` the significance level after Holm correction, ``min_samples``
-    the fewest samples per run below which the verdict is ``insufficient
-    data``, and ``warmup_steps`` the steps left out at the start of each
-    process. Raises :class:`TraceError` when the runs have no event in common.
+    ``base`` and ``candidate`` are each one run or a sequence of runs: span
+    frames (``warmup_steps`` steps left out at the start of each process) or
+    :class:`RunSummary`\\ s. ``threshold`` is the smallest relative change that
+    counts (0.03 = 3%); ``alpha`` the significance level after Holm
+    correction; ``noise_floor`` the run-to-run CV of a run's median assumed at
+    least (default :data:`DEFAULT_NOISE_FLOOR`); ``gate`` the events that can
+    fail the comparison (default ``trainer.step`` when present, ``"all"``, or
+    names); ``min_effect`` (a fraction of the base's median step) and
+    ``min_effect_ns`` the minimum absolute effect; ``min_samples`` the fewest
+    samples a run needs to count for an event. Raises :class:`TraceError` when
+    the sides have no event in common or a named gated event is missing.
     """
-    _check(threshold, alpha, min_samples, confidence, n_bootstrap)
-    for label, frame in (("base", base), ("candidate", candidate)):
-        if not isinstance(frame, pd.DataFrame) or "dur_ns" not in frame.columns:
-            raise TypeError(
-                f"Expected a span frame for {label} (from exporters.spans_to_frame or "
-                f"read_chrome_trace), but received {type(frame).__name__}."
-            )
-    b_samples = event_samples(base, warmup_steps=warmup_steps)
-    c_samples = event_samples(candidate, warmup_steps=warmup_steps)
-    common = [e for e in b_samples if e in c_samples]
-    added = sorted(e for e in c_samples if e not in b_samples)
-    removed = sorted(e for e in b_samples if e not in c_samples)
+    _check(threshold, alpha, min_samples, confidence, noise_floor, min_effect, min_effect_ns)
+    b_runs = _runs(base, "base", warmup_steps)
+    c_runs = _runs(candidate, "candidate", warmup_steps)
+    b_names = {e for r in b_runs for e in r.events}
+    c_names = {e for r in c_runs for e in r.events}
+    common = sorted(b_names & c_names)
     if not common:
         raise TraceError(
             "Expected the two runs to have at least one event in common, but the base has "
-            f"{_names(b_samples)} and the candidate has {_names(c_samples)}."
+            f"{_names(b_names)} and the candidate has {_names(c_names)}."
         )
+    notes: list[str] = []
+    gated = set(_resolve_gate(gate, common, notes))
+
+    def qualifying(runs: list[RunSummary], event: str) -> list[EventStat]:
+        return [r.events[event] for r in runs if event in r.events]
+
+    step_stats = [s for s in qualifying(b_runs, STEP) if s.n >= min_samples]
+    step_median = _center(step_stats) if step_stats else None
+    floor_ns = float(min_effect_ns)
+    if step_median is not None and math.isfinite(step_median):
+        floor_ns = max(floor_ns, min_effect * step_median)
+
     rows = []
     for event in common:
-        b, c = b_samples[event], c_samples[event]
-        mb, mc = float(np.median(b)), float(np.median(c))
-        row = {
+        b_all, c_all = qualifying(b_runs, event), qualifying(c_runs, event)
+        b_ok = [s for s in b_all if s.n >= min_samples]
+        c_ok = [s for s in c_all if s.n >= min_samples]
+        mb, mc = _center(b_ok or b_all), _center(c_ok or c_all)
+        row: dict[str, Any] = {
             "event": event,
-            "base_n": len(b),
-            "cand_n": len(c),
+            "gated": event in gated,
+            "base_runs": len(b_ok),
+            "cand_runs": len(c_ok),
+            "base_n": sum(s.n for s in (b_ok or b_all)),
+            "cand_n": sum(s.n for s in (c_ok or c_all)),
             "base_median_ns": mb,
             "cand_median_ns": mc,
-            "change": _change(mb, mc),
-            "ci_low": np.nan,
-            "ci_high": np.nan,
-            "p_value": np.nan,
+            "change": (mc / mb - 1.0) if mb > 0 else math.nan,
+            "ci_low": math.nan,
+            "ci_high": math.nan,
+            "noise": math.nan,
+            "noise_source": "",
+            "p_value": math.nan,
         }
-        if min(len(b), len(c)) >= min_samples:
-            if np.all(b == b[0]) and np.all(c == b[0]):
-                p = 1.0
-            else:
-                p = float(stats.mannwhitneyu(c, b, alternative="two-sided").pvalue)
-            row["p_value"] = 1.0 if np.isnan(p) else p
-            key = zlib.crc32(event.encode("utf-8", "surrogatepass"))
-            event_seed = (seed * 1_000_003 + key) % (2**63)
-            row["ci_low"], row["ci_high"] = _bootstrap_ci(
-                b, c, n_boot=n_bootstrap, confidence=confidence, seed=event_seed
+        if b_ok and c_ok:
+            test = run_level_test(
+                np.log(np.maximum([s.median_ns for s in b_ok], 1.0)),
+                np.array([s.log_se for s in b_ok]),
+                np.log(np.maximum([s.median_ns for s in c_ok], 1.0)),
+                np.array([s.log_se for s in c_ok]),
+                noise_floor=float(noise_floor),
+                confidence=confidence,
+            )
+            row.update(
+                change=test.change,
+                ci_low=test.ci_low,
+                ci_high=test.ci_high,
+                noise=test.noise,
+                noise_source=test.source,
+                p_value=test.p_value,
             )
         rows.append(row)
-    table = records_frame(rows)
-    tested = table["p_value"].notna().to_numpy()
-    p_holm = np.full(len(table), np.nan)
-    p_holm[tested] = holm(table.loc[tested, "p_value"].to_numpy())
-    table["p_holm"] = p_holm
-    verdicts = []
-    for change, p, ok in zip(table["change"], table["p_holm"], tested, strict=True):
+    tested = np.array([not math.isnan(float(r["p_value"])) for r in rows])
+    is_gated = np.array([bool(r["gated"]) for r in rows])
+    p_values = np.array([float(r["p_value"]) for r in rows])
+    p_holm = np.full(len(rows), np.nan)
+    for family in (is_gated, ~is_gated):
+        chosen = tested & family
+        p_holm[chosen] = holm(p_values[chosen])
+    for row, p_adj, ok in zip(rows, p_holm, tested, strict=True):
+        row["p_holm"] = float(p_adj)
         if not ok:
-            verdicts.append(Verdict.INSUFFICIENT)
-        elif p < alpha and change > threshold:
-            verdicts.append(Verdict.REGRESSION)
-        elif p < alpha and change < -threshold:
-            verdicts.append(Verdict.IMPROVEMENT)
-        else:
-            verdicts.append(Verdict.UNCHANGED)
-    table["verdict"] = verdicts
-    size = np.nan_to_num(np.abs(table["change"].to_numpy(dtype=float)), nan=0.0)
-    events = list(table["event"])
-    # verdict, then the largest change, then the name; sorted in Python, since
-    # pandas would store the names as strings first (see _pandas)
-    order = sorted(range(len(table)), key=lambda i: (_ORDER[verdicts[i]], -size[i], events[i]))
-    table = table.iloc[order]
+            row["verdict"] = Verdict.INSUFFICIENT
+            continue
+        b, c = float(row["base_median_ns"]), float(row["cand_median_ns"])
+        row["verdict"] = _verdict(
+            float(row["change"]),
+            float(p_adj),
+            c - b,
+            alpha=alpha,
+            threshold=threshold,
+            floor=floor_ns,
+        )
+    silent = [str(r["event"]) for r, ok in zip(rows, tested, strict=True) if r["gated"] and not ok]
+    if silent:
+        notes.append(
+            f"{', '.join(silent)} {'has' if len(silent) == 1 else 'have'} fewer than "
+            f"{min_samples} samples in every run of a side: no verdict, so "
+            f"{'it' if len(silent) == 1 else 'they'} cannot fail the comparison."
+        )
+
+    def key(r: dict[str, Any]) -> tuple[bool, int, float, str]:
+        change = float(r["change"])
+        size = 0.0 if math.isnan(change) else abs(change)
+        return (not r["gated"], _ORDER[str(r["verdict"])], -size, str(r["event"]))
+
+    # gated first, then verdict, the largest change, the name
+    rows.sort(key=key)
     return Comparison(
-        events=table.reset_index(drop=True),
-        added=added,
-        removed=removed,
+        records=rows,  # each holds the COLUMNS, in order
+        added=sorted(c_names - b_names),
+        removed=sorted(b_names - c_names),
         threshold=float(threshold),
         alpha=float(alpha),
         min_samples=min_samples,
         confidence=confidence,
+        noise_floor=float(noise_floor),
+        gate=[e for e in common if e in gated],
+        min_effect=float(min_effect),
+        min_effect_ns=float(min_effect_ns),
+        min_effect_abs_ns=floor_ns,
+        step_median_ns=step_median,
+        base_runs=len(b_runs),
+        cand_runs=len(c_runs),
+        environment_warnings=environment_warnings(
+            [r.environment for r in b_runs], [r.environment for r in c_runs]
+        ),
+        notes=notes,
+        environment_recorded=any(r.environment is not None for r in (*b_runs, *c_runs)),
     )
-
-
-def _names(samples: dict[str, np.ndarray]) -> str:
-    names = sorted(samples)
-    if not names:
-        return "no events"
-    shown = ", ".join(names[:5])
-    return f"{len(names)} events ({shown}{', ...' if len(names) > 5 else ''})"
-
-
-# -- rendering ---------------------------------------------------------------------
-
-_MARK = {
-    Verdict.REGRESSION: "❌ regression",
-    Verdict.IMPROVEMENT: "✅ improvement",
-    Verdict.UNCHANGED: "unchanged",
-    Verdict.INSUFFICIENT: "insufficient data",
-}
-
-
-def _p(value: float) -> str:
-    if value != value:
-        return "–"
-    return f"{value:.2g}" if value >= 1e-4 else "<1e-4"
-
-
-def _rows(comparison: Comparison, *, marks: bool) -> tuple[list[str], list[list[str]]]:
-    level = f"{comparison.confidence * 100:.0f}% CI"
-    header = ["event", "base", "candidate", "change", level, "p (Holm)", "verdict", "n"]
-    rows = []
-    records: list[dict[Any, Any]] = comparison.events.to_dict("records")
-    for r in records:
-        ci = (
-            "–"
-            if r["ci_low"] != r["ci_low"]
-            else f"{fmt_pct(r['ci_low'], signed=True)} … {fmt_pct(r['ci_high'], signed=True)}"
-        )
-        rows.append(
-            [
-                str(r["event"]),
-                fmt_ns(r["base_median_ns"]),
-                fmt_ns(r["cand_median_ns"]),
-                fmt_pct(r["change"], signed=True),
-                ci,
-                _p(float(r["p_holm"])),
-                _MARK[str(r["verdict"])] if marks else str(r["verdict"]),
-                f"{r['base_n']}/{r['cand_n']}",
-            ]
-        )
-    return header, rows
-
-
-def _summary(comparison: Comparison) -> str:
-    counts = comparison.events["verdict"].value_counts()
-
-    def count(v: str, word: str) -> str:
-        k = int(counts.get(v, 0))
-        return f"{k} {word}{'s' if k != 1 and not word.endswith('data') else ''}"
-
-    return ", ".join(
-        [
-            count(Verdict.REGRESSION, "regression"),
-            count(Verdict.IMPROVEMENT, "improvement"),
-            f"{int(counts.get(Verdict.UNCHANGED, 0))} unchanged",
-            f"{int(counts.get(Verdict.INSUFFICIENT, 0))} with insufficient data",
-        ]
-    )
-
-
-def _settings(comparison: Comparison) -> str:
-    return (
-        f"medians of per-step samples; threshold {fmt_pct(comparison.threshold)}, "
-        f"alpha {comparison.alpha:g} (Mann-Whitney U, Holm-corrected), "
-        f"bootstrap {comparison.confidence * 100:.0f}% CI, "
-        f"at least {comparison.min_samples} samples per run"
-    )
-
-
-def render_comparison_table(comparison: Comparison) -> str:
-    """The comparison as aligned plain text for a terminal."""
-    header, rows = _rows(comparison, marks=False)
-    parts = [
-        f"ppetrace compare: {_summary(comparison)}",
-        _settings(comparison),
-        "",
-        text_table(header, rows, left=(0, 6)),
-    ]
-    if comparison.added:
-        parts.append(f"\nadded (only in the candidate): {', '.join(comparison.added)}")
-    if comparison.removed:
-        parts.append(
-            f"{'' if comparison.added else chr(10)}removed (only in the base): "
-            f"{', '.join(comparison.removed)}"
-        )
-    return "\n".join(parts) + "\n"
-
-
-def render_comparison_markdown(comparison: Comparison) -> str:
-    """The comparison as Markdown, ready to post as a CI comment."""
-    n_reg = len(comparison.regressions)
-    title = (
-        f"❌ {n_reg} significant regression{'s' if n_reg != 1 else ''}"
-        if n_reg
-        else "✅ no significant regression"
-    )
-    header, rows = _rows(comparison, marks=True)
-    parts = [
-        f"### ppetrace compare: {title}",
-        "",
-        f"{_summary(comparison)}.",
-        "",
-        f"<sub>{_settings(comparison)}</sub>",
-        "",
-        markdown(header, rows, left=(0, 6)),
-    ]
-    if comparison.added:
-        parts += [
-            "",
-            "**Added** (only in the candidate): " + ", ".join(f"`{e}`" for e in comparison.added),
-        ]
-    if comparison.removed:
-        parts += [
-            "",
-            "**Removed** (only in the base): " + ", ".join(f"`{e}`" for e in comparison.removed),
-        ]
-    return "\n".join(parts) + "\n"
-
-
-def render_comparison_json(comparison: Comparison) -> str:
-    """The comparison as a JSON document (medians in ns, changes as fractions)."""
-    doc = {
-        "threshold": comparison.threshold,
-        "alpha": comparison.alpha,
-        "min_samples": comparison.min_samples,
-        "confidence": comparison.confidence,
-        "has_regression": comparison.has_regression,
-        "regressions": comparison.regressions,
-        "improvements": comparison.improvements,
-        "added": comparison.added,
-        "removed": comparison.removed,
-        "events": json_records(comparison.events),
-    }
-    return json.dumps(doc, indent=2) + "\n"
-
-
-#: Comparison renderers by format name (the CLI's ``--format``).
-COMPARE_FORMATS: dict[str, Callable[[Comparison], str]] = {
-    "table": render_comparison_table,
-    "md": render_comparison_markdown,
-    "json": render_comparison_json,
-}
-
-
-def render_comparison(comparison: Comparison, fmt: str = "table") -> str:
-    """Render ``comparison`` in the format ``fmt``: one of ``table``, ``md``, ``json``."""
-    renderer = COMPARE_FORMATS.get(fmt)
-    if renderer is None:
-        raise ValueError(
-            f"Unknown comparison format {fmt!r}; expected one of {', '.join(COMPARE_FORMATS)}."
-        )
-    return renderer(comparison)

@@ -3,28 +3,39 @@
 Runs without torch: it imports only :mod:`exporters` (which needs pandas,
 scipy and the OpenTelemetry SDK) and :mod:`ppetrace._version`.
 
-Exit codes: 0 on success (``compare``: no significant regression), 1 when
-``compare`` finds a significant regression, 2 on bad input (a missing file,
-a file that is not a JSON trace, runs with no event in common, a bad
-option). Bad input gets a one-line error, never a traceback; so does any
-unexpected error (``ppetrace: error: <Type>: <message>``, exit code 2, so
-that it is never taken for a regression). A cut-off trace is read up to its
-last complete event, with a one-line warning.
+Exit codes: 0 on success (``compare``: no gated regression), 1 when
+``compare`` finds a gated regression, 2 on bad input (a missing file, a
+file that is not a JSON trace, runs with no event in common, a bad option;
+with ``--strict-env``, runs from different environments). Bad input gets a
+one-line error, never a traceback; so does any unexpected error
+(``ppetrace: error: <Type>: <message>``, exit code 2, so that it is never
+taken for a regression). A cut-off trace is read up to its last complete
+event, with a one-line warning.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import re
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from exporters._defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_GATE,
+    DEFAULT_MIN_EFFECT,
+    DEFAULT_MIN_EFFECT_NS,
+    DEFAULT_NOISE_FLOOR,
+    DEFAULT_THRESHOLD,
+)
 from ppetrace._version import __version__
 
-__all__ = ["main", "parse_threshold"]
+__all__ = ["main", "parse_duration_ns", "parse_gate", "parse_percent", "parse_threshold"]
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -45,11 +56,11 @@ class _Parser(argparse.ArgumentParser):
         )
 
 
-def parse_threshold(text: str) -> float:
+def parse_percent(text: str, *, option: str = "--threshold") -> float:
     """``"5%"`` -> 0.05; a bare fraction (``"0.05"``) is accepted too.
 
-    Raises ``ValueError`` for anything that is not a percentage between 0%
-    and 1000%.
+    Raises ``ValueError`` naming ``option`` for anything that is not a
+    percentage between 0% and 1000%.
     """
     raw = str(text).strip()
     try:
@@ -62,11 +73,49 @@ def parse_threshold(text: str) -> float:
     except ValueError:
         raise ValueError(
             f"Expected a percentage such as '5%' (or a fraction such as 0.05) for "
-            f"--threshold, but received {text!r}."
+            f"{option}, but received {text!r}."
         ) from None
     if value != value or not (0.0 <= value <= 10.0):
-        raise ValueError(f"Expected a --threshold between 0% and 1000%, but received {text!r}.")
+        raise ValueError(f"Expected a {option} between 0% and 1000%, but received {text!r}.")
     return value
+
+
+def parse_threshold(text: str) -> float:
+    """``"5%"`` -> 0.05 for ``--threshold`` (see :func:`parse_percent`)."""
+    return parse_percent(text, option="--threshold")
+
+
+_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def parse_duration_ns(text: str, *, option: str = "--min-effect-abs") -> float:
+    """``"1us"`` -> 1000.0: a non-negative duration with a unit (ns, us or µs, ms, s).
+
+    Raises ``ValueError`` naming ``option`` otherwise.
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*", text)
+    if match is None:
+        raise ValueError(
+            f"Expected a duration with a unit such as '1us', '500ns' or '0.2ms' for {option}, "
+            f"but received {text!r}."
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_gate(text: str) -> str | list[str]:
+    """``"all"`` -> ``"all"``; ``"a,b"`` -> ``["a", "b"]`` (the events to gate).
+
+    Raises ``ValueError`` for a list with no name in it.
+    """
+    if text.strip() == "all":
+        return "all"
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(
+            f"Expected event names separated by commas (or 'all') for --gate, but received "
+            f"{text!r}. Pass, for example, --gate trainer.step,module.train_step."
+        )
+    return names
 
 
 def _alpha(text: str) -> float:
@@ -114,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ppetrace",
         description="Report on, compare and merge ppetrace Chrome trace files.",
-        epilog="Exit codes: 0 ok, 1 significant regression (compare), 2 bad input.",
+        epilog="Exit codes: 0 ok, 1 gated regression (compare), 2 bad input.",
     )
     parser.add_argument("--version", action="version", version=f"ppetrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -137,22 +186,64 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
 
     comp = sub.add_parser(
-        "compare", help="compare a candidate run with a baseline", description=_COMPARE_DOC
+        "compare",
+        help="compare candidate runs with baseline runs",
+        description=_COMPARE_DOC,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    comp.add_argument("base", metavar="BASE", help="the baseline trace")
-    comp.add_argument("candidate", metavar="CAND", help="the candidate trace")
+    comp.add_argument(
+        "base", metavar="BASE", help="the baseline: a trace, a folder of traces or a quoted glob"
+    )
+    comp.add_argument(
+        "candidate",
+        metavar="CAND",
+        help="the candidate: a trace, a folder of traces or a quoted glob",
+    )
+    comp.add_argument(
+        "--gate",
+        default=None,
+        metavar="EVENTS",
+        help="events that can fail the comparison: names separated by commas, or 'all' "
+        f"(default: {','.join(DEFAULT_GATE)}; the others are informational)",
+    )
+    comp.add_argument(
+        "--noise-floor",
+        default=f"{DEFAULT_NOISE_FLOOR:.1%}",
+        metavar="PCT",
+        help="run-to-run CV of the median step assumed at least, what one run per side is "
+        "judged against (default: %(default)s, measured here; see the README)",
+    )
     comp.add_argument(
         "--threshold",
-        default="5%",
+        default=f"{DEFAULT_THRESHOLD:.0%}",
         metavar="PCT",
-        help="smallest relative change that counts, e.g. 5%% (default: 5%%)",
+        help="smallest relative change that counts (default: %(default)s)",
+    )
+    comp.add_argument(
+        "--min-effect",
+        default=f"{DEFAULT_MIN_EFFECT:.0%}",
+        metavar="PCT",
+        help="smallest absolute change that counts, as a share of the base's median "
+        "trainer.step (default: %(default)s)",
+    )
+    comp.add_argument(
+        "--min-effect-abs",
+        default=f"{DEFAULT_MIN_EFFECT_NS / 1000:g}us",
+        metavar="DURATION",
+        help="... and never less than this (default: %(default)s)",
     )
     comp.add_argument(
         "--alpha",
         type=_alpha,
-        default=0.01,
+        default=DEFAULT_ALPHA,
         metavar="P",
-        help="significance level after Holm correction (default: 0.01)",
+        help="significance level after Holm correction over the gated events "
+        "(default: %(default)s)",
+    )
+    comp.add_argument(
+        "--strict-env",
+        action="store_true",
+        help="exit with 2 when the runs' environments differ (default: warn)",
     )
     comp.add_argument("--format", choices=("table", "md", "json"), default="table", dest="fmt")
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
@@ -162,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_at_least(1, "--min-samples"),
         default=5,
         metavar="N",
-        help="fewest samples per run for a verdict (default: 5)",
+        help="fewest samples a run needs for an event to count (default: 5)",
     )
 
     merge = sub.add_parser(
@@ -178,11 +269,24 @@ _REPORT_DOC = (
     "p50/p90/p99, max, self time and share of step time; per step wall time, data "
     "wait, compute and other; throughput."
 )
-_COMPARE_DOC = (
-    "Compare per-step samples of each event between two runs (Mann-Whitney U, Holm "
-    "correction, bootstrap CI). Exits with 1 when an event regressed significantly "
-    "and by more than the threshold."
-)
+_COMPARE_DOC = """\
+Compare the runs of a candidate with the runs of a baseline, event by event.
+
+Each run gives one number per event, the median of its per-step samples;
+runs are the samples, because every run has its own offset. With one run per
+side the change is judged against the noise floor (the run-to-run CV of the
+median step); with three runs or more in all, against the runs' own scatter
+where that is larger. A verdict needs a significant change (Holm over the
+gated events) beyond the threshold and beyond the minimum effect. Only gated
+events (default: trainer.step) can fail: exit code 1. Each field of the
+recorded environment that differs is named in a warning (exit code 2 with
+--strict-env).
+
+Examples:
+  ppetrace compare base.json cand.json
+  ppetrace compare runs/base runs/cand --format md -o comment.md
+  ppetrace compare 'runs/base-*.json' 'runs/cand-*.json' --gate all
+"""
 _MERGE_DOC = (
     "Merge per-rank or per-process trace files into one timeline, keeping each "
     "process's pid and name and applying the clock offsets in their otherData."
@@ -258,30 +362,103 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
+_TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def _trace_paths(spec: str, label: str) -> list[str]:
+    """The trace files that BASE or CAND names: a file, a folder's ``*.json`` and
+    ``*.json.gz`` files, or the files a glob matches; sorted by name."""
+    path = Path(spec)
+    if path.is_dir():
+        found = sorted(
+            str(p) for p in path.iterdir() if p.is_file() and p.name.endswith(_TRACE_SUFFIXES)
+        )
+        if not found:
+            raise _BadInput(
+                f"Expected trace files (*.json or *.json.gz) in the folder {spec} given as "
+                f"{label}, but it has none."
+            )
+        return found
+    if path.exists() or not glob.has_magic(spec):
+        return [spec]
+    found = sorted(p for p in glob.glob(spec) if Path(p).is_file())
+    if not found:
+        raise _BadInput(
+            f"Expected {label} to be a trace file, a folder of traces or a glob that matches "
+            f"trace files, but the glob {spec!r} matches no file."
+        )
+    return found
+
+
+def _summaries(spec: str, label: str, warmup: int, err: IO[str]) -> list[Any]:
+    import exporters
+
+    out = []
+    for path in _trace_paths(spec, label):
+        frame = _read_frame(path, err)
+        out.append(exporters.summarize_run(frame, warmup_steps=warmup, source=path))
+    return out
+
+
+def _compare_options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return {
+            "threshold": parse_threshold(args.threshold),
+            "noise_floor": parse_percent(args.noise_floor, option="--noise-floor"),
+            "min_effect": parse_percent(args.min_effect, option="--min-effect"),
+            "min_effect_ns": parse_duration_ns(args.min_effect_abs),
+            "gate": None if args.gate is None else parse_gate(args.gate),
+        }
+    except ValueError as exc:
+        raise _BadInput(str(exc)) from None
+
+
 def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
-    try:
-        threshold = parse_threshold(args.threshold)
-    except ValueError as exc:
-        raise _BadInput(str(exc)) from None
-    base = _read_frame(args.base, err)
-    candidate = _read_frame(args.candidate, err)
+    options = _compare_options(args)
+    if options["noise_floor"] > 1.0 or options["min_effect"] > 1.0:
+        raise _BadInput(
+            "Expected --noise-floor and --min-effect of at most 100%, but received "
+            f"{args.noise_floor} and {args.min_effect}."
+        )
+    base = _summaries(args.base, "BASE", args.warmup, err)
+    candidate = _summaries(args.candidate, "CAND", args.warmup, err)
     try:
         comparison = exporters.compare(
             base,
             candidate,
-            threshold=threshold,
             alpha=args.alpha,
             min_samples=max(2, args.min_samples),
-            warmup_steps=args.warmup,
+            **options,
         )
     except exporters.TraceError as exc:
         raise _BadInput(str(exc)) from None
+    if args.fmt != "table" or args.output is not None:  # the table shows them itself
+        for warning in comparison.environment_warnings:
+            _write(err, f"ppetrace: warning: {warning}\n")
     _emit(exporters.render_comparison(comparison, args.fmt), args.output, out)
     if args.output is not None:
-        verdict = "significant regression" if comparison.has_regression else "no regression"
+        verdict = "gated regression" if comparison.has_regression else "no gated regression"
         err.write(f"ppetrace: wrote {args.output} ({verdict})\n")
+    if args.strict_env and not comparison.environment_recorded:
+        _write(
+            err,
+            "ppetrace compare: error: Expected environment records in the traces "
+            "(--strict-env), but no run has one (traces written by an older ppetrace or "
+            "another program). Re-record the runs with this ppetrace, or drop --strict-env.\n",
+        )
+        return EXIT_BAD_INPUT
+    if args.strict_env and comparison.environment_warnings:
+        n = len(comparison.environment_warnings)
+        _write(
+            err,
+            f"ppetrace compare: error: Expected runs from one environment (--strict-env), but "
+            f"{n} environment field{'s differ' if n != 1 else ' differs'} (see the "
+            "warnings above). Run both sides on the same machine and settings, or drop "
+            "--strict-env.\n",
+        )
+        return EXIT_BAD_INPUT
     return EXIT_REGRESSION if comparison.has_regression else EXIT_OK
 
 

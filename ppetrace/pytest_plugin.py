@@ -8,12 +8,20 @@ imports neither torch nor pandas; the exporters load on first use.
   recording whatever the code in a ``with ppetrace_benchmark.record():``
   block traces (for example a short ``Trainer.fit``).
 - ``--ppetrace-save DIR`` writes each benchmark as a Chrome trace baseline,
-  ``DIR/<test id>.json``.
+  ``DIR/<test id>.json``, with the environment in its ``otherData``. The test
+  id is the node id relative to the project root (the nearest folder above
+  the test file with a ``pyproject.toml``, ``setup.py``, ``setup.cfg``,
+  ``tox.ini``, ``pytest.ini`` or ``.git``), percent-encoded, so names never
+  collide and do not depend on pytest's rootdir (:func:`baseline_name`).
 - ``--ppetrace-compare DIR`` compares each benchmark with the baseline of the
-  same name in ``DIR`` (:func:`exporters.compare`) and fails the test on a
-  significant regression, with the Markdown table in the failure message.
-  ``--ppetrace-threshold`` (default ``5%``) and ``--ppetrace-alpha`` (default
-  0.01) tune that verdict.
+  same name in ``DIR`` with :func:`exporters.compare` (the same method and
+  defaults as ``ppetrace compare``: one run per side, judged against the
+  noise floor) and fails the test on a gated regression, with the Markdown
+  table in the failure message. ``--ppetrace-threshold``,
+  ``--ppetrace-alpha``, ``--ppetrace-noise-floor`` and ``--ppetrace-gate``
+  tune that verdict; environment differences are warnings
+  (:class:`EnvironmentMismatchWarning`), or failures with
+  ``--ppetrace-strict-env``.
 
 Example::
 
@@ -23,16 +31,19 @@ Example::
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import hashlib
+import urllib.parse
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ppetrace.cli import parse_threshold
+from exporters._defaults import DEFAULT_ALPHA, DEFAULT_NOISE_FLOOR, DEFAULT_THRESHOLD
+from ppetrace.cli import parse_gate, parse_percent, parse_threshold
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,11 +51,22 @@ if TYPE_CHECKING:
     from exporters import Comparison
     from exporters._spans import SpanBatch
 
-__all__ = ["BaselineMissingWarning", "Benchmark"]
+__all__ = [
+    "BaselineMissingWarning",
+    "Benchmark",
+    "EnvironmentMismatchWarning",
+    "baseline_name",
+    "project_root",
+]
 
 
 class BaselineMissingWarning(UserWarning):
     """``--ppetrace-compare`` found no baseline for a benchmark; it was not compared."""
+
+
+class EnvironmentMismatchWarning(UserWarning):
+    """The baseline was recorded in another environment (Python, torch, CPU, threads,
+    device or ppetrace version): the comparison measures that difference too."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,34 +82,61 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         default=None,
         help="compare each ppetrace_benchmark run with its baseline in DIR; "
-        "fail the test on a significant regression",
+        "fail the test on a gated regression",
     )
     group.addoption(
         "--ppetrace-threshold",
         metavar="PCT",
-        default="5%",
-        help="smallest relative change that counts as a regression (default: 5%%)",
+        default=f"{DEFAULT_THRESHOLD:.0%}",
+        help="smallest relative change that counts as a regression (default: %(default)s)",
     )
     group.addoption(
         "--ppetrace-alpha",
         metavar="P",
         type=float,
-        default=0.01,
-        help="significance level after Holm correction (default: 0.01)",
+        default=DEFAULT_ALPHA,
+        help="significance level after Holm correction (default: %(default)s)",
+    )
+    group.addoption(
+        "--ppetrace-noise-floor",
+        metavar="PCT",
+        default=f"{DEFAULT_NOISE_FLOOR:.1%}",
+        help="run-to-run CV of the median step assumed at least (default: %(default)s)",
+    )
+    group.addoption(
+        "--ppetrace-gate",
+        metavar="EVENTS",
+        default=None,
+        help="events that can fail the test, separated by commas, or 'all' (default: trainer.step)",
+    )
+    group.addoption(
+        "--ppetrace-strict-env",
+        action="store_true",
+        default=False,
+        help="fail a compared benchmark whose baseline was recorded in another environment",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    threshold = config.getoption("--ppetrace-threshold", default="5%")
-    try:
-        parse_threshold(threshold)
-    except ValueError as exc:
-        raise pytest.UsageError(f"--ppetrace-threshold: {exc}") from None
-    alpha = config.getoption("--ppetrace-alpha", default=0.01)
+    for option, parse in (
+        ("--ppetrace-threshold", parse_threshold),
+        ("--ppetrace-noise-floor", lambda t: parse_percent(t, option="--ppetrace-noise-floor")),
+    ):
+        try:
+            parse(config.getoption(option, default="5%"))
+        except ValueError as exc:
+            raise pytest.UsageError(f"{option}: {exc}") from None
+    alpha = config.getoption("--ppetrace-alpha", default=DEFAULT_ALPHA)
     if not (0.0 < alpha < 1.0):
         raise pytest.UsageError(
             f"--ppetrace-alpha: Expected a probability between 0 and 1, but received {alpha}."
         )
+    gate = config.getoption("--ppetrace-gate", default=None)
+    if gate is not None:
+        try:
+            parse_gate(gate)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--ppetrace-gate: {exc}") from None
 
 
 class _Collector:
@@ -103,9 +152,45 @@ class _Collector:
         return None
 
 
-def _safe_name(nodeid: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("._")
-    return name or "benchmark"
+_PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "pytest.ini", ".git")
+_MAX_NAME = 180  # bytes of a baseline's file stem; longer ids are cut and hashed
+
+
+def project_root(path: Path, fallback: Path) -> Path:
+    """The nearest folder at or above ``path``'s folder that holds a ``pyproject.toml``,
+    ``setup.py``, ``setup.cfg``, ``tox.ini``, ``pytest.ini`` or ``.git``; else
+    ``fallback`` (pytest's rootdir)."""
+    start = path.resolve()
+    for folder in (start, *start.parents) if start.is_dir() else start.parents:
+        if any((folder / marker).exists() for marker in _PROJECT_MARKERS):
+            return folder
+    return fallback
+
+
+def baseline_name(test_id: str) -> str:
+    """The file stem of a test's baseline: ``test_id`` percent-encoded (everything but
+    letters, digits, ``-_.~`` and ``[]``), so two ids never share a name and no id
+    makes a folder. An id longer than 180 bytes once encoded is cut, and ``+`` and a
+    hash of the whole id are added (``+`` never appears in an encoded id)."""
+    encoded = urllib.parse.quote(test_id, safe="[]", errors="surrogatepass")
+    if len(encoded) <= _MAX_NAME:
+        return encoded
+    digest = hashlib.sha256(test_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    cut = encoded[: _MAX_NAME - 17]
+    escape = cut.find("%", len(cut) - 2)  # do not cut an escape in two
+    return f"{cut[:escape] if escape >= 0 else cut}+{digest}"
+
+
+def _test_id(item: pytest.Item) -> str:
+    """The node id of ``item`` with its file part relative to the project root."""
+    rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else ""
+    path = Path(item.path)
+    root = project_root(path, Path(item.config.rootpath))
+    try:
+        file_part = path.resolve().relative_to(root).as_posix()
+    except ValueError:  # the test file is outside the project root
+        file_part = item.nodeid.split("::", 1)[0]
+    return f"{file_part}::{rest}" if rest else file_part
 
 
 class Benchmark:
@@ -115,7 +200,9 @@ class Benchmark:
     ``trainer.step`` span, or use :meth:`record` around code that traces its
     own spans. Each recording is saved and/or compared as the command line
     asked; after it, :attr:`frame` holds its spans and :attr:`comparison` the
-    comparison with the baseline (``None`` when there was none).
+    comparison with the baseline (``None`` when there was none). ``name`` is
+    the baseline's file stem (:func:`baseline_name`); a test's second and
+    later recordings add ``+2``, ``+3``, ...
     """
 
     def __init__(
@@ -124,14 +211,20 @@ class Benchmark:
         *,
         save_dir: Path | None = None,
         compare_dir: Path | None = None,
-        threshold: float = 0.05,
-        alpha: float = 0.01,
+        threshold: float = DEFAULT_THRESHOLD,
+        alpha: float = DEFAULT_ALPHA,
+        noise_floor: float = DEFAULT_NOISE_FLOOR,
+        gate: str | Sequence[str] | None = None,
+        strict_env: bool = False,
     ) -> None:
         self.name = name
         self.save_dir = save_dir
         self.compare_dir = compare_dir
         self.threshold = threshold
         self.alpha = alpha
+        self.noise_floor = noise_floor
+        self.gate = gate
+        self.strict_env = strict_env
         self.frame: pd.DataFrame | None = None
         self.comparison: Comparison | None = None
         self.saved_path: Path | None = None
@@ -184,15 +277,16 @@ class Benchmark:
 
     def _finish(self, batches: list[SpanBatch], warmup_steps: int) -> None:
         import exporters
+        from ppetrace.tracing import capture_environment
 
+        environment = capture_environment()
         self.frame = exporters.spans_to_frame(batches)
-        file_name = self.name if self._runs == 0 else f"{self.name}-{self._runs}"
         self._runs += 1
-        file_name += ".json"
+        file_name = (self.name if self._runs == 1 else f"{self.name}+{self._runs}") + ".json"
         if self.save_dir is not None:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             path = self.save_dir / file_name
-            writer = exporters.ChromeTraceExporter(path)
+            writer = exporters.ChromeTraceExporter(path, metadata={"environment": environment})
             for batch in batches:
                 writer.export_batch(batch)
             writer.shutdown()
@@ -215,17 +309,33 @@ class Benchmark:
                 stacklevel=3,
             )
             return
-        base = exporters.read_chrome_trace(baseline)
+        base = exporters.summarize_run(
+            exporters.read_chrome_trace(baseline), warmup_steps=warmup_steps
+        )
+        candidate = dataclasses.replace(
+            exporters.summarize_run(self.frame, warmup_steps=warmup_steps),
+            environment=environment,
+        )
         self.comparison = exporters.compare(
             base,
-            self.frame,
+            candidate,
             threshold=self.threshold,
             alpha=self.alpha,
-            warmup_steps=warmup_steps,
+            noise_floor=self.noise_floor,
+            gate=self.gate,
         )
+        env = self.comparison.environment_warnings
+        for line in env:
+            warnings.warn(f"ppetrace: {line}", EnvironmentMismatchWarning, stacklevel=3)
+        if self.strict_env and env:
+            pytest.fail(
+                f"ppetrace: the baseline {baseline} was recorded in another environment "
+                "(--ppetrace-strict-env):\n" + "\n".join(env),
+                pytrace=False,
+            )
         if self.comparison.has_regression:
             pytest.fail(
-                "ppetrace: significant regression against the baseline "
+                "ppetrace: gated regression against the baseline "
                 f"{baseline}\n\n" + exporters.render_comparison_markdown(self.comparison),
                 pytrace=False,
             )
@@ -233,14 +343,21 @@ class Benchmark:
 
 @pytest.fixture
 def ppetrace_benchmark(request: pytest.FixtureRequest) -> Benchmark:
-    """A :class:`Benchmark` named after the test, set up from the ``--ppetrace-*`` options."""
+    """A :class:`Benchmark` named after the test (:func:`baseline_name` of its
+    project-relative node id), set up from the ``--ppetrace-*`` options."""
     config = request.config
     save = config.getoption("--ppetrace-save")
     comp = config.getoption("--ppetrace-compare")
+    gate = config.getoption("--ppetrace-gate")
     return Benchmark(
-        _safe_name(request.node.nodeid),
+        baseline_name(_test_id(request.node)),
         save_dir=Path(save) if save else None,
         compare_dir=Path(comp) if comp else None,
         threshold=parse_threshold(config.getoption("--ppetrace-threshold")),
         alpha=float(config.getoption("--ppetrace-alpha")),
+        noise_floor=parse_percent(
+            config.getoption("--ppetrace-noise-floor"), option="--ppetrace-noise-floor"
+        ),
+        gate=None if gate is None else parse_gate(gate),
+        strict_env=bool(config.getoption("--ppetrace-strict-env")),
     )

@@ -9,13 +9,15 @@ rows go (:func:`configure`) and pushes them there (:func:`flush`).
 
 Hands on: :class:`exporters.SpanBatch` batches to ppetrace's own exporters
 (``export_batch``), and OpenTelemetry ``ReadableSpan``\\ s to the user's span
-processors and ``SpanExporter``\\ s. Nothing here imports torch.
+processors and ``SpanExporter``\\ s. :func:`capture_environment` describes the
+machine a run ran on, for a trace's ``otherData``. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 from exporters._spans import FrozenAttributes
 
+from ._environment import ENVIRONMENT_FIELDS, capture_environment
 from ._recorder import IMPLEMENTATION, RecorderStats, Span, trace
 from ._setup import (
     add_exporter,
@@ -28,12 +30,14 @@ from ._setup import (
 )
 
 __all__ = [
+    "ENVIRONMENT_FIELDS",
     "IMPLEMENTATION",
     "FrozenAttributes",
     "RecorderStats",
     "Span",
     "add_exporter",
     "bind_context",
+    "capture_environment",
     "configure",
     "flush",
     "remove_exporter",

@@ -83,6 +83,9 @@ def next_trace_path(self: TrainerView, call: str) -> Path:
 
 
 def attach_trace_exporter(self: TrainerView, call: str) -> Any:
+    """A Chrome trace exporter for this call's file (:func:`next_trace_path`), recording
+    the environment (:func:`ppetrace.tracing.capture_environment`) in its ``otherData``,
+    added to the recorder's exporters."""
     try:
         from exporters.chrome import ChromeTraceExporter
     except ImportError as exc:
@@ -91,7 +94,8 @@ def attach_trace_exporter(self: TrainerView, call: str) -> Any:
             f"but it cannot be imported ({exc}). Install ppetrace with its exporters package."
         ) from exc
     path = next_trace_path(self, call)
-    exporter = ChromeTraceExporter(path)
+    environment = tracing.capture_environment(device=getattr(self, "device", None))
+    exporter = ChromeTraceExporter(path, metadata={"environment": environment})
     self.last_trace_path = path
     self.trace_paths.append(path)
     _log.info("ppetrace: writing the %s trace to %s", call, path)

@@ -28,6 +28,7 @@ def write_run(
     name: str = "trainer.step",
     pid: int = 1234,
     rank: int = 0,
+    environment: dict[str, object] | None = None,
 ) -> Path:
     """A trace of ``len(step_ns)`` steps, each with a fetch and a backward, exact times."""
     rows: list[SpanRow] = []
@@ -44,7 +45,8 @@ def write_run(
         t += dur
     rows.append(SpanRow("trainer.epoch", 1, 0, 7, T0 - 10, t + 10, 1, {"ppetrace.epoch": 0}))
     rows.sort(key=lambda r: r.start_ns)
-    exporter = ChromeTraceExporter(path)
+    metadata = None if environment is None else {"environment": environment}
+    exporter = ChromeTraceExporter(path, metadata=metadata)
     exporter.export_batch(SpanBatch(rows, {"service.name": "cli", "ppetrace.rank": rank}, pid))
     exporter.shutdown()
     return path
@@ -106,7 +108,8 @@ def test_report_formats_carry_the_numbers(base: Path, tmp_path: Path, fmt: str) 
 def test_compare_same_run_exits_0(base: Path) -> None:
     code, out, err = run("compare", str(base), str(base))
     assert code == 0, err
-    assert "0 regressions" in out
+    assert out.startswith("ppetrace compare: no gated regression (1 run vs 1 run)")
+    assert "\ngate: trainer.step (Holm over 1 gated event, alpha 0.01); threshold 3.0%" in out
 
 
 def test_compare_a_slower_run_exits_1_with_a_markdown_comment(base: Path, tmp_path: Path) -> None:
@@ -114,16 +117,102 @@ def test_compare_a_slower_run_exits_1_with_a_markdown_comment(base: Path, tmp_pa
     report = tmp_path / "comment.md"
     code, out, err = run("compare", str(base), str(slow), "--format", "md", "--output", str(report))
     assert code == 1
-    assert out == "" and "significant regression" in err
+    assert out == "" and err == f"ppetrace: wrote {report} (gated regression)\n"
     md = report.read_text()
-    assert md.startswith("### ppetrace compare: ❌")
-    assert "| trainer.step |" in md and "❌ regression" in md
+    assert md.startswith("### ppetrace compare: ❌ 1 gated regression")
+    assert "| `trainer.step` | gated |" in md and "❌ regression" in md
     # the same slowdown under a 50% threshold is not a regression
     code, _, _ = run("compare", str(base), str(slow), "--threshold", "50%")
     assert code == 0
+    # nor against a noise floor of 20% run-to-run
+    code, _, _ = run("compare", str(base), str(slow), "--noise-floor", "20%")
+    assert code == 0
     code, out, _ = run("compare", str(base), str(slow), "--format", "json")
     assert code == 1
+    doc = json.loads(out)
+    assert doc["regressions"] == ["trainer.step"]  # trainer.backward is informational
+    assert {e["event"]: e["verdict"] for e in doc["events"]}["trainer.backward"] == "regression"
+    code, out, _ = run("compare", str(base), str(slow), "--format", "json", "--gate", "all")
     assert sorted(json.loads(out)["regressions"]) == ["trainer.backward", "trainer.step"]
+
+
+def _runs(folder: Path, seeds: Sequence[int], median: float) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return [write_run(folder / f"run-{s}.json", _steps(s, median)) for s in seeds]
+
+
+def test_compare_takes_folders_and_quoted_globs_of_runs(tmp_path: Path) -> None:
+    _runs(tmp_path / "base", [10, 11, 12], 1_000_000)
+    _runs(tmp_path / "cand", [13, 14, 15], 1_150_000)
+    (tmp_path / "base" / "notes.txt").write_text("not a trace")  # left out
+    code, out, err = run("compare", str(tmp_path / "base"), str(tmp_path / "cand"))
+    assert code == 1, err
+    assert out.startswith("ppetrace compare: 1 gated regression (3 runs vs 3 runs)")
+    code, out, _ = run(
+        "compare", str(tmp_path / "base" / "run-1[01].json"), str(tmp_path / "cand" / "*.json")
+    )
+    assert code == 1 and "(2 runs vs 3 runs)" in out
+    # runs of the same code: the runs' own scatter or the floor, never a regression
+    code, out, _ = run("compare", str(tmp_path / "base"), str(tmp_path / "base" / "run-1*"))
+    assert code == 0 and "no gated regression (3 runs vs 3 runs)" in out
+
+
+def test_compare_names_environment_differences_and_strict_env_exits_2(tmp_path: Path) -> None:
+    env = {"python": "3.11.7", "torch": "2.13.0", "torch_threads": 1, "ppetrace": "0.1.0"}
+    base = write_run(tmp_path / "base.json", _steps(1, 1_000_000), environment=env)
+    same = write_run(tmp_path / "same.json", _steps(2, 1_000_000), environment=env)
+    other = write_run(
+        tmp_path / "other.json", _steps(3, 1_000_000), environment={**env, "torch_threads": 8}
+    )
+    code, out, err = run("compare", str(base), str(same), "--strict-env")
+    assert code == 0 and "warning" not in out + err
+    code, out, err = run("compare", str(base), str(other))
+    assert code == 0 and err == ""
+    assert "warning: environment differs: torch_threads: base 1, candidate 8" in out
+    code, out, err = run("compare", str(base), str(other), "--format", "md", "--strict-env")
+    assert code == 2
+    lines = err.splitlines()
+    assert lines[0] == "ppetrace: warning: environment differs: torch_threads: base 1, candidate 8"
+    assert lines[1].startswith(
+        "ppetrace compare: error: Expected runs from one environment (--strict-env), but 1 "
+        "environment field differs"
+    )
+    assert "> ⚠️ environment differs: torch_threads: base 1, candidate 8" in out
+    # traces without any environment record cannot pass --strict-env
+    bare = write_run(tmp_path / "bare.json", _steps(4, 1_000_000))
+    code, _, err = run("compare", str(bare), str(bare), "--strict-env")
+    assert code == 2
+    assert _one_error_line(err).startswith(
+        "ppetrace compare: error: Expected environment records in the traces (--strict-env), "
+        "but no run has one"
+    )
+
+
+def test_compare_options_that_are_not_understood_exit_2(base: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {
+        ("--noise-floor", "lots"): "Expected a percentage such as '5%' (or a fraction such as "
+        "0.05) for --noise-floor, but received 'lots'.",
+        ("--min-effect-abs", "3 parsecs"): "Expected a duration with a unit such as '1us'",
+        ("--gate", " , "): "Expected event names separated by commas (or 'all') for --gate",
+        ("--gate", "trainer.step,user.nope"): "Expected the gated events to be in both the "
+        "base and the candidate runs, but user.nope is not; the events in both are",
+    }
+    for options, message in cases.items():
+        code, _, err = run("compare", str(base), str(base), *options)
+        assert code == 2, options
+        assert message in _one_error_line(err), (options, err)
+    code, _, err = run("compare", str(base), str(tmp_path / "nothing-*.json"))
+    assert code == 2
+    assert _one_error_line(err) == (
+        "ppetrace compare: error: Expected CAND to be a trace file, a folder of traces or a "
+        f"glob that matches trace files, but the glob '{tmp_path / 'nothing-*.json'}' "
+        "matches no file."
+    )
+    code, _, err = run("compare", str(empty), str(base))
+    assert code == 2
+    assert "Expected trace files (*.json or *.json.gz) in the folder" in _one_error_line(err)
 
 
 def _one_error_line(err: str) -> str:
@@ -313,7 +402,7 @@ def test_output_a_stream_cannot_encode_is_written_as_escapes(tmp_path: Path) -> 
     for argv, expected in (
         (["report", str(base), "--format", "table"], 0),
         (["report", str(base), "--format", "csv"], 0),
-        (["compare", str(base), str(slow), "--format", "md"], 1),
+        (["compare", str(base), str(slow), "--format", "md", "--gate", "all"], 1),
     ):
         raw = io.BytesIO()
         out = io.TextIOWrapper(raw, encoding="ascii")

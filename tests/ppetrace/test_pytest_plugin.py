@@ -14,6 +14,8 @@ import pytest
 import exporters.comparison
 import exporters.report  # noqa: F401
 from exporters import ChromeTraceExporter, SpanBatch, SpanRow, read_chrome_trace
+from ppetrace.pytest_plugin import baseline_name, project_root
+from ppetrace.tracing import capture_environment
 
 pytest_plugins = ["pytester"]
 
@@ -31,10 +33,12 @@ BENCH = textwrap.dedent(
         assert list(frame.loc[frame["name"] == "trainer.step", "step"]) == list(range(13))
     """
 )
-BASELINE_NAME = "test_bench.py_test_bench.json"
+BASELINE_NAME = "test_bench.py%3A%3Atest_bench.json"
 
 
-def _baseline(path: Path, step_ns: int, steps: int = 13) -> None:
+def _baseline(
+    path: Path, step_ns: int, steps: int = 13, environment: dict[str, object] | None = None
+) -> None:
     """A baseline whose trainer.step spans last ``step_ns`` each (exact, injected)."""
     t0 = 1_700_000_000_000_000_000
     rows = [SpanRow("trainer.run", 1, 0, 9, t0, t0 + steps * (step_ns + 10) + 10, 1, {})]
@@ -44,7 +48,8 @@ def _baseline(path: Path, step_ns: int, steps: int = 13) -> None:
             SpanRow("trainer.step", 10 + i, 1, 9, start, start + step_ns, 1, {"ppetrace.step": i})
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    exporter = ChromeTraceExporter(path)
+    metadata = None if environment is None else {"environment": environment}
+    exporter = ChromeTraceExporter(path, metadata=metadata)
     exporter.export_batch(SpanBatch(rows))
     exporter.shutdown()
 
@@ -57,6 +62,8 @@ def test_save_writes_a_baseline_trace(pytester: pytest.Pytester) -> None:
     frame = read_chrome_trace(out / BASELINE_NAME)
     assert (frame["name"] == "trainer.step").sum() == 13
     assert (frame["name"] == "trainer.run").sum() == 1
+    environment = frame.attrs["metadata"]["environment"]
+    assert environment == capture_environment()  # same process kind, same machine
 
 
 def test_compare_fails_a_test_that_regressed_with_the_markdown_table(
@@ -68,9 +75,9 @@ def test_compare_fails_a_test_that_regressed_with_the_markdown_table(
     result = pytester.runpytest("--ppetrace-compare", str(baseline), "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
-    assert "significant regression against the baseline" in text
-    assert "### ppetrace compare: ❌" in text
-    assert "| trainer.step |" in text
+    assert "gated regression against the baseline" in text
+    assert "### ppetrace compare: ❌ 1 gated regression" in text
+    assert "| `trainer.step` | gated |" in text
 
 
 def test_compare_passes_when_the_run_is_not_slower(pytester: pytest.Pytester) -> None:
@@ -163,7 +170,101 @@ def test_a_benchmark_without_spans_fails_clearly(pytester: pytest.Pytester) -> N
         """
     )
     baseline = pytester.path / "base"
-    _baseline(baseline / "test_off.py_test_off.json", step_ns=1_000)
+    _baseline(baseline / "test_off.py%3A%3Atest_off.json", step_ns=1_000)
     result = pytester.runpytest("--ppetrace-compare", str(baseline), "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert "the benchmark recorded no spans" in result.stdout.str()
+
+
+def test_baseline_names_are_percent_encoded_ids_that_never_collide() -> None:
+    slash = baseline_name("tests/test_b.py::test_bench[a/b]")
+    space = baseline_name("tests/test_b.py::test_bench[a b]")
+    under = baseline_name("tests/test_b.py::test_bench[a_b]")
+    assert slash == "tests%2Ftest_b.py%3A%3Atest_bench[a%2Fb]"
+    assert space == "tests%2Ftest_b.py%3A%3Atest_bench[a%20b]"
+    assert len({slash, space, under}) == 3
+    assert "/" not in slash and "+" not in baseline_name("t.py::x[a+b]")  # '+' is encoded
+    long_a, long_b = "t.py::x[" + "a" * 300 + "1]", "t.py::x[" + "a" * 300 + "2]"
+    assert len(baseline_name(long_a)) <= 180 and baseline_name(long_a) != baseline_name(long_b)
+    assert "+" in baseline_name(long_a)  # cut, then '+' and a hash of the whole id
+    cut_escape = baseline_name("t.py::x[" + "/" * 100 + "]")
+    assert cut_escape.split("+")[0].endswith("%2F")  # no escape cut in two
+
+
+def test_project_root_is_the_nearest_folder_with_a_project_file(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    (project / "tests" / "unit").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    test_file = project / "tests" / "unit" / "test_x.py"
+    test_file.write_text("")
+    assert project_root(test_file, tmp_path) == project
+    assert project_root(tmp_path / "loose.py", tmp_path / "fallback") == tmp_path / "fallback"
+
+
+PARAMETRIZED = textwrap.dedent(
+    """
+    import pytest
+
+    @pytest.mark.parametrize("case", ["a/b", "a b"])
+    def test_bench(ppetrace_benchmark, case):
+        ppetrace_benchmark(sum, range(10), steps=6, warmup=1)
+    """
+)
+
+
+def test_parametrized_benchmarks_get_one_baseline_each(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bench=PARAMETRIZED)
+    out = pytester.path / "baselines"
+    result = pytester.runpytest("--ppetrace-save", str(out), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "test_bench.py%3A%3Atest_bench[a%20b].json",
+        "test_bench.py%3A%3Atest_bench[a%2Fb].json",
+    ]
+
+
+def test_baselines_are_found_whatever_pytests_rootdir(pytester: pytest.Pytester) -> None:
+    project = pytester.path / "proj"
+    (project / "tests").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (project / "tests" / "test_bench.py").write_text(BENCH)
+    base = project / "base"
+    saved = pytester.runpytest(
+        str(project / "tests"), "--rootdir", str(project), "--ppetrace-save", str(base)
+    )
+    saved.assert_outcomes(passed=1)
+    assert [p.name for p in base.iterdir()] == ["tests%2Ftest_bench.py%3A%3Atest_bench.json"]
+    # from another folder, with another rootdir: the same name, found, compared
+    elsewhere = pytester.path / "elsewhere"
+    elsewhere.mkdir()
+    compared = pytester.runpytest(
+        str(project / "tests" / "test_bench.py"),
+        "--rootdir",
+        str(elsewhere),
+        "--ppetrace-compare",
+        str(base),
+        "--ppetrace-threshold",
+        "1000%",
+        "-W",
+        "error::ppetrace.pytest_plugin.BaselineMissingWarning",
+    )
+    compared.assert_outcomes(passed=1)
+
+
+def test_a_baseline_from_another_environment_warns_or_fails_when_strict(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_bench=BENCH)
+    baseline = pytester.path / "base"
+    other = {**capture_environment(), "torch_threads": 99, "cpu_model": "another CPU"}
+    _baseline(baseline / BASELINE_NAME, step_ns=10**9, environment=other)
+    result = pytester.runpytest("--ppetrace-compare", str(baseline), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, warnings=2)
+    text = result.stdout.str()
+    assert "EnvironmentMismatchWarning" in text
+    assert "environment differs: cpu_model: base another CPU" in text
+    strict = pytester.runpytest(
+        "--ppetrace-compare", str(baseline), "--ppetrace-strict-env", "-p", "no:cacheprovider"
+    )
+    strict.assert_outcomes(failed=1)
+    assert "was recorded in another environment (--ppetrace-strict-env)" in strict.stdout.str()

@@ -106,8 +106,9 @@ def test_a_profiler_without_the_protocol_is_rejected() -> None:
 class FakeChrome:
     instances: ClassVar[list[FakeChrome]] = []
 
-    def __init__(self, path: Any) -> None:
+    def __init__(self, path: Any, *, metadata: Any = None) -> None:
         self.path = path
+        self.metadata = metadata
         self.rows: list[str] = []
         self.shut = False
         FakeChrome.instances.append(self)
@@ -135,6 +136,7 @@ def test_trace_path_attaches_a_chrome_exporter_for_the_run(
     fit(trainer)
     (exp,) = fake_chrome.instances
     assert trainer.trace_exporter is exp and exp.path == tmp_path / "t.json"
+    assert exp.metadata["environment"]["device"] == "cpu"  # capture_environment's record
     assert exp.shut
     assert exp.rows.count("trainer.step") == 6 and exp.rows.count("trainer.run") == 1
     with ppetrace.trace("after.run"):

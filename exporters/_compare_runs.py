@@ -1,0 +1,126 @@
+"""One run, reduced to what :func:`exporters.compare` needs: per event, the median of
+its per-step samples and that median's sampling error, plus the run's environment.
+
+The samples of an event are *per step*: the event's total time inside each
+counted (non-warmup) training step (a ``trainer.step``, its
+``trainer.fetch_batch`` and everything under them; see :mod:`exporters._steps`).
+An event outside steps contributes one sample per span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._compare_stats import log_median_se
+from ._steps import assign_steps
+
+__all__ = ["EventStat", "RunSummary", "event_samples", "summarize_run"]
+
+
+def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
+    """Per-event duration samples in ns: per counted step, the event's total time in
+    that step; for spans outside steps, one sample per span."""
+    n = len(frame)
+    if n == 0:
+        return {}
+    assignment = assign_steps(frame, warmup_steps)
+    steps = assignment.steps
+    warm = np.zeros(n, dtype=bool)
+    warm[steps.index[steps["warmup"].to_numpy(dtype=bool)].to_numpy()] = True
+    step_row = assignment.step_row
+    in_step = step_row >= 0
+    keep = ~(in_step & warm[np.where(in_step, step_row, 0)])
+    unit = np.where(in_step, step_row, -1 - np.arange(n))[keep]
+    codes, uniques = pd.factorize(frame["name"].to_numpy(dtype=object)[keep])
+    dur = frame["dur_ns"].to_numpy(np.int64)[keep]
+    if not len(codes):
+        return {}
+    order = np.lexsort((unit, codes))
+    c, u, d = codes[order], unit[order], dur[order]
+    first = np.ones(len(c), dtype=bool)
+    first[1:] = (c[1:] != c[:-1]) | (u[1:] != u[:-1])
+    sums = np.add.reduceat(d, np.flatnonzero(first)).astype(float)
+    events = c[first]
+    cuts = np.flatnonzero(events[1:] != events[:-1]) + 1
+    return {
+        str(uniques[part_events[0]]): part
+        for part_events, part in zip(np.split(events, cuts), np.split(sums, cuts), strict=True)
+    }
+
+
+@dataclass(frozen=True)
+class EventStat:
+    """One event in one run: ``n`` samples, their ``median_ns``, and ``log_se``, the
+    standard error of ``log(median)`` estimated from the samples."""
+
+    n: int
+    median_ns: float
+    log_se: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run as :func:`exporters.compare` sees it: ``events`` (name ->
+    :class:`EventStat`), the ``environment`` recorded in the trace's
+    ``otherData`` (``None`` when it has none) and ``source`` (its file, if any)."""
+
+    events: Mapping[str, EventStat]
+    environment: Mapping[str, Any] | None = None
+    source: str | None = None
+
+    @classmethod
+    def from_samples(
+        cls,
+        samples: Mapping[str, Any],
+        *,
+        environment: Mapping[str, Any] | None = None,
+        source: str | None = None,
+    ) -> RunSummary:
+        """A summary of one run from per-event duration samples in ns (one array-like per
+        event, e.g. :func:`event_samples` of a frame, or timings from elsewhere)."""
+        events = {}
+        for name, values in samples.items():
+            array = np.asarray(values, dtype=float)
+            if array.ndim != 1 or not len(array) or not np.all(np.isfinite(array)):
+                raise ValueError(
+                    f"Expected a non-empty 1-D sequence of finite durations in ns for the "
+                    f"event {name!r}, but received {array.shape} values."
+                )
+            events[str(name)] = _stat(array)
+        return cls(events, None if environment is None else dict(environment), source)
+
+
+def _stat(samples: np.ndarray) -> EventStat:
+    # log of at least 1 ns: a zero-length span (clock granularity) stays finite
+    logs = np.log(np.maximum(samples, 1.0))
+    return EventStat(len(samples), float(np.median(samples)), log_median_se(logs))
+
+
+def summarize_run(
+    frame: pd.DataFrame, *, warmup_steps: int = 1, source: str | None = None
+) -> RunSummary:
+    """Reduce one run's span frame to a :class:`RunSummary` (see the module doc).
+
+    ``warmup_steps`` steps at the start of each process are left out. The
+    environment comes from ``frame.attrs["metadata"]["environment"]``, which
+    :func:`exporters.read_chrome_trace` fills from the file's ``otherData``;
+    ``source`` defaults to ``frame.attrs["path"]``.
+    """
+    if not isinstance(frame, pd.DataFrame) or "dur_ns" not in frame.columns:
+        raise TypeError(
+            "Expected a span frame (from exporters.spans_to_frame or read_chrome_trace), "
+            f"but received {type(frame).__name__}."
+        )
+    samples = event_samples(frame, warmup_steps=warmup_steps)
+    metadata = frame.attrs.get("metadata")
+    environment = metadata.get("environment") if isinstance(metadata, Mapping) else None
+    if not isinstance(environment, Mapping):
+        environment = None
+    if source is None and frame.attrs.get("path") is not None:
+        source = str(frame.attrs["path"])
+    return RunSummary.from_samples(samples, environment=environment, source=source)

@@ -1,0 +1,31 @@
+"""The defaults of :func:`exporters.compare`, in a module that imports nothing, so the
+CLI and the pytest plugin can show them without loading pandas or SciPy.
+
+The figures behind them are in the README ("How `compare` decides") and come
+from ``benchmarks/bench_compare.py``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_GATE",
+    "DEFAULT_MIN_EFFECT",
+    "DEFAULT_MIN_EFFECT_NS",
+    "DEFAULT_NOISE_FLOOR",
+    "DEFAULT_THRESHOLD",
+]
+
+#: The run-to-run coefficient of variation of a run's median step time assumed at least:
+#: what one run per side is judged against.
+DEFAULT_NOISE_FLOOR = 0.025
+#: The smallest relative change that counts.
+DEFAULT_THRESHOLD = 0.03
+#: The significance level, after Holm's correction over the gated events.
+DEFAULT_ALPHA = 0.01
+#: The events that can fail a comparison by default: the wall time per step.
+DEFAULT_GATE = ("trainer.step",)
+#: The minimum absolute effect, as a fraction of the base's median step time ...
+DEFAULT_MIN_EFFECT = 0.01
+#: ... and never less than this many nanoseconds.
+DEFAULT_MIN_EFFECT_NS = 1_000

@@ -1,0 +1,105 @@
+"""What a run ran on: the environment record that goes into a trace's ``otherData``.
+
+:func:`capture_environment` returns a flat, JSON-safe dict with the fields
+below; ``ppetrace compare`` warns about each one that differs between the
+base and the candidate runs. The Trainer, the pytest plugin and any other
+writer of ppetrace traces call this one function, so every trace records the
+same fields.
+
+torch is read through ``sys.modules`` only: tracing never imports torch, and
+a process that has not imported torch records ``torch: None``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from functools import lru_cache
+from typing import Any
+
+from .._version import __version__
+
+__all__ = ["ENVIRONMENT_FIELDS", "capture_environment"]
+
+#: The fields of :func:`capture_environment`, in the order they are shown.
+ENVIRONMENT_FIELDS = (
+    "python",
+    "torch",
+    "cpu_model",
+    "cpu_count",
+    "torch_threads",
+    "device",
+    "ppetrace",
+)
+
+
+@lru_cache(maxsize=1)
+def _cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("model name", "Hardware", "Processor", "cpu model"):
+                    return " ".join(value.split()) or None
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
+def _cpu_count() -> int | None:
+    """The CPUs this process may run on (its affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        try:
+            return len(affinity(0))
+        except OSError:
+            pass
+    return os.cpu_count()
+
+
+def _device_name(torch: Any, device: str) -> str:
+    """``device``, with the GPU's name for a CUDA device once CUDA is initialized."""
+    if not device.startswith("cuda"):
+        return device
+    try:
+        cuda = torch.cuda
+        if not cuda.is_initialized():
+            return device
+        index = int(device.split(":", 1)[1]) if ":" in device else cuda.current_device()
+        return f"{device} ({cuda.get_device_name(index)})"
+    except Exception:  # telemetry never breaks the run
+        return device
+
+
+def capture_environment(*, device: object = None) -> dict[str, Any]:
+    """The environment of this process, as recorded in a trace's ``otherData.environment``.
+
+    Fields (:data:`ENVIRONMENT_FIELDS`): ``python`` (version), ``torch``
+    (version, or ``None`` when torch is not imported), ``cpu_model``,
+    ``cpu_count`` (CPUs this process may use), ``torch_threads``
+    (``torch.get_num_threads()``, or ``None``), ``device`` (``str(device)``,
+    with the GPU's name once CUDA is initialized; ``None`` when not given) and
+    ``ppetrace`` (version). Never imports torch and never raises.
+    """
+    torch = sys.modules.get("torch")
+    torch_version = getattr(torch, "__version__", None) if torch is not None else None
+    threads: int | None = None
+    if torch is not None:
+        try:
+            threads = int(torch.get_num_threads())
+        except Exception:
+            threads = None
+    device_text = None if device is None else str(device)
+    if device_text is not None and torch is not None:
+        device_text = _device_name(torch, device_text)
+    return {
+        "python": platform.python_version(),
+        "torch": None if torch_version is None else str(torch_version),
+        "cpu_model": _cpu_model(),
+        "cpu_count": _cpu_count(),
+        "torch_threads": threads,
+        "device": device_text,
+        "ppetrace": __version__,
+    }

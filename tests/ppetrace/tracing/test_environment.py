@@ -1,0 +1,63 @@
+"""capture_environment: one record of what a run ran on, for a trace's otherData."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import ppetrace
+from exporters import read_chrome_trace
+from ppetrace.tracing import ENVIRONMENT_FIELDS, capture_environment
+
+
+def test_the_record_has_every_field_and_reads_torch_when_it_is_imported() -> None:
+    env = capture_environment(device="cpu")
+    assert tuple(env) == ENVIRONMENT_FIELDS
+    assert env["torch"] == torch.__version__
+    assert env["torch_threads"] == torch.get_num_threads()
+    assert env["device"] == "cpu" and env["ppetrace"] == ppetrace.__version__
+    assert isinstance(env["cpu_count"], int) and env["cpu_count"] >= 1
+    assert env["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert json.loads(json.dumps(env)) == env
+    assert capture_environment()["device"] is None
+    # a CUDA device is named as given (with the GPU's name once CUDA is initialized)
+    assert capture_environment(device=torch.device("cuda", 1))["device"].startswith("cuda:1")
+
+
+def test_it_never_imports_torch() -> None:
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from ppetrace.tracing import capture_environment
+        env = capture_environment(device="cpu")
+        print(json.dumps([env["torch"], env["torch_threads"], "torch" in sys.modules]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [None, None, False]
+
+
+def test_a_trainers_trace_records_the_environment(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))
+    net = torch.nn.Linear(8, 4)
+    trainer = ppetrace.Trainer(max_epochs=1, trace_path=tmp_path / "t.json", progress=False)
+    trainer.fit(
+        net,
+        DataLoader(data, batch_size=8),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        loss_fn=F.cross_entropy,
+    )
+    env = read_chrome_trace(tmp_path / "t.json").attrs["metadata"]["environment"]
+    assert env == capture_environment(device=trainer.device)
+    assert env["torch_threads"] == torch.get_num_threads() and env["torch"] == torch.__version__
