@@ -5,14 +5,16 @@
 It trains a 784-256-10 MLP on synthetic data (nothing is downloaded) with
 ``ppetrace.Trainer(trace_path=...)`` for a fixed number of steps, on one torch
 thread so that runs on a CI machine are comparable, and prints the step report.
-The workflow ``.github/workflows/ppetrace-bench.yml`` stores the trace of the
-main branch as the baseline artifact and, on a pull request, compares its own
-trace with it::
+The trace records its environment (Python, torch, CPU, threads, device).
 
-    ppetrace compare base.json cand.json --format md --output comment.md
+The workflow ``.github/workflows/ppetrace-bench.yml`` runs it for the base and
+the head revision of a pull request, interleaved on one runner
+(``examples/ci/ab_runs.py``), and compares the runs as runs::
 
-``ppetrace compare`` exits with 1 on a significant regression, which fails
-the job; the Markdown becomes the pull request comment.
+    ppetrace compare runs/base runs/cand --warmup 20 --format md --output comment.md
+
+``ppetrace compare`` exits with 1 on a gated regression (``trainer.step``),
+which fails the job; the Markdown becomes the pull request comment.
 """
 
 from __future__ import annotations

@@ -6,13 +6,11 @@ import math
 from pathlib import Path
 
 import pytest
-from example_loader import ROOT, load
+from example_loader import load
 
 import ppetrace
 from exporters import read_chrome_trace
 from ppetrace import cli
-
-WORKFLOW = ROOT / ".github" / "workflows" / "ppetrace-bench.yml"
 
 
 def test_quickstart_writes_a_trace_and_prints_the_report(
@@ -128,7 +126,7 @@ def test_ci_bench_step_twice_then_compare(
     assert code in (0, 1)  # 1 would be a (noise) regression; 2 would be bad input
     text = comment.read_text()
     assert text.startswith("### ppetrace compare")
-    assert "| trainer.step |" in text
+    assert "| `trainer.step` | gated |" in text
     capsys.readouterr()
 
 
@@ -138,24 +136,3 @@ def test_ci_bench_step_rejects_zero_steps(capsys: pytest.CaptureFixture[str]) ->
         step.main(["--steps", "0"])
     assert exc.value.code == 2
     assert "expected a positive integer, but received '0'" in capsys.readouterr().err
-
-
-def test_ci_workflow_stores_the_baseline_and_gates_pull_requests() -> None:
-    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: the workflow is not parsed")
-    doc = yaml.safe_load(WORKFLOW.read_text())
-    triggers = doc.get("on", doc.get(True))  # YAML 1.1 reads the key `on` as True
-    assert triggers["push"]["branches"] == ["main"] and "pull_request" in triggers
-    assert doc["permissions"]["pull-requests"] == "write"
-    steps = doc["jobs"]["bench"]["steps"]
-    runs = "\n".join(s.get("run", "") for s in steps)
-    assert "python examples/ci/bench_step.py --out cand.json" in runs
-    assert "ppetrace compare baseline/base.json cand.json" in runs
-    assert "--format md --output comment.md" in runs
-    assert "gh pr comment" in runs and "--body-file comment.md" in runs
-    uploads = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact")]
-    assert len(uploads) == 1 and uploads[0]["with"]["name"] == "ppetrace-baseline"
-    assert "refs/heads/main" in uploads[0]["if"]
-    downloads = [s for s in steps if str(s.get("uses", "")).startswith("actions/download-artifact")]
-    assert downloads[0]["with"]["name"] == "ppetrace-baseline"
-    gate = steps[-1]
-    assert "exit 1" in gate["run"] and "steps.compare.outputs.code != '0'" in gate["if"]

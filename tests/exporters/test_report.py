@@ -315,7 +315,7 @@ def test_names_that_are_not_utf8_survive_the_report_and_compare(
     for fmt in ("table", "md", "csv", "json"):
         assert "user." in render(report, fmt)
     json.loads(render_json(report))
-    comparison = exporters.compare(base, slow)
+    comparison = exporters.compare(base, slow, gate=[odd], min_effect_ns=100)
     assert odd in comparison.regressions
     for fmt in ("table", "md", "json"):
         assert "user." in exporters.render_comparison(comparison, fmt)
