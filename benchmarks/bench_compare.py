@@ -66,7 +66,6 @@ BUDGET_DETECT_5_FIVE = 0.80
 BUDGET_COMPARE_S = 3.0
 DEFAULT_FLOORS = (0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.10, 0.15, 0.2, 0.3)
 WARMUP = 20
-OLD_METHOD_PAIRS = 200  # A/A pairs also judged by the old per-step test
 
 # -- the training that is measured (a child process) --------------------------------
 
@@ -228,8 +227,9 @@ def analyse_real(
     return out
 
 
-def real_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Run the training ``args.runs`` times per variant, interleaved; analyse the runs."""
+def record_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Run the training ``args.runs`` times per variant, interleaved, into ``work``;
+    return (and write to ``work/runs.json``) the manifest that :func:`real_runs` reads."""
     import exporters
 
     t0 = time.perf_counter()
@@ -245,29 +245,46 @@ def real_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         flush=True,
     )
     names = list(spins)
-    paths: dict[str, list[Path]] = {v: [] for v in names}
+    paths: dict[str, list[str]] = {v: [] for v in names}
     for i in range(args.runs):
         order = names[i % 3 :] + names[: i % 3]
         for variant in order:
             out = work / f"{variant}-{i:02d}.json"
             _run_child(out, args.steps, spins[variant], args.threads)
-            paths[variant].append(out)
+            paths[variant].append(out.name)
         print(f"  round {i + 1}/{args.runs} ({' '.join(order)}) done", flush=True)
-    run_s = time.perf_counter() - t0
+    manifest = {
+        "spins": spins,
+        "steps": args.steps,
+        "runs": args.runs,
+        "paths": paths,
+        "run_seconds": time.perf_counter() - t0,
+    }
+    (work / "runs.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def real_runs(args: argparse.Namespace, work: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Analyse the runs that ``manifest`` lists in ``work`` (see the module doc)."""
+    import exporters
+
+    spins = manifest["spins"]
     summaries = {
         v: [
-            exporters.summarize_run(exporters.read_chrome_trace(p), warmup_steps=args.warmup)
-            for p in ps
+            exporters.summarize_run(
+                exporters.read_chrome_trace(work / name), warmup_steps=args.warmup
+            )
+            for name in names
         ]
-        for v, ps in paths.items()
+        for v, names in manifest["paths"].items()
     }
     medians = {v: [s.events["trainer.step"].median_ns for s in ss] for v, ss in summaries.items()}
     a_med = float(np.median(medians["A"]))
     t1 = time.perf_counter()
     result = analyse_real(summaries, trials=args.trials, floors=args.floors)
     result.update(
-        runs=args.runs,
-        steps=args.steps,
+        runs=manifest["runs"],
+        steps=manifest["steps"],
         warmup=args.warmup,
         spin_ns=spins,
         step_medians_ns=medians,
@@ -278,7 +295,7 @@ def real_runs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         realized={v: float(np.median(medians[v]) / a_med - 1.0) for v in ("B5", "B10")},
         spin_share={v: spins[v] / a_med for v in ("B5", "B10")},
         environment=summaries["A"][0].environment,
-        seconds={"runs": run_s, "analysis": time.perf_counter() - t1},
+        seconds={"runs": manifest["run_seconds"], "analysis": time.perf_counter() - t1},
     )
     return result
 
@@ -298,6 +315,7 @@ def synthetic(
     hook_run_sd: float = 0.20,
     shift_one: float = 0.10,
     shift_five: float = 0.05,
+    old_pairs: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Rates on synthetic runs with known offsets (see the module doc): ``pairs`` A/A
@@ -305,7 +323,8 @@ def synthetic(
     ``shift_one`` slowdown, ``trials`` trials of ``per_side`` runs per side with a
     ``shift_five`` slowdown and as many A/A trials. Run offsets have the SD
     ``run_sd`` (default: the default noise floor), steps ``step_sd``; a 230 ns hook
-    has run offsets of ``hook_run_sd``."""
+    has run offsets of ``hook_run_sd``. The first ``old_pairs`` (default: all) A/A
+    pairs are also judged by the old per-step Mann-Whitney test."""
     import exporters
 
     floor = exporters.DEFAULT_NOISE_FLOOR if run_sd is None else run_sd
@@ -319,7 +338,7 @@ def synthetic(
         summary = exporters.RunSummary.from_samples({"trainer.step": step, "runtime.hook": hook})
         return step, summary
 
-    aa = old_aa = old_pairs = hook_flagged = 0
+    aa = old_aa = n_old = hook_flagged = 0
     for _ in range(pairs):
         xs, x = samples(0.0)
         ys, y = samples(0.0)
@@ -327,8 +346,8 @@ def synthetic(
         aa += result.has_regression
         verdicts = {r["event"]: r["verdict"] for r in result.records}
         hook_flagged += verdicts["runtime.hook"] in ("regression", "improvement")
-        if old_pairs < OLD_METHOD_PAIRS:  # the old method: per-step Mann-Whitney, 5%
-            old_pairs += 1
+        if n_old < (pairs if old_pairs is None else old_pairs):  # the old per-step test
+            n_old += 1
             p_old = float(stats.mannwhitneyu(ys, xs, alternative="two-sided").pvalue)
             old_aa += p_old < 0.01 and abs(np.median(ys) / np.median(xs) - 1) > 0.05
     n_detect = pairs if detect_pairs is None else detect_pairs
@@ -354,7 +373,7 @@ def synthetic(
         "detect_one": _rate(d_one, n_detect),
         "detect_five": _rate(d_five, trials),
         "aa_five": _rate(aa_five, trials),
-        "old_method_aa_one": _rate(old_aa, old_pairs),
+        "old_method_aa_one": _rate(old_aa, n_old),
         "hook_verdicts_aa_one": _rate(hook_flagged, pairs),
     }
 
@@ -559,6 +578,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--synthetic-only", action="store_true", help="skip the real runs")
     parser.add_argument("--real-only", action="store_true", help="skip the synthetic runs")
     parser.add_argument("--keep", metavar="DIR", help="keep the run traces in DIR")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        metavar="DIR",
+        help="analyse the runs kept in DIR (by --keep) instead of running again",
+    )
     parser.add_argument("--json", metavar="FILE", help="write every figure as JSON")
     parser.add_argument("--child", metavar="OUT", help=argparse.SUPPRESS)
     parser.add_argument("--spin-ns", type=int, default=0, help=argparse.SUPPRESS)
@@ -584,7 +609,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(args.keep) if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         if not args.synthetic_only:
-            res["real"] = real_runs(args, work)
+            if args.source:
+                source = Path(args.source)
+                manifest = json.loads((source / "runs.json").read_text())
+            else:
+                source, manifest = work, record_runs(args, work)
+            res["real"] = real_runs(args, source, manifest)
             _print_real(res["real"])
         if not args.real_only:
             s0 = time.perf_counter()

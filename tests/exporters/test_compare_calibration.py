@@ -17,7 +17,7 @@ from benchmarks.bench_compare import synthetic  # noqa: E402
 def test_500_aa_pairs_with_run_offsets_stay_under_one_percent_false_alarms() -> None:
     # run offsets with the SD of the default floor: the case where the floor is exactly
     # right, so about alpha / 2 = 0.5% of A/A pairs are expected to alarm
-    res = synthetic(pairs=500, detect_pairs=100, trials=0, shift_one=0.20, seed=1)
+    res = synthetic(pairs=500, detect_pairs=100, trials=0, shift_one=0.20, old_pairs=200, seed=1)
     assert res["aa_one"]["n"] == 500
     assert res["aa_one"]["rate"] <= 0.01, res["aa_one"]
     # the same pairs under the old method (per-step Mann-Whitney, 5%) alarm often
