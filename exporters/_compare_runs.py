@@ -87,9 +87,14 @@ class RunSummary:
         for name, values in samples.items():
             array = np.asarray(values, dtype=float)
             if array.ndim != 1 or not len(array) or not np.all(np.isfinite(array)):
+                what = (
+                    f"an array of shape {array.shape}"
+                    if array.ndim != 1 or not len(array)
+                    else f"{int((~np.isfinite(array)).sum())} values that are not finite"
+                )
                 raise ValueError(
                     f"Expected a non-empty 1-D sequence of finite durations in ns for the "
-                    f"event {name!r}, but received {array.shape} values."
+                    f"event {name!r}, but received {what}."
                 )
             events[str(name)] = _stat(array)
         return cls(events, None if environment is None else dict(environment), source)

@@ -112,8 +112,10 @@ def test_the_median_error_follows_the_order_statistic_interval() -> None:
     x = np.arange(1.0, 101.0)  # n = 100: c = round(50.5 - 9.8) = 41
     assert log_median_se(x) == pytest.approx((x[59] - x[40]) / (2 * stats.norm.ppf(0.975)))
     assert log_median_se(np.array([5.0])) == 0.0
-    with pytest.raises(ValueError, match="Expected a non-empty 1-D sequence of finite durat"):
+    with pytest.raises(ValueError, match=r"for the event 'trainer\.step', but received 1 val"):
         RunSummary.from_samples({STEP: [1.0, float("nan")]})
+    with pytest.raises(ValueError, match=r"^Expected a non-empty 1-D sequence .* shape \(0,\)"):
+        RunSummary.from_samples({STEP: []})
 
 
 # -- the run-level test ------------------------------------------------------------
