@@ -20,11 +20,31 @@ __all__ = ["CallbackInterface", "ModuleInterface", "Stage"]
 
 
 class Stage(enum.Enum):
-    """Stages of a run: train, val, test. The value is the ``ppetrace.stage`` attribute."""
+    """Stages of a run: train, val, test.
 
-    TRAIN = "train"
-    VAL = "val"
-    TEST = "test"
+    The values are PyMarlin's (``Stage(1) is Stage.TRAIN``); :attr:`label`
+    (``"train"``, ``"val"``, ``"test"``) is the ``ppetrace.stage`` span
+    attribute, and ``Stage("val")`` also looks a stage up by its label.
+    """
+
+    TRAIN = 1
+    VAL = 2
+    TEST = 3
+
+    @property
+    def label(self) -> str:
+        """The stage's name in lower case: the ``ppetrace.stage`` span attribute."""
+        return _LABELS[self]
+
+    @classmethod
+    def _missing_(cls, value: object) -> Stage | None:
+        if isinstance(value, str):
+            return _BY_LABEL.get(value.strip().lower())
+        return None
+
+
+_LABELS = {stage: stage.name.lower() for stage in Stage}
+_BY_LABEL = {label: stage for stage, label in _LABELS.items()}
 
 
 class CallbackInterface(ABC):  # noqa: B024 - every hook is an optional, documented no-op
@@ -48,6 +68,8 @@ class CallbackInterface(ABC):  # noqa: B024 - every hook is an optional, documen
     def on_end_train_step(self, global_step: int, *train_step_collated_outputs: Any) -> None:  # noqa: B027
         """Called after each optimizer step, with ``global_step`` already incremented.
 
+        A dict output is collated key by key into one dict.
+
         ``train_step_collated_outputs`` holds one collated item per output of
         ``train_step``, over the batches of this accumulation group: if
         ``train_step`` returns ``loss, logits`` this is ``(losses, logits)``.
@@ -61,7 +83,14 @@ class CallbackInterface(ABC):  # noqa: B024 - every hook is an optional, documen
         """
 
     def on_end_backward(self, global_step: int, loss_tensor: torch.Tensor) -> None:  # noqa: B027
-        """Called after each backward pass with the loss tensor (not detached, not scaled)."""
+        """Called after each backward pass with the loss that was back-propagated.
+
+        As in PyMarlin, ``loss_tensor`` is the step's loss divided by the
+        gradient accumulation (the size of the accumulation group; a partial
+        last group divides by its own size), not detached, and not scaled by
+        a ``GradScaler``; ``global_step`` is the number of optimizer steps
+        completed.
+        """
 
     def on_end_val_epoch(  # noqa: B027
         self, global_step: int, *val_step_collated_outputs: Any, key: str = "default"
@@ -92,8 +121,10 @@ class ModuleInterface(torch.nn.Module, CallbackInterface):
     ) -> tuple[Iterable[torch.optim.Optimizer], Iterable[Any]]:
         """Return ``(optimizers, schedulers)``; schedulers may be empty.
 
-        ``estimated_global_steps_per_epoch`` counts optimizer steps (batches
-        divided by the gradient accumulation), ``epochs`` is ``max_epochs``.
+        ``estimated_global_steps_per_epoch`` is PyMarlin's estimate of the
+        optimizer steps per epoch: ``len(train loader) // (world size *
+        gradient accumulation) + 1``, capped by the Trainer's
+        ``max_train_steps_per_epoch``; ``epochs`` is ``max_epochs``.
         """
 
     @abstractmethod
@@ -146,8 +177,10 @@ class ModuleInterface(torch.nn.Module, CallbackInterface):
         """Run one training forward pass and return the loss, or a tuple whose first item is it.
 
         The loss must be a scalar tensor; the Trainer runs backward and the
-        optimizer step. The batch has already been moved by the runtime's
-        ``convert_batch``. Other outputs (logits, ...) reach the callbacks.
+        optimizer step. As in PyMarlin, ``global_step`` is the step this batch
+        contributes to (optimizer steps completed + 1). The batch has already
+        been moved by the runtime's ``convert_batch``. Other outputs (logits,
+        ...) reach the callbacks.
         """
 
     @abstractmethod
@@ -163,5 +196,9 @@ class ModuleInterface(torch.nn.Module, CallbackInterface):
         return self.state_dict()
 
     def update_state(self, state: Mapping[str, Any]) -> None:
-        """Restore from the output of :meth:`get_state`; the default loads the state dict."""
-        self.load_state_dict(state)
+        """Restore from the output of :meth:`get_state`; the default loads the state dict.
+
+        An empty state is skipped, as in PyMarlin.
+        """
+        if state:
+            self.load_state_dict(state)

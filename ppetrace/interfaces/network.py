@@ -2,17 +2,29 @@
 and :func:`scale_loss`.
 
 A network trains through its static ``closure``: forward, losses, backward
-inside :func:`scale_loss`, optimizer step. Under :class:`ppetrace.Trainer`:
+inside :func:`scale_loss`, optimizer step. Under :class:`ppetrace.Trainer`,
+which calls ``closure(model, data_dict, optimizers=..., losses=...,
+metrics=..., fold=..., batch_nr=...)`` as delira's trainer does:
 
 - ``prepare_batch`` and ``closure`` run inside ``network.prepare_batch`` and
   ``network.closure`` spans (both nested in ``module.train_step``);
+  ``prepare_batch``'s moves go through the Trainer's runtime
+  (``move_tensor``), so a custom device type works;
 - the backward pass written inside ``with scale_loss(loss, ...) as scaled:``
   is the ``trainer.backward`` span; the loss is divided by the size of the
   accumulation group and scaled by the Trainer's active ``GradScaler``;
-- ``optimizer.step()`` and ``optimizer.zero_grad()`` called inside
-  ``closure`` are deferred to the Trainer, which steps every optimizer at
-  each accumulation boundary (after clipping, through the ``GradScaler``)
-  in the ``trainer.optimizer_step`` span.
+- with **one** optimizer, ``optimizer.step()`` and ``optimizer.zero_grad()``
+  called inside ``closure`` are deferred to the Trainer, which steps at each
+  accumulation boundary (after clipping, through the ``GradScaler``) in the
+  ``trainer.optimizer_step`` span;
+- with **several** optimizers (a GAN), the closure's ``step()`` and
+  ``zero_grad()`` calls run in place, in the closure's order, as in delira:
+  the generator sees the discriminator's updated weights. Each ``step()``
+  goes through the ``GradScaler`` when AMP uses one (one scaler for all
+  optimizers, updated once per training step, as torch documents for
+  several optimizers); the Trainer does not zero the gradients. Gradient
+  accumulation above 1 and ``clip_grad_norm`` cannot apply to steps taken
+  inside the closure, so ``fit`` rejects them with ``ValueError``.
 
 Outside a Trainer, :func:`scale_loss` yields the loss unchanged.
 """
@@ -33,6 +45,9 @@ __all__ = ["AbstractPyTorchNetwork", "DataParallelPyTorchNetwork", "scale_loss"]
 # takes the loss and returns a context manager yielding the loss to backward.
 _ACTIVE_SCALING: ContextVar[Callable[[torch.Tensor], contextlib.AbstractContextManager[Any]] | None]
 _ACTIVE_SCALING = ContextVar("ppetrace_active_scaling", default=None)
+# The Trainer's runtime move for the network being trained: (tensor, device) -> tensor.
+_ACTIVE_MOVE: ContextVar[Callable[[torch.Tensor, Any], torch.Tensor] | None]
+_ACTIVE_MOVE = ContextVar("ppetrace_active_move", default=None)
 
 
 @contextlib.contextmanager
@@ -63,12 +78,22 @@ def scale_loss(
 
 
 def _to_tensor(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value
-    try:
-        return torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        return value
+    """A tensor for arrays and numbers (floating point as ``torch.float``); others unchanged."""
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            return value
+    if value.is_floating_point() and value.dtype is not torch.float32:
+        value = value.to(torch.float32)  # delira: .to(torch.float)
+    return value
+
+
+def _move(value: torch.Tensor, device: Any) -> torch.Tensor:
+    move = _ACTIVE_MOVE.get()
+    if move is None:
+        return value.to(device)
+    return move(value, device)
 
 
 class AbstractPyTorchNetwork(torch.nn.Module, ABC):
@@ -77,11 +102,16 @@ class AbstractPyTorchNetwork(torch.nn.Module, ABC):
     Keyword arguments given to ``__init__`` are recorded and returned by
     :attr:`init_kwargs`. Subclasses implement :meth:`forward`; they may
     override :meth:`closure` and :meth:`prepare_batch`, which are static.
+    ``forward`` may return a tensor or, as delira's networks do, a dict of
+    predictions with the main one under ``"pred"``.
     """
+
+    #: The init kwargs; the class attribute is delira's (each instance gets its own dict).
+    _init_kwargs: dict[str, Any] = {}  # noqa: RUF012 - delira's class attribute
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
-        self._init_kwargs: dict[str, Any] = dict(kwargs)
+        self._init_kwargs = dict(kwargs)
 
     @abstractmethod
     def forward(self, *inputs: Any) -> Any:
@@ -97,18 +127,24 @@ class AbstractPyTorchNetwork(torch.nn.Module, ABC):
         model: AbstractPyTorchNetwork,
         data_dict: dict[str, Any],
         optimizers: Mapping[str, Any],
-        losses: Mapping[str, Callable[..., torch.Tensor]],
+        losses: Mapping[str, Callable[..., torch.Tensor]] = {},
         metrics: Mapping[str, Callable[..., Any]] = {},
         fold: int = 0,
         **kwargs: Any,
-    ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
-        """One step: forward ``data_dict["data"]``, losses against ``data_dict["label"]``,
-        then (when ``optimizers`` is not empty) backward and a step of ``optimizers["default"]``.
+    ) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """One step: forward ``data_dict["data"]``, losses and metrics of the prediction
+        against ``data_dict["label"]``, then (when ``optimizers`` is not empty) backward
+        inside :func:`scale_loss` and a step of ``optimizers["default"]``.
 
-        Returns ``(metric_values, loss_values, predictions)``: dicts keyed like
-        ``metrics`` and ``losses`` (values are detached tensors, so no device
-        sync happens here) and a list of prediction tensors. With empty
-        ``optimizers`` (validation) nothing is back-propagated.
+        As in delira, the prediction is ``preds["pred"]`` when ``forward``
+        returns a dict (else the output itself). Returns ``(metric_values,
+        loss_values, predictions)``: dicts keyed like ``metrics`` and
+        ``losses`` (with empty ``optimizers``, validation, the keys get delira's
+        ``"val_"`` prefix; the values are detached tensors, where delira calls
+        ``.item()``, so no device sync happens here), and the predictions:
+        the dict of detached outputs for a dict ``forward``, else a list
+        holding the detached output. With empty ``optimizers`` nothing is
+        back-propagated. ``kwargs`` takes what the Trainer adds (``batch_nr``).
 
         Raises ``AssertionError`` when ``optimizers`` is given without losses
         or without a ``"default"`` optimizer.
@@ -119,24 +155,29 @@ class AbstractPyTorchNetwork(torch.nn.Module, ABC):
                 "Expected an optimizer named 'default' in optimizers, but received "
                 f"{', '.join(map(repr, optimizers))}."
             )
+        label = data_dict.get("label")
         with torch.enable_grad() if optimizers else torch.no_grad():
             preds = model(data_dict["data"])
+            pred = preds["pred"] if isinstance(preds, Mapping) else preds
             loss_vals: dict[str, Any] = {}
             total: torch.Tensor | None = None
             for key, loss_fn in losses.items():
-                value = loss_fn(preds, data_dict["label"])
+                value = loss_fn(pred, label)
                 loss_vals[key] = value.detach()
                 total = value if total is None else total + value
         with torch.no_grad():
-            metric_vals = {
-                key: _detach(fn(preds, data_dict["label"])) for key, fn in metrics.items()
-            }
+            metric_vals = {key: _detach(fn(pred, label)) for key, fn in metrics.items()}
         if optimizers and total is not None:
             optimizer = optimizers["default"]
             optimizer.zero_grad()
             with scale_loss(total, optimizer) as scaled:
                 scaled.backward()
             optimizer.step()
+        elif not optimizers:
+            loss_vals = {f"val_{key}": value for key, value in loss_vals.items()}
+            metric_vals = {f"val_{key}": value for key, value in metric_vals.items()}
+        if isinstance(preds, Mapping):
+            return metric_vals, loss_vals, {key: _detach(v) for key, v in preds.items()}
         return metric_vals, loss_vals, [_detach(preds)]
 
     @staticmethod
@@ -146,8 +187,12 @@ class AbstractPyTorchNetwork(torch.nn.Module, ABC):
         """Return the batch as a dict of tensors, ``"data"`` on ``input_device`` and the rest
         on ``output_device``.
 
-        ``batch`` is a dict (arrays and numbers become tensors, dtypes are kept)
-        or a ``(data, label)`` pair.
+        ``batch`` is a dict (NumPy arrays, tensors and numbers become tensors)
+        or a ``(data, label)`` pair. As delira's ``.to(torch.float)``,
+        floating-point values become ``torch.float32`` (float64 NumPy data
+        trains a float32 network); integer and bool values keep their dtype
+        (delira makes them float32 too), so class labels stay ``int64`` for
+        cross-entropy. Under the Trainer the moves go through its runtime.
         """
         if isinstance(batch, (tuple, list)) and len(batch) == 2:
             batch = {"data": batch[0], "label": batch[1]}
@@ -161,7 +206,7 @@ class AbstractPyTorchNetwork(torch.nn.Module, ABC):
         for key, value in batch.items():
             value = _to_tensor(value)
             if isinstance(value, torch.Tensor):
-                value = value.to(input_device if key == "data" else output_device)
+                value = _move(value, input_device if key == "data" else output_device)
             out[key] = value
         return out
 

@@ -11,12 +11,15 @@ Tracing of hooks: the lifecycle (the Trainer, :func:`ppetrace.to`, CodeBlocks,
 ``type(runtime).trace("runtime.<method>", arg)``. The methods themselves are
 plain, so a subclass hook that calls ``super()`` still gives exactly one span,
 and a subclass that overrides :meth:`BaseRuntime.trace` (to add NVTX ranges,
-say) sees every hook.
+say) sees every hook. :class:`PyTorchRuntime`'s ``trace`` also opens a
+``torch.profiler.record_function`` range while a torch profiler records, as
+ppe's does (``_ranges``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -24,6 +27,9 @@ from typing import Any, ClassVar
 import torch
 
 from ..tracing import _recorder
+from . import _ranges
+from ._backprop import backprop_inputs, call_block_func, describe_value, select_losses
+from ._convert import apply_to_tensors
 
 __all__ = ["LIFECYCLE_HOOKS", "BaseRuntime", "CodeBlock", "call_hook"]
 
@@ -53,7 +59,8 @@ _NULL_CONTEXT: contextlib.nullcontext[None] = contextlib.nullcontext()
 def call_hook(runtime: BaseRuntime, name: str, arg: Any, *args: Any) -> Any:
     """Call ``runtime.<name>(*args)`` inside ``type(runtime).trace("runtime.<name>", arg)``.
 
-    When the class keeps the default :meth:`BaseRuntime.trace`, the span is
+    When the class keeps the default :meth:`BaseRuntime.trace` (or
+    ``PyTorchRuntime.trace`` while no torch profiler records), the span is
     opened directly (the same span, one call less per hook). Returns what the
     hook returns; an exception from the hook ends the span with ERROR status
     and propagates unchanged. ``arg`` becomes the span's attributes (a dict
@@ -65,8 +72,9 @@ def call_hook(runtime: BaseRuntime, name: str, arg: Any, *args: Any) -> Any:
     except KeyError:
         event = "runtime." + name
     tracer = type(runtime).trace
-    if getattr(tracer, "__func__", None) is _BASE_TRACE:
-        # the default trace: open the span directly (what it would return)
+    func = getattr(tracer, "__func__", None)
+    if func is _BASE_TRACE or (func is _RANGE_TRACE and not _profiler_module._is_profiler_enabled):
+        # the default trace (or PyTorchRuntime's, no profiler on): open the span directly
         with _recorder.trace(event, arg):
             return getattr(runtime, name)(*args)
     with tracer(event, arg):
@@ -95,102 +103,6 @@ def _normalize_device(device_spec: Any) -> torch.device | str:
         return spec
 
 
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields")
-
-
-def _apply_to_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor nested in tuples, lists, dicts and namedtuples.
-
-    Containers keep their type (a namedtuple stays that namedtuple, an
-    ``OrderedDict`` stays ordered); other objects are returned unchanged.
-    """
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        items = [_apply_to_tensors(x, fn) for x in obj]
-        if type(obj) is list:
-            return items
-        if type(obj) is tuple:
-            return tuple(items)
-        if _is_namedtuple(obj):
-            return type(obj)(*items)
-        return type(obj)(items)
-    if isinstance(obj, Mapping):
-        pairs = [(k, _apply_to_tensors(v, fn)) for k, v in obj.items()]
-        if type(obj) is dict:
-            return dict(pairs)
-        mapping_type: Any = type(obj)
-        try:
-            return mapping_type(pairs)
-        except TypeError:
-            return dict(pairs)
-    return obj
-
-
-def _call_block_func(func: Callable[..., Any], batch: Any) -> Any:
-    """Call a CodeBlock's function: a dict batch as keywords, a tuple/list as positionals."""
-    if type(batch) is dict:
-        return func(**batch)
-    if type(batch) in (tuple, list):
-        return func(*batch)
-    return func(batch)
-
-
-def _is_loss(value: Any) -> bool:
-    return (
-        isinstance(value, torch.Tensor)
-        and value.grad_fn is not None
-        and value.numel() == 1
-        and (value.dtype.is_floating_point or value.dtype.is_complex)
-    )
-
-
-def _select_loss(out: Any, code_block: CodeBlock) -> torch.Tensor:
-    """The tensor that ``update_parameters`` back-propagates from (see CodeBlock)."""
-    owner = getattr(code_block.func, "__qualname__", type(code_block.func).__name__)
-    key = code_block.backprop_from
-    if key is not None:
-        if not isinstance(out, Mapping) or key not in out:
-            keys = ", ".join(map(str, out)) if isinstance(out, Mapping) else type(out).__name__
-            raise ValueError(
-                f"Expected the outputs of {owner} to contain backprop_from={key!r}, but "
-                f"received {keys}. Return a dict with that key or change backprop_from."
-            )
-        loss = out[key]
-        if not _is_loss(loss):
-            raise ValueError(
-                f"Expected output {key!r} of {owner} to be a scalar floating-point tensor "
-                f"with a gradient, but received {_describe_value(loss)}."
-            )
-        return loss
-    if isinstance(out, torch.Tensor):
-        candidates: Iterable[Any] = (out,)
-    elif isinstance(out, Mapping):
-        candidates = out.values()
-    elif isinstance(out, (tuple, list)):
-        candidates = out
-    else:
-        candidates = ()
-    for value in candidates:
-        if _is_loss(value):
-            return value
-    raise ValueError(
-        f"Expected the outputs of {owner} to contain a scalar floating-point tensor with a "
-        f"gradient to back-propagate from, but received {_describe_value(out)}. Return the "
-        "loss, or pass backprop_from='<key>' to update_parameters."
-    )
-
-
-def _describe_value(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        grad = "with" if value.grad_fn is not None else "without"
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)} {grad} a gradient"
-    if isinstance(value, Mapping):
-        return "a dict with keys " + ", ".join(map(repr, value)) if value else "an empty dict"
-    return f"a {type(value).__name__}"
-
-
 class BaseRuntime:
     """A collection of device-specific callbacks, dispatched by device string.
 
@@ -208,7 +120,11 @@ class BaseRuntime:
         options: a configuration dict for the runtime's methods (``None``: ``{}``).
     """
 
-    #: Option keys this runtime accepts; ``None`` accepts any key.
+    #: The option keys this class adds. The keys a runtime accepts are those of every
+    #: class in its MRO that sets ``option_names``; ``None`` everywhere accepts any key. A
+    #: class that sets it is checked strictly (an unknown key is an error); a subclass that
+    #: does not may use keys of its own, and only a key close to an accepted one (a typo
+    #: such as ``"autocats"``) is an error.
     option_names: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, device_spec: torch.device | str, options: Mapping[str, Any] | None) -> None:
@@ -219,15 +135,7 @@ class BaseRuntime:
                 f"Expected a dict of options for {type(self).__name__}, but received "
                 f"{type(options).__name__}. Pass options={{...}} or None."
             )
-        accepted = type(self).option_names
-        if accepted is not None:
-            unknown = sorted(set(options) - accepted)
-            if unknown:
-                raise ValueError(
-                    f"Unknown option {unknown[0]!r} for {type(self).__name__}; accepted: "
-                    f"{', '.join(sorted(accepted)) or 'none'}. Check the spelling of the "
-                    "options passed to ppetrace.to(...)."
-                )
+        _check_options(type(self), options)
         self.device_spec: torch.device | str = _normalize_device(device_spec)
         self.options: dict[str, Any] = dict(options)
         #: Span attributes describing this runtime; shared, do not mutate.
@@ -266,10 +174,11 @@ class BaseRuntime:
         """Transfer a batch of any type to the device, keeping its type.
 
         Tensors nested in tuples, lists, dicts and namedtuples are moved with
-        :meth:`move_tensor`; containers keep their type, other values pass
-        through unchanged.
+        :meth:`move_tensor`; containers keep their type (a ``Mapping`` subclass
+        too); an object with its own ``.to()`` method is moved by it
+        (``obj.to(device_spec)``); other values pass through unchanged.
         """
-        return _apply_to_tensors(args, self.move_tensor)
+        return apply_to_tensors(args, self.move_tensor, self.device_spec)
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Transfer ``module`` to the device and return it.
@@ -347,29 +256,30 @@ class BaseRuntime:
         In order: ``zero_grad`` on the block's optimizers; the forward pass
         ``code_block.func(batch)`` (a dict batch is passed as keywords, a tuple
         or list as positionals) inside :meth:`autocast_context`; when
-        ``code_block.backprop``, backward from ``backprop_from`` (default: the
-        output itself if it is a scalar, else the first scalar floating-point
-        output with a gradient), scaled by :attr:`grad_scaler` when there is
-        one and accumulating only into the ``backprop_to`` values when given;
-        then ``step`` of every optimizer (through the scaler, followed by one
+        ``code_block.backprop``, backward from ``backprop_from``, or, as in
+        ppe, from *every* output that is a scalar floating-point tensor with a
+        gradient, one ``backward()`` per loss in output order (their gradients
+        add up; the graph is kept until the last one, so losses may share it),
+        each scaled by :attr:`grad_scaler` when there is one and accumulating
+        only into the ``backprop_to`` values when given; then ``step`` of
+        every optimizer (through the scaler, followed by one
         ``scaler.update()``).
         """
         optimizers = code_block.optimizers
         for optimizer in optimizers:
             optimizer.zero_grad(set_to_none=True)
         with self.autocast_context():
-            out = _call_block_func(code_block.func, batch)
+            out = call_block_func(code_block.func, batch)
         if not code_block.backprop:
             return out
-        loss = _select_loss(out, code_block)
+        losses = select_losses(out, code_block.backprop_from, _name(code_block.func))
         scaler = self.grad_scaler
         if scaler is not None:
-            loss = scaler.scale(loss)
-        inputs = _backprop_inputs(code_block.backprop_to, batch, out)
-        if inputs is None:
-            loss.backward()
-        else:
-            loss.backward(inputs=inputs)
+            losses = [scaler.scale(loss) for loss in losses]
+        inputs = backprop_inputs(code_block.backprop_to, batch, out)
+        last = len(losses) - 1
+        for i, loss in enumerate(losses):  # one backward per loss, in order, as ppe
+            loss.backward(inputs=inputs, retain_graph=i < last)
         if optimizers:
             if scaler is not None:
                 for optimizer in optimizers:
@@ -415,31 +325,36 @@ class BaseRuntime:
 #: classmethod call when a runtime's class still has it (compared on every call, so a
 #: ``trace`` assigned to a class later is honoured).
 _BASE_TRACE: Any = BaseRuntime.__dict__["trace"].__func__
+#: ``PyTorchRuntime.trace``: :func:`call_hook` opens the span directly while no torch
+#: profiler records (never matches where torch lacks the profiler flag).
+_RANGE_TRACE: Any = _ranges.range_trace if _ranges.HAS_PROFILER_FLAG else object()
+_profiler_module: Any = _ranges._autograd_profiler
 
 
-def _backprop_inputs(
-    backprop_to: set[str] | None, batch: Any, out: Any
-) -> list[torch.Tensor] | None:
-    if backprop_to is None:
-        return None
-    values: list[torch.Tensor] = []
-    for key in sorted(backprop_to):
-        if isinstance(out, Mapping) and key in out:
-            value = out[key]
-        elif isinstance(batch, Mapping) and key in batch:
-            value = batch[key]
-        else:
-            raise ValueError(
-                f"Expected backprop_to key {key!r} in the block's outputs or input batch, "
-                "but it is in neither. Name a tensor of the output dict or of the batch dict."
-            )
-        if not isinstance(value, torch.Tensor) or not value.requires_grad:
-            raise ValueError(
-                f"Expected backprop_to value {key!r} to be a tensor that requires grad, but "
-                f"received {_describe_value(value)}."
-            )
-        values.append(value)
-    return values
+def _check_options(cls: type[BaseRuntime], options: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` for an option key that ``cls`` does not accept (see
+    :attr:`BaseRuntime.option_names`)."""
+    accepted: set[str] = set()
+    declared = False
+    for klass in cls.__mro__:
+        own = vars(klass).get("option_names")
+        if own is not None:
+            accepted |= own
+            declared = True
+    if not declared:
+        return
+    strict = vars(cls).get("option_names") is not None
+    for key in sorted(set(options) - accepted, key=str):
+        close = difflib.get_close_matches(str(key), sorted(accepted), n=1, cutoff=0.8)
+        if not strict and not close:
+            continue  # a subclass's own option
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"Unknown option {key!r} for {cls.__name__}; accepted: "
+            f"{', '.join(sorted(accepted)) or 'none'}.{hint} Check the spelling of the options "
+            "passed to ppetrace.to(...), or declare a subclass's own options in its "
+            "option_names class attribute."
+        )
 
 
 def _map_items(
@@ -457,10 +372,10 @@ def _map_items(
             if not isinstance(out, Mapping):
                 raise ValueError(
                     f"Expected a dict output to select out_keys={sorted(out_keys)} from, but "
-                    f"received {_describe_value(out)}. Pass out_keys=None."
+                    f"received {describe_value(out)}. Pass out_keys=None."
                 )
             out = {key: out[key] for key in out_keys}
-        yield _apply_to_tensors(out, lambda t: t.to(device))
+        yield apply_to_tensors(out, lambda t: t.to(device), device)
 
 
 @dataclass
@@ -471,9 +386,9 @@ class CodeBlock:
         func: the module (or bound method of a module) to run on a batch.
         optimizers: optimizers to ``zero_grad`` before and ``step`` after.
         backprop: whether to back-propagate from the outputs.
-        backprop_from: the output key of the loss; ``None`` picks the output
-            itself if it is a scalar, else the first scalar floating-point
-            output that has a gradient.
+        backprop_from: the output key of the loss; ``None`` back-propagates from
+            every scalar floating-point output that has a gradient (the output
+            itself when it is one), as ppe does.
         backprop_to: names of values (keys of the output or the input batch)
             where back-propagation stops: gradients accumulate only into them.
         state: data kept with the block (saved by :meth:`state_dict`).

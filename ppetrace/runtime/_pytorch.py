@@ -1,4 +1,8 @@
-"""The runtime for the devices PyTorch supports natively: autocast and a GradScaler."""
+"""The runtime for the devices PyTorch supports natively: autocast and a GradScaler.
+
+It is also ``runtime_registry``'s fallback for device types that nobody
+registered, as in pytorch-pfn-extras.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from ._base import _NULL_CONTEXT, BaseRuntime
+from ._ranges import range_trace
 
 __all__ = ["PyTorchRuntime"]
 
@@ -24,6 +29,11 @@ class PyTorchRuntime(BaseRuntime):
         ``grad_scaler``: ``None``/``False`` (default), a ``torch.amp.GradScaler``
             (used as given), or ``True`` to build one on CUDA. On other
             devices ``True`` means no scaler: bf16 autocast needs no loss scaling.
+
+    A subclass may take options of its own (see ``BaseRuntime.option_names``).
+    :meth:`trace` records the ppetrace span and, while a torch profiler
+    records, a ``torch.profiler.record_function`` range of the same name (as
+    ppe's ``PyTorchRuntime.trace`` does).
     """
 
     option_names: ClassVar[frozenset[str] | None] = frozenset({"autocast", "grad_scaler"})
@@ -96,6 +106,8 @@ class PyTorchRuntime(BaseRuntime):
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         """The ``GradScaler`` in use, or ``None``."""
         return self._grad_scaler
+
+    trace = classmethod(range_trace)  # type: ignore[var-annotated]
 
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` to the device with ``module.to(device)``."""

@@ -2,13 +2,19 @@
 
 ``runtime_registry`` maps a device *type* (``"cpu"``, ``"cuda"``,
 ``"my_device"``) to a :class:`~ppetrace.BaseRuntime` subclass. A spec with an
-index (``"cuda:1"``) resolves through its type; a type that torch knows but
-nobody registered falls back to :class:`~ppetrace.PyTorchRuntime`.
+index (``"cuda:1"``) resolves through its type; a type that nobody registered
+falls back to :class:`~ppetrace.PyTorchRuntime`, as in pytorch-pfn-extras
+(:func:`to` then explains a device that torch does not know either).
+
+A tagged module pickles (and deep-copies) without its tag, as in ppe: the
+copy is untagged, and a runtime holding locks, threads or device handles
+never has to be pickled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -16,7 +22,7 @@ import torch
 from ._base import BaseRuntime, call_hook
 from ._pytorch import PyTorchRuntime
 
-__all__ = ["RuntimeRegistry", "runtime_of", "runtime_registry", "to"]
+__all__ = ["RuntimeRegistry", "named_runtime_modules", "runtime_of", "runtime_registry", "to"]
 
 #: The attribute that tags a module with its runtime (as in pytorch-pfn-extras).
 RUNTIME_TAG = "_ppe_runtime"
@@ -28,8 +34,8 @@ class RuntimeRegistry:
     """Maps device types to runtime classes.
 
     Args:
-        fallback_class: the class for device types that torch knows but that
-            were not registered (``None``: such types are errors too).
+        fallback_class: the class for device types that were not registered
+            (``None``: such types are errors).
     """
 
     def __init__(self, fallback_class: type[BaseRuntime] | None = PyTorchRuntime) -> None:
@@ -81,8 +87,8 @@ class RuntimeRegistry:
     def get_runtime_class_for_device_spec(self, device: torch.device | str) -> type[BaseRuntime]:
         """The runtime class for ``device`` (``"cuda:1"``, ``torch.device("cpu")``, ...).
 
-        Resolution: the registered class for the spec's type; else, when
-        torch knows the device, the fallback class; else ``ValueError``
+        Resolution: the registered class for the spec's type, else the
+        fallback class (as ppe does), else (no fallback) ``ValueError``
         listing the registered types.
         """
         if isinstance(device, torch.device):
@@ -97,13 +103,18 @@ class RuntimeRegistry:
         cls = self._classes.get(device_type)
         if cls is not None:
             return cls
-        if self._fallback is not None and _torch_knows(device):
+        if self._fallback is not None:
             return self._fallback
         raise ValueError(
             f"Unknown device type {device_type!r}; registered: "
             f"{', '.join(self.registered_types()) or 'none'}. Register one with "
             f"runtime_registry.register({device_type!r}, YourRuntime)."
         )
+
+
+def _moves_with_torch(runtime: BaseRuntime) -> bool:
+    """Whether ``runtime`` moves modules with PyTorchRuntime's ``module.to(device)``."""
+    return type(runtime).move_module is PyTorchRuntime.move_module
 
 
 def _torch_knows(device: torch.device | str) -> bool:
@@ -159,6 +170,7 @@ def to(
     *,
     options: Mapping[str, Any] | None = None,
     runtime_class: type[BaseRuntime] | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> T:
     """Move a module or tensor to ``device`` through its runtime and return it.
 
@@ -167,7 +179,17 @@ def to(
     submodule are tagged with the runtime (attribute ``_ppe_runtime``) before
     :meth:`~ppetrace.BaseRuntime.move_module` runs; the move is traced as
     ``runtime.move_module`` (``runtime.move_tensor`` for a tensor).
+    ``config`` is ppe's deprecated name for ``options`` (passing both is an
+    error). A device type that nobody registered and torch does not know
+    raises ``ValueError`` naming the registered types.
     """
+    if config is not None:
+        if options is not None:
+            raise ValueError(
+                "Expected options or config (its deprecated name), but received both. Pass "
+                "options={...} only."
+            )
+        options = config
     if not isinstance(module_or_tensor, (torch.nn.Module, torch.Tensor)):
         raise TypeError(
             "Expected a torch.nn.Module or a torch.Tensor for module_or_tensor, but received "
@@ -175,6 +197,14 @@ def to(
             "runtime.convert_batch(...)."
         )
     runtime = make_runtime(device, options=options, runtime_class=runtime_class)
+    if _moves_with_torch(runtime) and not _torch_knows(runtime.device_spec):
+        device_type = str(runtime.device_spec).partition(":")[0]
+        raise ValueError(
+            f"Unknown device type {device_type!r}; registered: "
+            f"{', '.join(runtime_registry.registered_types())}. torch does not know it either, "
+            "so the fallback PyTorchRuntime cannot move anything there. Register one with "
+            f"runtime_registry.register({device_type!r}, YourRuntime)."
+        )
     attrs = runtime.span_attributes
     if isinstance(module_or_tensor, torch.Tensor):
         return call_hook(runtime, "move_tensor", attrs, module_or_tensor)
@@ -185,7 +215,7 @@ def to(
     except BaseException:
         for sub, tag in previous:  # a failed move leaves the module as it was
             if tag is None:
-                sub.__dict__.pop(RUNTIME_TAG, None)
+                _untag(sub)
             else:
                 object.__setattr__(sub, RUNTIME_TAG, tag)
         raise
@@ -194,9 +224,53 @@ def to(
     return moved
 
 
+class _StateWithoutRuntime:
+    """A tagged module's ``__getstate__``: its state without the runtime tag (as ppe's
+    ``_set_module_runtime_tag`` does), so pickling and deep copies never touch the runtime."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = weakref.ref(module)  # no reference cycle through the module's dict
+
+    def __call__(self) -> Any:
+        module = self.module()
+        assert module is not None  # called through the module, so it is alive
+        state = type(module).__getstate__(module)
+        if isinstance(state, dict):
+            state = {k: v for k, v in state.items() if k != RUNTIME_TAG and k != "__getstate__"}
+        return state
+
+
 def _tag(module: torch.nn.Module, runtime: BaseRuntime) -> None:
     for sub in module.modules():
-        object.__setattr__(sub, RUNTIME_TAG, runtime)
+        d = sub.__dict__
+        d[RUNTIME_TAG] = runtime
+        if not isinstance(d.get("__getstate__"), _StateWithoutRuntime):
+            d["__getstate__"] = _StateWithoutRuntime(sub)
+
+
+def _untag(module: torch.nn.Module) -> None:
+    module.__dict__.pop(RUNTIME_TAG, None)
+    if isinstance(module.__dict__.get("__getstate__"), _StateWithoutRuntime):
+        del module.__dict__["__getstate__"]
+
+
+def named_runtime_modules(
+    module: torch.nn.Module, name: str = "main"
+) -> Iterator[tuple[str, torch.nn.Module, BaseRuntime]]:
+    """The outermost tagged modules of ``module``'s tree: ``(name, module, runtime)``.
+
+    As ppe's ``named_runtime_modules``: a tagged module is yielded and its
+    children are not searched (a nested tag is ignored); an untagged one is
+    searched through, each child named by its attribute name.
+    """
+    runtime = module.__dict__.get(RUNTIME_TAG)
+    if isinstance(runtime, BaseRuntime):
+        yield name, module, runtime
+        return
+    for child_name, child in module.named_children():
+        yield from named_runtime_modules(child, child_name)
 
 
 def runtime_of(module: torch.nn.Module) -> BaseRuntime:

@@ -10,7 +10,8 @@
 A step returns ``(loss, outputs, raw)``: the loss to back-propagate (``None``
 when the step already did, as a network's closure does), the outputs as a
 tuple for callbacks, and the raw return value for the runtime's
-``train_post_step``/``eval_post_step``.
+``train_post_step``/``eval_post_step``. Each adapter also names its
+optimizers (``Trainer.optimizers``, as ppe's trainer exposes them).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from torch.utils.data import RandomSampler, SequentialSampler
 
 from ..interfaces.module_interface import CallbackInterface, ModuleInterface, Stage
-from ..interfaces.network import _ACTIVE_SCALING, AbstractPyTorchNetwork
+from ..interfaces.network import _ACTIVE_MOVE, _ACTIVE_SCALING, AbstractPyTorchNetwork
 from ..tracing._recorder import trace
 from ._collate import as_outputs
 
@@ -59,6 +60,8 @@ class Adapter:
 
     #: the step already ran backward (a network's closure), so the loop must not
     backward_in_step = False
+    #: the optimizers step inside the step (a network's closure with several optimizers)
+    steps_in_closure = False
 
     def __init__(
         self,
@@ -113,6 +116,13 @@ class Adapter:
         self, steps_per_epoch: int, epochs: int
     ) -> tuple[list[torch.optim.Optimizer], list[Any]]:
         raise NotImplementedError  # pragma: no cover - every adapter implements it
+
+    def named_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+        """``optimizers`` by name: ``{"main": opt}`` for one (as ppe), ``"0"``, ``"1"``, ...
+        for several."""
+        if len(optimizers) == 1:
+            return {"main": optimizers[0]}
+        return {str(i): opt for i, opt in enumerate(optimizers)}
 
     # -- steps -------------------------------------------------------------------------
 
@@ -264,7 +274,9 @@ class InterfaceAdapter(Adapter):
         return opts, scheds
 
     def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
-        raw = self.module(Stage.TRAIN, global_step, batch, device)
+        # PyMarlin passes the step this batch contributes to: completed + 1
+        # (pymarlin/core/trainer_backend.py, SingleProcess._forward_backward)
+        raw = self.module(Stage.TRAIN, global_step + 1, batch, device)
         if isinstance(raw, torch.Tensor):
             return raw, (raw,), raw
         outs = as_outputs(raw)
@@ -304,11 +316,38 @@ class _DeferredOptimizer:
         return getattr(self.optimizer, name)
 
 
+class _ScaledOptimizer:
+    """An optimizer stepped inside a closure through the Trainer's ``GradScaler``.
+
+    ``step()`` is ``scaler.step(optimizer)``; everything else is the real optimizer's.
+    """
+
+    __slots__ = ("optimizer", "scaler")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+        self.optimizer = optimizer
+        self.scaler = scaler
+
+    def step(self, closure: Any = None) -> Any:
+        """``scaler.step(optimizer)``: unscale, skip on inf/NaN gradients, else step."""
+        if closure is not None:
+            raise ValueError(
+                "Expected optimizer.step() without a closure under AMP with a GradScaler, but "
+                "received one. torch's GradScaler.step does not take closures."
+            )
+        return self.scaler.step(self.optimizer)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.optimizer, name)
+
+
 class NetworkAdapter(Adapter):
     """An :class:`AbstractPyTorchNetwork`: ``prepare_batch`` then ``closure`` each step.
 
     ``optimizers`` and ``losses`` are dicts (one object becomes ``{"default": obj}``).
-    The outputs for callbacks are the closure's predictions.
+    The outputs for callbacks are the closure's predictions. With one
+    optimizer the closure's ``step``/``zero_grad`` are deferred to the
+    Trainer; with several they run in place (see :mod:`ppetrace.interfaces.network`).
     """
 
     backward_in_step = True
@@ -331,9 +370,12 @@ class NetworkAdapter(Adapter):
         self.metrics = dict(metrics or {})
         self.schedulers = list(schedulers)
         self.fold = fold
-        self._deferred = {k: _DeferredOptimizer(v) for k, v in self.optimizers.items()}
+        self.steps_in_closure = len(self.optimizers) > 1
+        self._closure_optimizers: dict[str, Any] = self._wrap(None)
         #: set by the Trainer: loss -> context manager yielding the loss to backward
         self.scaling: Callable[[torch.Tensor], contextlib.AbstractContextManager[Any]] | None = None
+        #: set by the Trainer: (tensor, device) -> tensor, the runtime's move
+        self.move: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
 
     @staticmethod
     def _as_dict(value: Any) -> dict[str, Any]:
@@ -342,6 +384,24 @@ class NetworkAdapter(Adapter):
         if isinstance(value, Mapping):
             return dict(value)
         return {"default": value}
+
+    def _wrap(self, scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
+        if not self.steps_in_closure:
+            return {k: _DeferredOptimizer(v) for k, v in self.optimizers.items()}
+        if scaler is None:
+            return dict(self.optimizers)
+        return {k: _ScaledOptimizer(v, scaler) for k, v in self.optimizers.items()}
+
+    def bind(
+        self,
+        scaling: Callable[[torch.Tensor], contextlib.AbstractContextManager[Any]],
+        scaler: torch.amp.GradScaler | None,
+        move: Callable[[torch.Tensor, Any], torch.Tensor],
+    ) -> None:
+        """Attach a fit's loss scaling, GradScaler and runtime move."""
+        self.scaling = scaling
+        self.move = move
+        self._closure_optimizers = self._wrap(scaler)
 
     def optimizers_schedulers(
         self, steps_per_epoch: int, epochs: int
@@ -358,17 +418,36 @@ class NetworkAdapter(Adapter):
             )
         return list(self.optimizers.values()), self.schedulers
 
+    def named_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+        return dict(self.optimizers)
+
     def _prepare(self, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
         with trace("network.prepare_batch", attrs):
-            return self.module.prepare_batch(batch, device, device)
+            token = _ACTIVE_MOVE.set(self.move)
+            try:
+                return self.module.prepare_batch(batch, device, device)
+            finally:
+                _ACTIVE_MOVE.reset(token)
+
+    def _closure(self, data: Any, optimizers: Any, attrs: dict[str, Any]) -> Any:
+        net = self.module
+        # as delira's trainer calls it (delira/training/base_trainer.py, _train_single_epoch)
+        return net.closure(
+            net,
+            data,
+            optimizers=optimizers,
+            losses=self.losses,
+            metrics=self.metrics,
+            fold=self.fold,
+            batch_nr=attrs["ppetrace.batch_idx"],
+        )
 
     def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
-        net = self.module
         data = self._prepare(batch, device, attrs)
         with trace("network.closure", attrs):
             token = _ACTIVE_SCALING.set(self.scaling)
             try:
-                raw = net.closure(net, data, self._deferred, self.losses, self.metrics, self.fold)
+                raw = self._closure(data, self._closure_optimizers, attrs)
             finally:
                 _ACTIVE_SCALING.reset(token)
         return None, as_outputs(raw[2]), raw
@@ -376,10 +455,9 @@ class NetworkAdapter(Adapter):
     def eval_step(
         self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
-        net = self.module
         data = self._prepare(batch, device, attrs)
         with trace("network.closure", attrs):
-            raw = net.closure(net, data, {}, self.losses, self.metrics, self.fold)
+            raw = self._closure(data, {}, attrs)
         return as_outputs(raw[2]), raw
 
 
@@ -399,7 +477,7 @@ def make_adapter(module: Any, **kwargs: Any) -> Adapter:
                 f"Expected no schedulers for the ModuleInterface {type(module).__name__}, but "
                 "received some. Return them from get_optimizers_schedulers()."
             )
-        kwargs.pop("fold", None)
+        _no_fold(module, kwargs)
         return InterfaceAdapter(module, **kwargs)
     if isinstance(module, AbstractPyTorchNetwork):
         return NetworkAdapter(module, **kwargs)
@@ -409,9 +487,18 @@ def make_adapter(module: Any, **kwargs: Any) -> Adapter:
                 f"Expected no metrics for the plain module {type(module).__name__}, but received "
                 "some. Compute metrics in a callback, or use an AbstractPyTorchNetwork."
             )
-        kwargs.pop("fold", None)
+        _no_fold(module, kwargs)
         return PlainAdapter(module, **kwargs)
     raise TypeError(
         "Expected a ppetrace.ModuleInterface, a ppetrace.AbstractPyTorchNetwork or a "
         f"torch.nn.Module, but received {type(module).__name__}."
     )
+
+
+def _no_fold(module: Any, kwargs: dict[str, Any]) -> None:
+    fold = kwargs.pop("fold", 0)
+    if fold:
+        raise ValueError(
+            f"Expected fold only for an AbstractPyTorchNetwork (its closure receives it), but "
+            f"received fold={fold!r} for {type(module).__name__}. Leave fold at 0."
+        )

@@ -2,7 +2,9 @@
 
 Outputs handed to callbacks are collated as in PyMarlin: each output is
 detached and copied to the CPU, then the steps are joined output by output
-(a 0-dim tensor counts as one row; tensors are concatenated on dim 0).
+(a 0-dim tensor counts as one row; tensors are concatenated on dim 0). A dict
+output (a delira network's ``{"pred": ...}``) is collated key by key into one
+dict.
 
 **The bound.** A collector keeps at most ``max_bytes`` of tensor data (the
 Trainer's ``max_collated_bytes``, 256 MiB by default). When a new step would
@@ -44,24 +46,35 @@ def as_outputs(out: Any) -> tuple[Any, ...]:
 
 def _to_host(value: Any) -> Any:
     """A tensor as a detached CPU copy that owns its memory (a view would keep the whole
-    storage it views alive and hide it from the byte bound); other values unchanged."""
+    storage it views alive and hide it from the byte bound); a dict's values likewise;
+    other values unchanged."""
     if isinstance(value, _Tensor):
         if value.device.type == "cpu":
             return value.detach().clone()
         return value.detach().to("cpu")
+    if type(value) is dict:
+        return {key: _to_host(v) for key, v in value.items()}
     return value
 
 
+def _size(value: Any) -> int:
+    if isinstance(value, _Tensor):
+        return value.element_size() * value.numel()
+    if type(value) is dict:
+        return sum(_size(v) for v in value.values())
+    return 0
+
+
 def _nbytes(outputs: tuple[Any, ...]) -> int:
-    return sum(v.element_size() * v.numel() for v in outputs if isinstance(v, _Tensor))
+    return sum(_size(v) for v in outputs)
 
 
 def collate(steps: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
     """Join per-step outputs position by position.
 
     Tensors are concatenated on dim 0 (0-dim tensors become one row each);
-    any other values are gathered into a list. All steps must return the
-    same number of outputs.
+    dicts with the same keys are collated key by key; any other values are
+    gathered into a list. All steps must return the same number of outputs.
     """
     if not steps:
         return ()
@@ -72,23 +85,27 @@ def collate(steps: Sequence[tuple[Any, ...]]) -> tuple[Any, ...]:
                 f"Expected every step to return {width} outputs to collate, but step {i} "
                 f"returned {len(step)}. Return the same outputs from every step."
             )
-    collated: list[Any] = []
-    for pos in range(width):
-        column = [step[pos] for step in steps]
-        if all(isinstance(v, _Tensor) for v in column):
-            rows = [v.reshape(1) if v.dim() == 0 else v for v in column]
-            try:
-                collated.append(torch.cat(rows, dim=0))
-            except RuntimeError as exc:
-                shapes = ", ".join(str(tuple(v.shape)) for v in column[:4])
-                raise ValueError(
-                    f"Expected output {pos} of every step to have the same shape after dim 0 "
-                    f"so it can be concatenated, but received shapes {shapes}. Return tensors "
-                    "that differ only in their first dimension."
-                ) from exc
-        else:
-            collated.append(column)
-    return tuple(collated)
+    return tuple(_collate_column([step[pos] for step in steps], str(pos)) for pos in range(width))
+
+
+def _collate_column(column: list[Any], where: str) -> Any:
+    """One output over the steps: tensors concatenated, dicts key by key, else a list."""
+    if all(isinstance(v, _Tensor) for v in column):
+        rows = [v.reshape(1) if v.dim() == 0 else v for v in column]
+        try:
+            return torch.cat(rows, dim=0)
+        except RuntimeError as exc:
+            shapes = ", ".join(str(tuple(v.shape)) for v in column[:4])
+            raise ValueError(
+                f"Expected output {where} of every step to have the same shape after dim 0 so "
+                f"it can be concatenated, but received shapes {shapes}. Return tensors that "
+                "differ only in their first dimension."
+            ) from exc
+    if all(type(v) is dict for v in column) and all(v.keys() == column[0].keys() for v in column):
+        return {
+            key: _collate_column([v[key] for v in column], f"{where}[{key!r}]") for key in column[0]
+        }
+    return column
 
 
 class OutputCollector:

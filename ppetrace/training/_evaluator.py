@@ -10,6 +10,10 @@ For each named loader, in order::
         runtime.eval_post_step(evaluator, module, batch_idx, batch, outs)
     callback.on_end_val_epoch(global_step, *outputs, key=name)   (validation only)
 
+``eval_post_step`` receives the batch that ``eval_pre_step`` received (before
+``convert_batch``), as in ppe; each placed part of the module gets the
+``eval_*`` hooks of its own runtime (``_placement``). ``max_batches`` caps
+the batches of each loader (PyMarlin's ``max_val_steps_per_epoch``).
 The module is in eval mode during the loop and gets its previous mode back
 afterwards. Outputs are collated (detached, on the CPU, concatenated on dim 0,
 bounded by ``max_collated_bytes``) when they are returned or a callback
@@ -18,6 +22,7 @@ overrides ``on_end_val_epoch``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -26,11 +31,13 @@ import torch
 
 from ..interfaces.module_interface import Stage
 from ..runtime._base import BaseRuntime, call_hook
-from ..runtime._registry import make_runtime, to
+from ..runtime._registry import make_runtime
 from ..tracing._recorder import trace
 from ._adapters import Adapter, Loaders, make_adapter
 from ._callbacks import CallbackList
 from ._collate import DEFAULT_MAX_COLLATED_BYTES, OutputCollector
+from ._optim import check_positive_int
+from ._placement import Placements, place
 
 __all__ = ["Evaluator"]
 
@@ -46,7 +53,8 @@ class Evaluator:
             ModuleInterface for its own (``get_val_dataloaders`` or
             ``get_test_dataloaders``).
         device: a device string or a runtime instance; the module is moved
-            with :func:`ppetrace.to`.
+            with :func:`ppetrace.to` (unless parts of it were placed already,
+            see ``_placement``).
         stage: ``Stage.VAL`` (default) or ``Stage.TEST``.
         loss_fn: for a plain module, adds the loss as the first output; for a
             network, the losses dict its closure computes.
@@ -55,6 +63,10 @@ class Evaluator:
             runs once per loader during validation.
         max_collated_bytes: the bound on the outputs kept per loader.
         batch_size: the batch size a ModuleInterface builds its loaders with.
+        max_batches: run at most this many batches of each loader (``None``: all).
+
+    Runtime hooks see it as ppe's evaluator: ``evaluator.models`` is
+    ``{"main": module}``.
     """
 
     def __init__(
@@ -69,15 +81,19 @@ class Evaluator:
         callbacks: Iterable[object] = (),
         max_collated_bytes: int = DEFAULT_MAX_COLLATED_BYTES,
         batch_size: int = 32,
+        max_batches: int | None = None,
     ) -> None:
         stage = _eval_stage(stage)
+        check_positive_int("max_batches", max_batches, allow_none=True)
         key = "val_loaders" if stage is Stage.VAL else "test_loaders"
         adapter = make_adapter(
             module, loss_fn=loss_fn, metrics=metrics, batch_size=batch_size, **{key: loaders}
         )
         runtime = make_runtime(device)
-        adapter.module = to(adapter.module, runtime)
-        self._setup(adapter, runtime, stage, _callbacks_for(adapter, callbacks), max_collated_bytes)
+        adapter.module, placements = place(adapter.module, runtime)
+        callbacks_ = _callbacks_for(adapter, callbacks)
+        self._setup(adapter, runtime, stage, callbacks_, max_collated_bytes, placements)
+        self.max_batches = max_batches
 
     @classmethod
     def _for_run(
@@ -87,10 +103,13 @@ class Evaluator:
         stage: Stage,
         callbacks: CallbackList,
         max_collated_bytes: int,
+        placements: Placements,
+        max_batches: int | None = None,
     ) -> Evaluator:
-        """An Evaluator sharing a Trainer's adapter, runtime and callbacks (module moved)."""
+        """An Evaluator sharing a Trainer's adapter, runtime and callbacks (module placed)."""
         self = cls.__new__(cls)
-        self._setup(adapter, runtime, stage, callbacks, max_collated_bytes)
+        self._setup(adapter, runtime, stage, callbacks, max_collated_bytes, placements)
+        self.max_batches = max_batches
         return self
 
     def _setup(
@@ -100,12 +119,15 @@ class Evaluator:
         stage: Stage,
         callbacks: CallbackList,
         max_collated_bytes: int,
+        placements: Placements,
     ) -> None:
         self.adapter = adapter
         self.runtime = runtime
         self.stage = stage
         self.callbacks = callbacks
         self.max_collated_bytes = max_collated_bytes
+        #: the placed parts of the module, each with its runtime (``_placement``)
+        self.placements = placements
         self._step_event = "module.val_step" if stage is Stage.VAL else "module.test_step"
         self._val_hook = stage is Stage.VAL and callbacks.wants("on_end_val_epoch")
         #: opens the ``evaluator.step`` spans; a profiler may replace it with a drop-in for
@@ -116,6 +138,11 @@ class Evaluator:
     def module(self) -> torch.nn.Module:
         """The module being evaluated (as moved by the runtime)."""
         return self.adapter.module
+
+    @property
+    def models(self) -> dict[str, torch.nn.Module]:
+        """``{"main": module}``, as ppe's ``Evaluator.models``."""
+        return {"main": self.adapter.module}
 
     def loaders(self) -> Loaders:
         """The named loaders this Evaluator runs over."""
@@ -134,7 +161,7 @@ class Evaluator:
         loaders = self.loaders()
         if not loaders:
             raise ValueError(
-                f"Expected at least one {self.stage.value} loader for {self.adapter.name}, but "
+                f"Expected at least one {self.stage.label} loader for {self.adapter.name}, but "
                 "received none. Pass loaders=DataLoader(...) (or a dict of named loaders)."
             )
         return self.run_loaders(loaders, global_step=global_step, epoch=epoch, collect=collect)
@@ -158,7 +185,7 @@ class Evaluator:
                 attrs = {
                     "ppetrace.epoch": epoch,
                     "ppetrace.step": global_step,
-                    "ppetrace.stage": self.stage.value,
+                    "ppetrace.stage": self.stage.label,
                     **self.runtime.span_attributes,
                     "ppetrace.loader": name,
                 }
@@ -180,10 +207,10 @@ class Evaluator:
         keep: bool,
     ) -> tuple[Any, ...]:
         adapter, runtime, stage = self.adapter, self.runtime, self.stage
-        module = adapter.module
         device = runtime.device_spec
+        label = stage.label
         collector = (
-            OutputCollector(self.max_collated_bytes, what=f"{stage.value} loader {name!r}")
+            OutputCollector(self.max_collated_bytes, what=f"{label} loader {name!r}")
             if keep
             else None
         )
@@ -191,41 +218,46 @@ class Evaluator:
         rt_attrs = runtime.span_attributes
         step_event = self._step_event
         open_span = self.open_span
+        placements = self.placements
+        if self.max_batches is not None:
+            loader = itertools.islice(loader, self.max_batches)
         with trace("evaluator.run", attrs), torch.no_grad():
             for batch_idx, batch in enumerate(loader):
                 step_attrs = {
                     "ppetrace.epoch": epoch,
                     "ppetrace.step": global_step,
                     "ppetrace.batch_idx": batch_idx,
-                    "ppetrace.stage": stage.value,
+                    "ppetrace.stage": label,
                     "ppetrace.device": rt_attrs["ppetrace.device"],
                     "ppetrace.runtime": rt_attrs["ppetrace.runtime"],
                     "ppetrace.loader": name,
                 }
                 with open_span("evaluator.step", step_attrs):
-                    call_hook(runtime, "eval_pre_step", step_attrs, self, module, batch_idx, batch)
-                    batch = call_hook(runtime, "convert_batch", step_attrs, batch)
+                    for _, sub, rt in placements:
+                        call_hook(rt, "eval_pre_step", step_attrs, self, sub, batch_idx, batch)
+                    moved = call_hook(runtime, "convert_batch", step_attrs, batch)
                     with trace(step_event, step_attrs):
                         if autocast is None:
                             outs, raw = adapter.eval_step(
-                                stage, global_step, batch, device, step_attrs
+                                stage, global_step, moved, device, step_attrs
                             )
                         else:
                             with autocast():
                                 outs, raw = adapter.eval_step(
-                                    stage, global_step, batch, device, step_attrs
+                                    stage, global_step, moved, device, step_attrs
                                 )
                     if collector is not None:
                         collector.add(outs)
-                    call_hook(
-                        runtime, "eval_post_step", step_attrs, self, module, batch_idx, batch, raw
-                    )
+                    for _, sub, rt in placements:
+                        call_hook(
+                            rt, "eval_post_step", step_attrs, self, sub, batch_idx, batch, raw
+                        )
         return collector.collated() if collector is not None else ()
 
 
 def _eval_stage(stage: Stage | str) -> Stage:
     try:
-        value = Stage(stage)
+        value: Stage | None = Stage(stage)
     except ValueError:
         value = None
     if value is None or value is Stage.TRAIN:

@@ -6,6 +6,10 @@
 AMP) and, at each accumulation boundary, to step: unscale, clip by norm,
 step every optimizer, update the scaler, zero the gradients and step the
 per-step schedulers. Per-epoch schedulers step in :meth:`Optimization.end_epoch`.
+
+When the optimizers step inside a delira closure (several optimizers, a
+GAN), the boundary only updates the ``GradScaler`` and steps the schedulers.
+:func:`estimated_global_steps_per_epoch` is PyMarlin's step estimate.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Optimization", "SchedulerInterval", "check_positive_int"]
+__all__ = [
+    "Optimization",
+    "SchedulerInterval",
+    "check_positive_int",
+    "estimated_global_steps_per_epoch",
+    "world_size",
+]
 
 
 class SchedulerInterval(enum.Enum):
@@ -53,6 +63,37 @@ def check_clip(value: Any) -> float | None:
     return float(value)
 
 
+def world_size() -> int:
+    """The number of processes training together: torch.distributed's world size when it
+    is initialized, else 1."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
+
+
+def estimated_global_steps_per_epoch(
+    batches: int | None,
+    grad_accumulation: int,
+    *,
+    world_size: int = 1,
+    max_train_steps_per_epoch: int | None = None,
+) -> int:
+    """PyMarlin's estimate of the optimizer steps in one epoch, for ``get_optimizers_schedulers``.
+
+    ``batches // (world_size * grad_accumulation) + 1`` (PyMarlin,
+    ``core/trainer.py``, ``estimated_global_steps_per_epoch``), capped by
+    ``max_train_steps_per_epoch``. ``batches`` is the training loader's
+    length; a loader without one gives the cap, or 1.
+    """
+    if batches is None:
+        return max_train_steps_per_epoch or 1
+    steps = batches // (world_size * grad_accumulation) + 1
+    if max_train_steps_per_epoch:
+        steps = min(steps, max_train_steps_per_epoch)
+    return steps
+
+
 class Optimization:
     """Optimizers, schedulers and the GradScaler of a run, and how they step.
 
@@ -64,6 +105,8 @@ class Optimization:
             parameter to this value before stepping (``None``: no clipping).
         scaler: a ``torch.amp.GradScaler`` for float16 AMP, or ``None``.
         interval: when the schedulers step.
+        steps_in_closure: the optimizers step inside a network's closure; then
+            :meth:`step` only updates the scaler and steps the schedulers.
     """
 
     def __init__(
@@ -74,8 +117,10 @@ class Optimization:
         clip_grad_norm: float | None = None,
         scaler: torch.amp.GradScaler | None = None,
         interval: SchedulerInterval = SchedulerInterval.STEP,
+        steps_in_closure: bool = False,
     ) -> None:
         self.optimizers = list(optimizers)
+        self.steps_in_closure = steps_in_closure
         self.schedulers = list(schedulers)
         self.clip_grad_norm = clip_grad_norm
         self.scaler = scaler
@@ -92,30 +137,40 @@ class Optimization:
         #: whether gradients were accumulated since the last step
         self.pending = False
 
-    def backward(self, loss: torch.Tensor, divisor: int = 1) -> None:
-        """Back-propagate ``loss / divisor``, scaled by the GradScaler when there is one."""
-        if divisor != 1:
-            loss = loss / divisor
-        scaler = self.scaler
-        if scaler is not None:
-            loss = scaler.scale(loss)
-        loss.backward()
-        self.pending = True
+    def backward(self, loss: torch.Tensor, divisor: int = 1) -> torch.Tensor:
+        """Back-propagate ``loss / divisor``, scaled by the GradScaler when there is one.
 
-    def scaled(self, loss: torch.Tensor, divisor: int = 1) -> torch.Tensor:
-        """``loss / divisor`` scaled by the GradScaler: what the caller back-propagates."""
+        Returns ``loss / divisor`` (what ``on_end_backward`` receives).
+        """
         if divisor != 1:
             loss = loss / divisor
         scaler = self.scaler
         if scaler is not None:
-            loss = scaler.scale(loss)
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
         self.pending = True
         return loss
 
-    def step(self) -> None:
-        """Unscale, clip, step every optimizer, update the scaler, zero grads, step schedulers."""
+    def scaled(self, loss: torch.Tensor, divisor: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss / divisor, that scaled by the GradScaler)``: the caller back-propagates the
+        second."""
+        if divisor != 1:
+            loss = loss / divisor
         scaler = self.scaler
-        if scaler is None:
+        self.pending = True
+        return loss, (loss if scaler is None else scaler.scale(loss))
+
+    def step(self) -> None:
+        """Unscale, clip, step every optimizer, update the scaler, zero grads, step schedulers.
+
+        With ``steps_in_closure``, only the scaler update and the schedulers.
+        """
+        scaler = self.scaler
+        if self.steps_in_closure:
+            if scaler is not None:
+                scaler.update()
+        elif scaler is None:
             if self.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self._params, self.clip_grad_norm)
             for opt in self.optimizers:
@@ -128,8 +183,9 @@ class Optimization:
             for opt in self.optimizers:
                 scaler.step(opt)
             scaler.update()
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
+        if not self.steps_in_closure:
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
         for sched in self._step_schedulers:
             sched.step()
         self.pending = False

@@ -25,6 +25,7 @@ from ._callbacks import CallbackList
 from ._collate import OutputCollector, to_host
 from ._evaluator import Evaluator
 from ._optim import Optimization
+from ._placement import Placements
 from ._progress import ProgressBar
 
 __all__ = [
@@ -39,7 +40,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("ppetrace")
-TRAIN = Stage.TRAIN.value
+TRAIN = Stage.TRAIN.label
 
 
 @runtime_checkable
@@ -122,14 +123,19 @@ class Run:
         optim: Optimization,
         callbacks: CallbackList,
         max_bytes: int,
+        placements: Placements,
     ) -> None:
         self.trainer = trainer
         self.adapter = adapter
         self.runtime = runtime
         self.optim = optim
         self.callbacks = callbacks
+        #: the placed parts of the module, each with its runtime (``_placement``)
+        self.placements = placements
         self.rt_attrs = runtime.span_attributes
-        self.evaluator = Evaluator._for_run(adapter, runtime, Stage.VAL, callbacks, max_bytes)
+        self.evaluator = Evaluator._for_run(
+            adapter, runtime, Stage.VAL, callbacks, max_bytes, placements
+        )
         self.group = (
             OutputCollector(max_bytes, what="on_end_train_step")
             if callbacks.wants("on_end_train_step")
@@ -144,6 +150,8 @@ class Run:
         self.wants_end_backward = callbacks.wants("on_end_backward")
         self.progress: ProgressBar | None = None
         self.stop = False
+        #: the global step at which the current epoch began
+        self.epoch_first_step = 0
         self.last_val_step = -1
         self.resume_rng: dict[str, Any] | None = None
         self.generators: list[torch.Generator] = []
@@ -176,6 +184,13 @@ class Run:
         if self.epoch_outputs is not None:
             self.epoch_outputs.add(host, on_host=True)
 
+    def move(self, tensor: torch.Tensor, device: Any) -> torch.Tensor:
+        """A network's ``prepare_batch`` move: the runtime's ``move_tensor`` for its device."""
+        runtime = self.runtime
+        if device is runtime.device_spec or device == runtime.device_spec:
+            return runtime.move_tensor(tensor)
+        return tensor.to(device)
+
     @contextlib.contextmanager
     def network_backward(self, loss: torch.Tensor) -> Iterator[torch.Tensor]:
         """``scale_loss`` inside a network's closure: the ``trainer.backward`` span.
@@ -190,10 +205,11 @@ class Run:
             else contextlib.nullcontext()
         )
         with self.open_span("trainer.backward", attrs), no_autocast:
-            yield self.optim.scaled(loss, self.divisor)
+            divided, scaled = self.optim.scaled(loss, self.divisor)
+            yield scaled
             self.last_loss = loss
             if self.wants_end_backward:
-                self.callbacks.call("on_end_backward", attrs, self.trainer.global_step, loss)
+                self.callbacks.call("on_end_backward", attrs, self.trainer.global_step, divided)
 
 
 def run_cleanups(steps: list[Callable[[], None]], failing: bool) -> None:

@@ -3,7 +3,7 @@
 The hook order is a contract (README: "Hook order")::
 
     trainer.run
-      runtime.initialize_module(module, loader, optimizer)
+      runtime.initialize_module(module, loader, optimizer)   (each placed part; see _placement)
       trainer.epoch                                    (each epoch)
         runtime.train_epoch_begin(module)
         callback.on_begin_train_epoch(global_step, epoch)
@@ -16,7 +16,7 @@ The hook order is a contract (README: "Hook order")::
             callback.on_end_backward(global_step, loss)
           trainer.optimizer_step                       (at an accumulation boundary)
             callback.on_end_train_step(global_step, *outputs)
-          runtime.train_post_step(trainer, module, batch_idx, batch, outs)
+          runtime.train_post_step(trainer, module, batch_idx, batch, outs)   (the pre-step's batch)
         trainer.validation                             (when due; see Evaluator)
         trainer.checkpoint                             (every checkpoint_every_n_steps)
         trainer.validation                             (when due at the epoch end)
@@ -31,13 +31,18 @@ module kinds in ``_adapters``, accumulation/clipping/AMP/schedulers in
 ``_optim``, evaluation in ``_evaluator``, checkpoint files and RNG states in
 ``_checkpoint``, resuming in ``_resume``, what one fit shares in ``_run``,
 the trace file, profilers and progress bar around a call in ``_session``,
-output collation in ``_collate`` and the progress bar in ``_progress``.
+the runtime, placement and optimization of a call in ``_setup``,
+output collation in ``_collate``, the progress bar in ``_progress`` and
+module placement in ``_placement``.
+
+Runtime hooks see the Trainer as ppe's hooks see ppe's trainer:
+``trainer.iteration`` (batches completed over the run), ``trainer.epoch``,
+``trainer.models`` (``{"main": module}``) and ``trainer.optimizers`` (by name).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -47,7 +52,6 @@ import torch
 
 from ..interfaces.module_interface import Stage
 from ..runtime._base import BaseRuntime, call_hook
-from ..runtime._registry import make_runtime, to
 from ..tracing._recorder import RECORDER, trace
 from ._adapters import Adapter, make_adapter
 from ._callbacks import CallbackList
@@ -59,11 +63,12 @@ from ._checkpoint import (
     save_atomic,
 )
 from ._collate import DEFAULT_MAX_COLLATED_BYTES
-from ._evaluator import Evaluator, _callbacks_for
-from ._optim import Optimization, SchedulerInterval, check_clip, check_positive_int
+from ._optim import SchedulerInterval, check_clip, check_positive_int
+from ._placement import call_module_hook
 from ._resume import begin_epoch, restore, start_iteration
 from ._run import TRAIN, Run, StepProfiler, batch_size, describe, len_or_none
 from ._session import session
+from ._setup import empty_loader, evaluator_for, prepare_fit
 
 __all__ = ["CHECKPOINT_NAME", "StepProfiler", "Trainer"]
 
@@ -110,6 +115,10 @@ class Trainer:
         scheduler_interval: ``"step"`` (after each optimizer step) or ``"epoch"``.
         max_collated_bytes: the bound on the outputs kept for each callback
             hook that receives collated outputs (oldest steps dropped).
+        max_train_steps_per_epoch: end each epoch after this many optimizer
+            steps (PyMarlin's option of that name).
+        max_val_steps_per_epoch: validate on at most this many batches of
+            each validation loader (PyMarlin's option of that name).
     """
 
     def __init__(
@@ -133,6 +142,8 @@ class Trainer:
         runtime_options: Mapping[str, Any] | None = None,
         scheduler_interval: SchedulerInterval | Literal["step", "epoch"] = "step",
         max_collated_bytes: int = DEFAULT_MAX_COLLATED_BYTES,
+        max_train_steps_per_epoch: int | None = None,
+        max_val_steps_per_epoch: int | None = None,
     ) -> None:
         if not isinstance(device, (str, torch.device, BaseRuntime)):
             raise TypeError(
@@ -146,6 +157,8 @@ class Trainer:
         check_positive_int("val_every_n_steps", val_every_n_steps, allow_none=True)
         check_positive_int("checkpoint_every_n_steps", checkpoint_every_n_steps, allow_none=True)
         check_positive_int("max_collated_bytes", max_collated_bytes)
+        check_positive_int("max_train_steps_per_epoch", max_train_steps_per_epoch, allow_none=True)
+        check_positive_int("max_val_steps_per_epoch", max_val_steps_per_epoch, allow_none=True)
         if checkpoint_every_n_steps is not None and checkpoint_dir is None:
             raise ValueError(
                 "Expected a checkpoint_dir with checkpoint_every_n_steps="
@@ -184,6 +197,8 @@ class Trainer:
         self.runtime_options = dict(runtime_options) if runtime_options else None
         self.scheduler_interval = interval
         self.max_collated_bytes = max_collated_bytes
+        self.max_train_steps_per_epoch = max_train_steps_per_epoch
+        self.max_val_steps_per_epoch = max_val_steps_per_epoch
         #: the runtime of the current or last run
         self.runtime: BaseRuntime | None = None
         #: the ChromeTraceExporter of the current or last run (``trace_path``), or None
@@ -200,6 +215,8 @@ class Trainer:
         self._batch_in_epoch = 0
         self._batches_seen = 0
         self._epoch_rng: dict[str, Any] | None = None
+        self._models: dict[str, torch.nn.Module] = {}
+        self._optimizers: dict[str, Any] = {}
 
     # -- state -------------------------------------------------------------------
 
@@ -212,6 +229,24 @@ class Trainer:
     def batches_seen(self) -> int:
         """Training batches completed over the run (continues after a resume)."""
         return self._batches_seen
+
+    @property
+    def iteration(self) -> int:
+        """Training batches completed over the run, as ppe's ``trainer.iteration``: ``0``
+        in the first batch's ``train_pre_step``."""
+        return self._batches_seen
+
+    @property
+    def models(self) -> dict[str, torch.nn.Module]:
+        """``{"main": module}`` of the current or last call, as ppe's ``trainer.models``."""
+        return dict(self._models)
+
+    @property
+    def optimizers(self) -> dict[str, Any]:
+        """The optimizers of the current or last fit by name, as ppe's
+        ``trainer.optimizers``: ``{"main": opt}`` for one, a network's own names, else
+        ``"0"``, ``"1"``, ..."""
+        return dict(self._optimizers)
 
     def get_state(self) -> dict[str, Any]:
         """The Trainer's counters and the RNG state at the start of the current epoch."""
@@ -246,6 +281,7 @@ class Trainer:
         resume_from: str | os.PathLike[str] | None = None,
         batch_size: int = 32,
         val_batch_size: int | None = None,
+        fold: int = 0,
     ) -> None:
         """Train ``module``.
 
@@ -253,7 +289,8 @@ class Trainer:
           ``batch_size``/``val_batch_size``), optimizers and schedulers;
           loaders passed here override its own.
         - An :class:`~ppetrace.AbstractPyTorchNetwork` takes ``optimizer`` and
-          ``loss_fn`` as dicts (``{"default": opt}``), plus ``metrics``.
+          ``loss_fn`` as dicts (``{"default": opt}``), plus ``metrics``; its
+          closure also receives ``fold`` and ``batch_nr``, as in delira.
         - A plain ``nn.Module`` needs ``optimizer``, ``loss_fn(preds, targets)``
           and a ``train_loader`` of ``(inputs, targets)`` batches.
 
@@ -275,24 +312,22 @@ class Trainer:
             metrics=metrics,
             batch_size=batch_size,
             val_batch_size=val_batch_size,
+            fold=fold,
         )
         checkpoint = None if resume_from is None else load_checkpoint(resume_from)
-        run, first_loader, n = self._prepare_fit(adapter)
+        run, first_loader, n = prepare_fit(self, adapter)
         if checkpoint is not None:
             restore(self, run, checkpoint, resume_from)
+        if n is not None and self.max_train_steps_per_epoch is not None:
+            n = min(n, self.max_train_steps_per_epoch * self.grad_accumulation)
         with session(self, "fit", run, total=None if n is None else n * self.max_epochs):
-            module_ = adapter.module
             attrs = run.attrs_now()
             with trace("trainer.run", attrs):
-                optimizers = run.optim.optimizers
-                call_hook(
-                    run.runtime,
-                    "initialize_module",
-                    attrs,
-                    module_,
-                    first_loader,
-                    optimizers[0] if optimizers else None,
-                )
+                named = self._optimizers
+                for name, sub, rt in run.placements:
+                    # as ppe's Handler._setup: the optimizer of that name, or the only one
+                    opt = named.get(name, next(iter(named.values())) if len(named) == 1 else None)
+                    call_hook(rt, "initialize_module", attrs, sub, first_loader, opt)
                 run.optim.zero_grad()
                 loader: Iterable[Any] | None = first_loader
                 while self.epoch < self.max_epochs and not run.stop:
@@ -300,7 +335,7 @@ class Trainer:
                     loader = None
                     RECORDER.flush()
                 attrs = run.attrs_now()
-                call_hook(run.runtime, "train_cleanup", attrs, module_)
+                call_module_hook(run.placements, "train_cleanup", attrs)
                 run.callbacks.call("on_end_train", attrs, self.global_step)
 
     def validate(
@@ -317,19 +352,21 @@ class Trainer:
         ``loaders``: one loader or a dict of named loaders (``None``: a
         ModuleInterface's ``get_val_dataloaders``). Returns ``{name: collated
         outputs}``; ``on_end_val_epoch`` callbacks run once per loader.
+        ``max_val_steps_per_epoch`` caps the batches of each loader.
         """
-        evaluator = self._evaluator(module, Stage.VAL, loaders, loss_fn, metrics, batch_size)
-        runtime, module_ = evaluator.runtime, evaluator.module
+        evaluator = evaluator_for(self, module, Stage.VAL, loaders, loss_fn, metrics, batch_size)
+        evaluator.max_batches = self.max_val_steps_per_epoch
+        runtime, placements = evaluator.runtime, evaluator.placements
         with session(self, "validate", None):
-            attrs = {"ppetrace.step": self.global_step, "ppetrace.stage": Stage.VAL.value}
+            attrs = {"ppetrace.step": self.global_step, "ppetrace.stage": Stage.VAL.label}
             attrs.update(runtime.span_attributes)
             loaders_ = evaluator.loaders()
             if not loaders_:
                 evaluator.run()  # raises the "no loader" error
             with trace("trainer.validation", attrs):
-                call_hook(runtime, "train_validation_begin", attrs, module_)
+                call_module_hook(placements, "train_validation_begin", attrs)
                 results = evaluator.run_loaders(loaders_, global_step=self.global_step)
-                call_hook(runtime, "train_validation_end", attrs, module_)
+                call_module_hook(placements, "train_validation_end", attrs)
         return results
 
     def test(
@@ -346,93 +383,20 @@ class Trainer:
         ``loaders``: one loader or a dict of named loaders (``None``: a
         ModuleInterface's ``get_test_dataloaders``).
         """
-        evaluator = self._evaluator(module, Stage.TEST, loaders, loss_fn, metrics, batch_size)
+        evaluator = evaluator_for(self, module, Stage.TEST, loaders, loss_fn, metrics, batch_size)
         with session(self, "test", None):
             return evaluator.run(global_step=self.global_step)
-
-    # -- setup ---------------------------------------------------------------------
-
-    def _prepare_fit(self, adapter: Adapter) -> tuple[Run, Iterable[Any], int | None]:
-        """Runtime, module placement, first loader, optimization and callbacks of a fit."""
-        runtime = self._make_runtime()
-        self.runtime = runtime
-        adapter.module = to(adapter.module, runtime)
-        first_loader = adapter.train_loader()
-        n = len_or_none(first_loader)
-        if n == 0:
-            raise self._empty_loader(adapter)
-        steps_per_epoch = math.ceil(n / self.grad_accumulation) if n else 1
-        optimizers, schedulers = adapter.optimizers_schedulers(steps_per_epoch, self.max_epochs)
-        optim = Optimization(
-            optimizers,
-            schedulers,
-            clip_grad_norm=self.clip_grad_norm,
-            scaler=runtime.grad_scaler,
-            interval=self.scheduler_interval,
-        )
-        callbacks = _callbacks_for(adapter, self.callbacks)
-        run = Run(self, adapter, runtime, optim, callbacks, self.max_collated_bytes)
-        if adapter.backward_in_step:
-            adapter.scaling = run.network_backward  # type: ignore[attr-defined]
-        self.update_state({"epoch": 0, "global_step": 0, "batch_in_epoch": 0, "batches_seen": 0})
-        return run, first_loader, n
-
-    def _make_runtime(self) -> BaseRuntime:
-        device = self.device
-        if isinstance(device, BaseRuntime):
-            if self.runtime_options:
-                raise ValueError(
-                    "Expected runtime_options only with a device string, but received a runtime "
-                    f"instance ({device!r}) too. Configure the instance when you build it."
-                )
-            if self.amp and not device.autocast_enabled:
-                raise ValueError(
-                    f"Expected a runtime with autocast enabled for amp=True, but {device!r} has "
-                    "none. Build it with options={'autocast': True, 'grad_scaler': True}."
-                )
-            return device
-        options = dict(self.runtime_options or {})
-        if self.amp:
-            options.setdefault("autocast", True)
-            options.setdefault("grad_scaler", True)
-        return make_runtime(device, options=options or None)
-
-    def _evaluator(
-        self,
-        module: torch.nn.Module,
-        stage: Stage,
-        loaders: Any,
-        loss_fn: Any,
-        metrics: Any,
-        batch_size: int,
-    ) -> Evaluator:
-        key = "val_loaders" if stage is Stage.VAL else "test_loaders"
-        adapter = make_adapter(
-            module, loss_fn=loss_fn, metrics=metrics, batch_size=batch_size, **{key: loaders}
-        )
-        runtime = self._make_runtime()
-        self.runtime = runtime
-        adapter.module = to(adapter.module, runtime)
-        callbacks = _callbacks_for(adapter, self.callbacks)
-        return Evaluator._for_run(adapter, runtime, stage, callbacks, self.max_collated_bytes)
-
-    @staticmethod
-    def _empty_loader(adapter: Adapter, epoch: int | None = None) -> ValueError:
-        when = "" if epoch is None else f" in epoch {epoch}"
-        return ValueError(
-            f"Expected the training loader of {adapter.name} to yield at least one batch, but it "
-            f"yielded none{when}. Check the dataset size, batch_size and drop_last."
-        )
 
     # -- the loop ---------------------------------------------------------------------
 
     def _run_epoch(self, run: Run, loader: Iterable[Any]) -> None:
-        module = run.adapter.module
         begin_epoch(self, run, loader)
+        # steps of this epoch already done before a resume (checkpoints are at boundaries)
+        run.epoch_first_step = self.global_step - self._batch_in_epoch // self.grad_accumulation
         attrs = run.attrs_now()
         with trace("trainer.epoch", attrs):
-            module.train()
-            call_hook(run.runtime, "train_epoch_begin", attrs, module)
+            run.adapter.module.train()
+            call_module_hook(run.placements, "train_epoch_begin", attrs)
             run.callbacks.call("on_begin_train_epoch", attrs, self.global_step, self.epoch)
             self._train_batches(run, loader)
             self._end_epoch(run)
@@ -444,7 +408,7 @@ class Trainer:
         accum = self.grad_accumulation
         epoch = self.epoch
         runtime, adapter, optim, callbacks = run.runtime, run.adapter, run.optim, run.callbacks
-        module = adapter.module
+        placements = run.placements
         device = runtime.device_spec
         dev = run.rt_attrs["ppetrace.device"]
         rt_name = run.rt_attrs["ppetrace.runtime"]
@@ -460,6 +424,7 @@ class Trainer:
             self.val_every_n_steps is not None
             or self.checkpoint_every_n_steps is not None
             or self.max_steps is not None
+            or self.max_train_steps_per_epoch is not None
         )
         while n is None or i < n:
             gs = self.global_step
@@ -487,29 +452,31 @@ class Trainer:
             for prof in profilers:
                 prof.step_begin(seen)
             with open_span("trainer.step", step_attrs):
-                call_hook(runtime, "train_pre_step", attrs, self, module, i, batch)
-                batch = call_hook(runtime, "convert_batch", attrs, batch)
+                for _, sub, rt in placements:
+                    call_hook(rt, "train_pre_step", attrs, self, sub, i, batch)
+                moved = call_hook(runtime, "convert_batch", attrs, batch)
                 run.attrs = attrs
                 with open_span("module.train_step", attrs):
                     if autocast is None:
-                        loss, outs, raw = train_step(gs, batch, device, attrs)
+                        loss, outs, raw = train_step(gs, moved, device, attrs)
                     else:
                         with autocast():
-                            loss, outs, raw = train_step(gs, batch, device, attrs)
+                            loss, outs, raw = train_step(gs, moved, device, attrs)
                 if check_loss:
                     if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
                         raise self._bad_loss(adapter, loss, gs, epoch, i)
                     with open_span("trainer.backward", attrs):
-                        optim.backward(loss, divisor)
+                        divided = optim.backward(loss, divisor)
                         if run.wants_end_backward:
-                            callbacks.call("on_end_backward", attrs, gs, loss)
+                            callbacks.call("on_end_backward", attrs, gs, divided)
                 else:
                     loss = run.last_loss
                 if run.collect:
                     run.add_outputs(outs)
                 if boundary:
                     self._optimizer_step(run, attrs)
-                call_hook(runtime, "train_post_step", attrs, self, module, i, batch, raw)
+                for _, sub, rt in placements:
+                    call_hook(rt, "train_post_step", attrs, self, sub, i, batch, raw)
             for prof in profilers:
                 prof.step_end(seen)
             self._batches_seen = seen + 1
@@ -522,7 +489,7 @@ class Trainer:
                 return
         run.last_loss = loss
         if i == start and start == 0:
-            raise self._empty_loader(adapter, epoch)
+            raise empty_loader(adapter, epoch)
         if optim.pending:  # a partial last group of a loader without len()
             self._optimizer_step(run, run.attrs_now())
             self._after_optimizer_step(run)
@@ -545,7 +512,8 @@ class Trainer:
                 run.callbacks.call("on_end_train_step", attrs, self.global_step, *outputs)
 
     def _after_optimizer_step(self, run: Run) -> bool:
-        """Step-based validation and checkpoints; ``True`` when ``max_steps`` is reached."""
+        """Step-based validation and checkpoints; ``True`` when the epoch ends here:
+        ``max_steps`` (then training stops) or ``max_train_steps_per_epoch`` is reached."""
         gs = self.global_step
         if self.val_every_n_steps is not None and gs % self.val_every_n_steps == 0:
             self._validate(run)
@@ -554,7 +522,8 @@ class Trainer:
         if self.max_steps is not None and gs >= self.max_steps:
             run.stop = True
             return True
-        return False
+        cap = self.max_train_steps_per_epoch
+        return cap is not None and gs - run.epoch_first_step >= cap
 
     def _end_epoch(self, run: Run) -> None:
         if (
@@ -564,8 +533,7 @@ class Trainer:
         ):
             self._validate(run)
         attrs = run.attrs_now()
-        module = run.adapter.module
-        call_hook(run.runtime, "train_epoch_end", attrs, module)
+        call_module_hook(run.placements, "train_epoch_end", attrs)
         collector = run.epoch_outputs
         if collector is not None:
             outputs = collector.collated()
@@ -582,13 +550,12 @@ class Trainer:
         if not loaders:
             return
         attrs = run.attrs_now()
-        runtime, module = run.runtime, run.adapter.module
         with trace("trainer.validation", attrs):
-            call_hook(runtime, "train_validation_begin", attrs, module)
+            call_module_hook(run.placements, "train_validation_begin", attrs)
             run.evaluator.run_loaders(
                 loaders, global_step=self.global_step, epoch=self.epoch, collect=False
             )
-            call_hook(runtime, "train_validation_end", attrs, module)
+            call_module_hook(run.placements, "train_validation_end", attrs)
         run.last_val_step = self.global_step
 
     def _checkpoint(self, run: Run, *, epoch: int | None = None) -> None:

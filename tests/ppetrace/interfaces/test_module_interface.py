@@ -33,9 +33,13 @@ class Complete(ModuleInterface):
         return ("val", global_step, batch, device)
 
 
-def test_stage_values_are_the_span_attribute() -> None:
-    assert [s.value for s in Stage] == ["train", "val", "test"]
-    assert Stage("val") is Stage.VAL
+def test_stage_values_are_pymarlins_and_labels_are_the_span_attribute() -> None:
+    assert [s.value for s in Stage] == [1, 2, 3]  # pymarlin/core/module_interface.py: Stage
+    assert Stage(1) is Stage.TRAIN and Stage(3) is Stage.TEST
+    assert [s.label for s in Stage] == ["train", "val", "test"]
+    assert Stage("val") is Stage.VAL and Stage("Test") is Stage.TEST
+    with pytest.raises(ValueError, match="4 is not a valid Stage"):
+        Stage(4)
 
 
 @pytest.mark.parametrize(

@@ -86,9 +86,13 @@ def test_closure_steps_like_a_hand_written_step() -> None:
 def test_closure_without_optimizers_does_not_backpropagate() -> None:
     x, y = dataset(8).tensors
     net = Net()
-    _, losses, _ = net.closure(net, {"data": x, "label": y}, {}, {"ce": F.cross_entropy})
+    metrics, losses, _ = net.closure(
+        net, {"data": x, "label": y}, {}, {"ce": F.cross_entropy}, {"n": lambda p, t: p.shape[0]}
+    )
     assert all(p.grad is None for p in net.parameters())
-    assert not losses["ce"].requires_grad
+    # delira prefixes validation values with "val_"
+    assert list(losses) == ["val_ce"] and not losses["val_ce"].requires_grad
+    assert metrics == {"val_n": 8}
 
 
 def test_closure_asserts_on_missing_losses_or_default_optimizer() -> None:

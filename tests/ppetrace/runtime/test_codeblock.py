@@ -56,10 +56,11 @@ def test_update_parameters_step_equals_a_hand_written_step() -> None:
     for batch in batches(3):
         out = step(batch)
         ref_opt.zero_grad()
-        ref_loss = reference(**batch)["loss"]
-        ref_loss.backward()
+        ref_out = reference(**batch)
+        ref_out["loss"].backward(retain_graph=True)  # both scalar losses, as ppe
+        ref_out["l1"].backward()
         ref_opt.step()
-        assert torch.equal(out["loss"].detach(), ref_loss.detach())
+        assert torch.equal(out["loss"].detach(), ref_out["loss"].detach())
     after = params(model)
     assert all(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
     for got, want in zip(after, params(reference), strict=True):
@@ -77,12 +78,14 @@ def test_backprop_from_selects_the_loss() -> None:
         assert torch.equal(got.grad, want.grad)
 
 
-def test_default_loss_is_the_first_scalar_with_a_gradient() -> None:
+def test_default_back_propagates_every_scalar_loss_as_ppe() -> None:
     model, reference = model_pair(2)
     model = ppetrace.to(model, "cpu")
     (batch,) = batches(1)
-    update_parameters(model, [])(batch)  # "pred" is not a scalar: "loss" comes first
-    reference(**batch)["loss"].backward()
+    update_parameters(model, [])(batch)  # "pred" is not a scalar: "loss" and "l1" are
+    ref_out = reference(**batch)
+    ref_out["loss"].backward(retain_graph=True)  # ppe: one backward() per loss, in dict order
+    ref_out["l1"].backward()
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         assert got.grad is not None and want.grad is not None
         assert torch.equal(got.grad, want.grad)
@@ -267,7 +270,7 @@ def test_grad_scaler_scales_the_loss_and_steps_every_optimizer_then_updates_once
     opt_b = torch.optim.SGD(model.net[2].parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     (batch,) = batches(1)
-    update_parameters(model, [opt_a, opt_b])(batch)
+    update_parameters(model, [opt_a, opt_b], backprop_from="loss")(batch)
     reference(**batch)["loss"].backward()
     ref_opt.step()
     assert scaler.calls == ["scale", "step", "step", "update"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import pickle
+import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -85,10 +88,12 @@ def test_indexed_spec_resolves_through_its_type() -> None:
     assert registry.get_runtime_class_for_device_spec(" cuda ") is CudaRuntime
 
 
-def test_unregistered_type_that_torch_knows_falls_back_to_pytorch_runtime() -> None:
+def test_an_unregistered_type_falls_back_to_pytorch_runtime_as_ppe() -> None:
     registry = RuntimeRegistry()
     assert registry.get_runtime_class_for_device_spec("meta") is PyTorchRuntime
     assert registry.get_runtime_class_for_device_spec(torch.device("meta")) is PyTorchRuntime
+    # pytorch_pfn_extras/runtime/_registry.py: get(device_type, self._fallback_class)
+    assert registry.get_runtime_class_for_device_spec("tpu:0") is PyTorchRuntime
     with pytest.raises(ValueError, match=r"^Unknown device type 'meta'; registered: none\."):
         RuntimeRegistry(fallback_class=None).get_runtime_class_for_device_spec("meta")
 
@@ -104,8 +109,8 @@ def test_registering_again_replaces_the_class() -> None:
 # -- errors -------------------------------------------------------------------------
 
 
-def test_unknown_device_lists_the_registered_types() -> None:
-    registry = RuntimeRegistry()
+def test_unknown_device_lists_the_registered_types_without_a_fallback() -> None:
+    registry = RuntimeRegistry(fallback_class=None)
     registry.register("cpu", PyTorchRuntime)
     registry.register("cuda", PyTorchRuntime)
     with pytest.raises(
@@ -121,8 +126,14 @@ def test_unknown_device_lists_the_registered_types() -> None:
 def test_to_an_unknown_device_names_it_and_the_registered_types(
     my_device: type[BaseRuntime],
 ) -> None:
-    with pytest.raises(ValueError, match=r"^Unknown device type 'tpu'; registered: cpu, cuda, my"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Unknown device type 'tpu'; registered: cpu, cuda, my_device\. torch does not "
+        r"know it either, so the fallback PyTorchRuntime cannot move anything there\. Register "
+        r"one with runtime_registry\.register\('tpu', YourRuntime\)\.$",
+    ):
         to(net(), "tpu")
+    assert isinstance(PyTorchRuntime("tpu", None), PyTorchRuntime)  # building one works, as ppe
 
 
 def test_registering_a_non_runtime_raises_type_error() -> None:
@@ -259,10 +270,31 @@ def test_a_failed_move_leaves_the_module_untagged() -> None:
         runtime_of(fresh[0])
 
 
-def test_a_tagged_module_pickles_with_its_runtime() -> None:
-    model = to(net(), "cpu", options={"autocast": True})
-    copy = pickle.loads(pickle.dumps(model))
-    runtime = runtime_of(copy)
-    assert type(runtime) is PyTorchRuntime and runtime.autocast_enabled
-    assert runtime_of(copy[0]) is runtime
-    assert torch.equal(copy.state_dict()["0.weight"], model.state_dict()["0.weight"])
+class LockedRuntime(PyTorchRuntime):
+    """A runtime holding what cannot be pickled (a prefetch thread's lock, say)."""
+
+    def __init__(self, device_spec: Any, options: Any) -> None:
+        super().__init__(device_spec, options)
+        self.lock = threading.Lock()
+
+
+def test_a_tagged_module_pickles_and_copies_without_its_runtime_as_ppe() -> None:
+    model = to(net(), "cpu", runtime_class=LockedRuntime)
+    with pytest.raises(TypeError, match="cannot pickle '_thread.lock'"):
+        pickle.dumps(runtime_of(model))
+    # pytorch_pfn_extras/runtime/_runtime.py: _set_module_runtime_tag strips the tag
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert "_ppe_runtime" not in copied.__dict__ and "__getstate__" not in copied.__dict__
+        assert "_ppe_runtime" not in copied[0].__dict__
+        assert torch.equal(copied.state_dict()["0.weight"], model.state_dict()["0.weight"])
+        with pytest.raises(ValueError, match="Call ppetrace.to"):
+            runtime_of(copied)
+    assert type(runtime_of(model)) is LockedRuntime  # the original keeps its tag
+    assert torch.load(io_bytes(model), weights_only=False)[0].weight.shape == (4, 3)
+
+
+def io_bytes(model: torch.nn.Module) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return buffer

@@ -152,7 +152,7 @@ def _expected_calls() -> list[tuple[Any, ...]]:
             calls += [
                 ("train_pre_step", batch_idx),
                 ("convert_batch",),
-                ("module.train_step", step),
+                ("module.train_step", step + 1),  # PyMarlin: completed + 1
                 ("on_end_backward", step),
             ]
             if batch_idx in (1, 2):  # a full group of 2, then the partial last group of 1

@@ -105,7 +105,7 @@ class Bad(ppetrace.ModuleInterface):
 
     def train_step(self, global_step: int, batch: Any, device: Any) -> Any:
         losses = F.cross_entropy(self.lin(batch[0]), batch[1], reduction="none")
-        return (losses.mean() if global_step == 0 else losses), losses
+        return (losses.mean() if global_step == 1 else losses), losses  # PyMarlin: from 1
 
     def val_step(self, global_step: int, batch: Any, device: Any) -> Any:
         return self.lin(batch[0])

@@ -395,7 +395,7 @@ def test_test_stage_returns_collated_outputs(span_exporter: InMemorySpanExporter
         for s in span_exporter.get_finished_spans()
         if s.name == "evaluator.step"
     }
-    assert stages == {Stage.TEST.value}
+    assert stages == {Stage.TEST.label}
 
 
 def test_validate_runs_the_validation_hooks_and_returns_outputs(
