@@ -77,6 +77,15 @@ def test_get_state_and_update_state_round_trip() -> None:
     assert set(a.get_state()) == {"lin.weight", "lin.bias"}
 
 
+def test_an_empty_state_is_skipped_as_pymarlin() -> None:
+    module = Complete()
+    before = module.lin.weight.detach().clone()
+    module.update_state({})  # pymarlin/core/module_interface.py:254: `if state:`
+    assert torch.equal(module.lin.weight, before)
+    with pytest.raises(RuntimeError, match="Missing key"):
+        module.update_state({"lin.weight": before})
+
+
 def test_module_interface_is_a_callback_with_no_op_hooks() -> None:
     m = Complete()
     assert isinstance(m, CallbackInterface) and isinstance(m, torch.nn.Module)

@@ -279,6 +279,22 @@ def test_grad_scaler_scales_the_loss_and_steps_every_optimizer_then_updates_once
         torch.testing.assert_close(got, want)  # unscaled before the step
 
 
+def test_grad_scaler_scales_each_of_several_losses() -> None:
+    model, reference = model_pair(5)
+    scaler = RecordingScaler()
+    model = ppetrace.to(model, "cpu", options={"grad_scaler": scaler})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    (batch,) = batches(1)
+    update_parameters(model, opt)(batch)
+    out = reference(**batch)
+    (out["loss"] + out["l1"]).backward()
+    ref_opt.step()
+    assert scaler.calls == ["scale", "scale", "step", "update"]  # ppe asserts one loss here
+    for got, want in zip(params(model), params(reference), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_map_is_lazy_moves_items_and_selects_out_keys(
     span_exporter: InMemorySpanExporter,
 ) -> None:

@@ -280,14 +280,14 @@ class LockedRuntime(PyTorchRuntime):
 
 def test_a_tagged_module_pickles_and_copies_without_its_runtime_as_ppe() -> None:
     model = to(net(), "cpu", runtime_class=LockedRuntime)
-    with pytest.raises(TypeError, match="cannot pickle '_thread.lock'"):
+    with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock'"):
         pickle.dumps(runtime_of(model))
     # pytorch_pfn_extras/runtime/_runtime.py: _set_module_runtime_tag strips the tag
     for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
         assert "_ppe_runtime" not in copied.__dict__ and "__getstate__" not in copied.__dict__
         assert "_ppe_runtime" not in copied[0].__dict__
         assert torch.equal(copied.state_dict()["0.weight"], model.state_dict()["0.weight"])
-        with pytest.raises(ValueError, match="Call ppetrace.to"):
+        with pytest.raises(ValueError, match=r"Call ppetrace\.to"):
             runtime_of(copied)
     assert type(runtime_of(model)) is LockedRuntime  # the original keeps its tag
     assert torch.load(io_bytes(model), weights_only=False)[0].weight.shape == (4, 3)

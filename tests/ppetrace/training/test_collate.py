@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from ppetrace.training._collate import OutputCollector, to_host
+from ppetrace.training._collate import OutputCollector, collate, to_host
 
 
 def test_collected_cpu_outputs_are_copies_not_views_of_the_step_tensors() -> None:
@@ -37,3 +38,18 @@ def test_other_values_pass_through_and_grad_is_detached() -> None:
     kept, label = to_host((loss, "a"))
     assert not kept.requires_grad and kept.item() == 4.0
     assert label == "a"
+
+
+def test_dict_outputs_are_collated_key_by_key_and_counted_in_the_bound() -> None:
+    steps = [({"pred": torch.ones(2, 3), "loss": torch.tensor(1.0)},) for _ in range(3)]
+    ((out,),) = (collate(steps),)
+    assert (
+        set(out) == {"pred", "loss"} and out["pred"].shape == (6, 3) and out["loss"].shape == (3,)
+    )
+    collector = OutputCollector(max_bytes=2 * 4 * 7)  # room for two steps of 7 floats
+    with pytest.warns(RuntimeWarning, match="the oldest steps are dropped"):
+        for step in steps:
+            collector.add(step)
+    assert len(collector) == 2 and collector.dropped_steps == 1
+    mixed = collate([({"a": 1},), ({"b": 2},)])
+    assert mixed == ([{"a": 1}, {"b": 2}],)  # different keys: gathered as a list
