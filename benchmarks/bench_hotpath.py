@@ -19,6 +19,15 @@ Attribute snapshots: ``trace`` copies a dict ``arg`` when the block is entered
 (issue 18). The cases "dict arg" (the Trainer's six ``ppetrace.*`` keys, copied)
 and "FrozenAttributes arg" (the same keys, shared without a copy) show what the
 copy costs; their difference is printed as "snapshot copy".
+
+Runtime hooks (:func:`measure_runtime_trace`, printed after the budgets, no
+budget): a ``runtime.<hook>`` call through ``call_hook`` on
+``PyTorchRuntime``, whose ``trace`` also opens a ``record_function`` range
+while a torch profiler records, against the same call on a runtime with the
+default ``BaseRuntime.trace``, no profiler active. The ratio is the median of
+per-round paired ratios (rounds interleaved, order alternating) with a 95%
+bootstrap interval; "ppe-style" always opens ``record_function``, as ppe's
+``PyTorchRuntime.trace`` does, for scale.
 """
 
 from __future__ import annotations
@@ -218,6 +227,71 @@ def budgets(best: dict[str, float]) -> list[tuple[str, float, float]]:
     return out
 
 
+def measure_runtime_trace(n: int, rounds: int, *, seed: int = 0) -> dict[str, Any]:
+    """ns per runtime hook call: default trace, PyTorchRuntime's, ppe-style; and the ratios."""
+    import random
+
+    import torch
+
+    from ppetrace.runtime import BaseRuntime, PyTorchRuntime, call_hook
+
+    class DefaultTrace(BaseRuntime):
+        pass
+
+    class PpeStyle(BaseRuntime):
+        @classmethod
+        @contextlib.contextmanager
+        def trace(cls, event_name: str | None, arg: Any) -> Any:
+            name = str(event_name)
+            with torch.profiler.record_function(name), _recorder.trace(name, arg):
+                yield
+
+    module = torch.nn.Linear(2, 2)
+    attrs = {"ppetrace.step": 0}
+    runtimes = {
+        "default trace": DefaultTrace("cpu", None),
+        "PyTorchRuntime": PyTorchRuntime("cpu", None),
+        "ppe-style record_function": PpeStyle("cpu", None),
+    }
+
+    def case(runtime: BaseRuntime) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(n):
+                call_hook(runtime, "train_epoch_begin", attrs, module)
+
+        return run
+
+    per_round: dict[str, list[float]] = {name: [] for name in runtimes}
+    names = list(runtimes)
+    ppetrace.configure(buffer_spans=n + 1)
+    try:
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                per_round[name].append(_time(case(runtimes[name])) / n)
+                _clear_buffer()
+    finally:
+        ppetrace.configure()
+    out: dict[str, Any] = {name: min(values) for name, values in per_round.items()}
+    rng = random.Random(seed)
+    for name in ("PyTorchRuntime", "ppe-style record_function"):
+        ratios = sorted(
+            a / b for a, b in zip(per_round[name], per_round["default trace"], strict=True)
+        )
+        boots = sorted(_median([rng.choice(ratios) for _ in ratios]) for _ in range(2000))
+        out[f"{name} / default trace"] = (
+            _median(ratios),
+            boots[int(0.025 * len(boots))],
+            boots[int(0.975 * len(boots)) - 1],
+        )
+    return out
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=20_000, help="blocks per round")
@@ -243,6 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         ok = ratio <= budget
         failed |= not ok
         print(f"{what:<40} {ratio:6.3f}x  budget <= {budget:.2f}x  {'PASS' if ok else 'FAIL'}")
+    hooks = measure_runtime_trace(max(args.spans // 4, 1), max(args.rounds, 3))
+    print()
+    print("runtime hook through call_hook, no torch profiler active (ns/call):")
+    for name in ("default trace", "PyTorchRuntime", "ppe-style record_function"):
+        print(f"  {name:<38} {hooks[name]:8.0f}")
+    for name in ("PyTorchRuntime / default trace", "ppe-style record_function / default trace"):
+        ratio, low, high = hooks[name]
+        print(f"  {name:<38} {ratio:6.3f}x  (95% CI {low:.3f}-{high:.3f})")
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(
@@ -251,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                     "budgets": [
                         {"what": w, "ratio": r, "budget": b, "pass": r <= b} for w, r, b in checks
                     ],
+                    "runtime_hook": hooks,
                     "python": sys.version.split()[0],
                     "machine": platform.machine(),
                     "spans": args.spans,

@@ -5,10 +5,12 @@
 The loader yields delira's dict batches of NumPy arrays (``{"data": ...,
 "label": ...}``); ``prepare_batch`` turns them into tensors on the device;
 ``closure`` computes the losses and metrics given as dicts and back-propagates
-inside ``scale_loss``. Under the Trainer, the ``optimizer.step()`` and
-``zero_grad()`` written in the closure are deferred to its accumulation
-boundary, and ``scale_loss`` applies the Trainer's GradScaler (with
-``--amp`` on CUDA). The data are synthetic (a noisy linear regression).
+inside ``scale_loss``. Under the Trainer, with this one optimizer, the
+``optimizer.step()`` and ``zero_grad()`` written in the closure are deferred to
+its accumulation boundary (a closure that steps several optimizers, a GAN,
+steps them in place, as delira does), and ``scale_loss`` applies the Trainer's
+GradScaler (with ``--amp`` on CUDA). The data are synthetic (a noisy linear
+regression).
 """
 
 from __future__ import annotations

@@ -6,12 +6,12 @@ plain loop written to delira's semantics. Parameters after N steps must match
 exactly. The rules, in delira at 9c23906 (github.com/delira-dev/delira, the
 version whose ``AbstractPyTorchNetwork`` is the seed ppetrace keeps):
 
-- ``delira/models/backends/torch/abstract_network.py:90-95`` (``prepare_batch``):
+- ``delira/models/backends/torch/abstract_network.py:90-97`` (``prepare_batch``):
   every array becomes a tensor on its device, then ``.to(torch.float)``;
 - ``:139-140``: the closure asserts losses when optimizers are given;
-- ``:155-163``: ``preds = model(data)``; each loss is ``crit(preds["pred"], data_dict["label"])``;
+- ``:156-163``: ``preds = model(data)``; each loss is ``crit(preds["pred"], data_dict["label"])``;
 - ``:171-176``: ``zero_grad``, backward inside ``scale_loss``, ``step`` of ``"default"``;
-- ``:180-189``: without optimizers, loss and metric keys get the ``"val_"`` prefix;
+- ``:178-189``: without optimizers, loss and metric keys get the ``"val_"`` prefix;
 - ``:191-192``: the predictions come back as a dict of detached tensors;
 - ``delira/training/base_trainer.py:379-390`` (``_train_single_epoch``): per batch,
   ``closure_fn(module, data_dict, optimizers=..., losses=..., metrics=..., fold=...,

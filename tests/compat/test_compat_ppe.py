@@ -11,7 +11,7 @@ must be equal bit for bit. The rules it relies on, in ppe 0.9
   without ``backprop_from``, every scalar floating-point output with a
   gradient is back-propagated, one ``backward()`` each;
 - ``:451-452`` and ``:490-491``: ``zero_grad`` before, ``step`` after, per optimizer;
-- ``:344-351``: ``PyTorchRuntime`` reads the options it knows and ignores the
+- ``:345-366``: ``PyTorchRuntime`` reads the options it knows and ignores the
   rest, so a subclass adds its own (``prefetch``);
 - ``pytorch_pfn_extras/runtime/_registry.py:27``: an unregistered device type
   falls back to ``PyTorchRuntime``;

@@ -164,7 +164,7 @@ def ported_run(module: Classifier, *, max_train: int | None, max_val: int | None
     trainer = ppetrace.Trainer(
         max_epochs=EPOCHS,
         grad_accumulation=GA,
-        clip_grad_norm=1.0,  # PyMarlin's TrainerArguments: clip_grads=True, max_grad_norm=1.0
+        clip_grad_norm=1.0,  # pymarlin/core/trainer.py:54-55: clip_grads=True, max_grad_norm=1.0
         max_train_steps_per_epoch=max_train,
         max_val_steps_per_epoch=max_val,
         progress=False,
