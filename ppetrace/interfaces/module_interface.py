@@ -68,11 +68,10 @@ class CallbackInterface(ABC):  # noqa: B024 - every hook is an optional, documen
     def on_end_train_step(self, global_step: int, *train_step_collated_outputs: Any) -> None:  # noqa: B027
         """Called after each optimizer step, with ``global_step`` already incremented.
 
-        A dict output is collated key by key into one dict.
-
         ``train_step_collated_outputs`` holds one collated item per output of
         ``train_step``, over the batches of this accumulation group: if
-        ``train_step`` returns ``loss, logits`` this is ``(losses, logits)``.
+        ``train_step`` returns ``loss, logits`` this is ``(losses, logits)``. A
+        dict output (a delira network's predictions) is collated key by key.
         """
 
     def on_end_train_epoch(self, global_step: int, *train_step_collated_outputs: Any) -> None:  # noqa: B027

@@ -25,6 +25,7 @@ from torch.utils.data import RandomSampler, SequentialSampler
 
 from ..interfaces.module_interface import CallbackInterface, ModuleInterface, Stage
 from ..interfaces.network import _ACTIVE_MOVE, _ACTIVE_SCALING, AbstractPyTorchNetwork
+from ..runtime._base import BaseRuntime
 from ..tracing._recorder import trace
 from ._collate import as_outputs
 
@@ -374,7 +375,7 @@ class NetworkAdapter(Adapter):
         self._closure_optimizers: dict[str, Any] = self._wrap(None)
         #: set by the Trainer: loss -> context manager yielding the loss to backward
         self.scaling: Callable[[torch.Tensor], contextlib.AbstractContextManager[Any]] | None = None
-        #: set by the Trainer: (tensor, device) -> tensor, the runtime's move
+        #: set by :meth:`use_runtime`: (tensor, device) -> tensor, the runtime's move
         self.move: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
 
     @staticmethod
@@ -396,12 +397,23 @@ class NetworkAdapter(Adapter):
         self,
         scaling: Callable[[torch.Tensor], contextlib.AbstractContextManager[Any]],
         scaler: torch.amp.GradScaler | None,
-        move: Callable[[torch.Tensor, Any], torch.Tensor],
     ) -> None:
-        """Attach a fit's loss scaling, GradScaler and runtime move."""
+        """Attach a fit's loss scaling and GradScaler."""
         self.scaling = scaling
-        self.move = move
         self._closure_optimizers = self._wrap(scaler)
+
+    def use_runtime(self, runtime: BaseRuntime) -> None:
+        """Move ``prepare_batch``'s tensors with ``runtime.move_tensor`` when they go to its
+        device."""
+        spec = runtime.device_spec
+        move_tensor = runtime.move_tensor
+
+        def move(tensor: torch.Tensor, device: Any) -> torch.Tensor:
+            if device is spec or device == spec:
+                return move_tensor(tensor)
+            return tensor.to(device)
+
+        self.move = move
 
     def optimizers_schedulers(
         self, steps_per_epoch: int, epochs: int

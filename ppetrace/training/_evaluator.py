@@ -33,7 +33,7 @@ from ..interfaces.module_interface import Stage
 from ..runtime._base import BaseRuntime, call_hook
 from ..runtime._registry import make_runtime
 from ..tracing._recorder import trace
-from ._adapters import Adapter, Loaders, make_adapter
+from ._adapters import Adapter, Loaders, NetworkAdapter, make_adapter
 from ._callbacks import CallbackList
 from ._collate import DEFAULT_MAX_COLLATED_BYTES, OutputCollector
 from ._optim import check_positive_int
@@ -123,6 +123,8 @@ class Evaluator:
     ) -> None:
         self.adapter = adapter
         self.runtime = runtime
+        if isinstance(adapter, NetworkAdapter):
+            adapter.use_runtime(runtime)
         self.stage = stage
         self.callbacks = callbacks
         self.max_collated_bytes = max_collated_bytes

@@ -184,13 +184,6 @@ class Run:
         if self.epoch_outputs is not None:
             self.epoch_outputs.add(host, on_host=True)
 
-    def move(self, tensor: torch.Tensor, device: Any) -> torch.Tensor:
-        """A network's ``prepare_batch`` move: the runtime's ``move_tensor`` for its device."""
-        runtime = self.runtime
-        if device is runtime.device_spec or device == runtime.device_spec:
-            return runtime.move_tensor(tensor)
-        return tensor.to(device)
-
     @contextlib.contextmanager
     def network_backward(self, loss: torch.Tensor) -> Iterator[torch.Tensor]:
         """``scale_loss`` inside a network's closure: the ``trainer.backward`` span.

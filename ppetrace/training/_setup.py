@@ -82,7 +82,7 @@ def prepare_fit(self: TrainerSettings, adapter: Adapter) -> tuple[Run, Iterable[
     run = Run(self, adapter, runtime, optim, callbacks, self.max_collated_bytes, placements)
     run.evaluator.max_batches = self.max_val_steps_per_epoch
     if isinstance(adapter, NetworkAdapter):
-        adapter.bind(run.network_backward, runtime.grad_scaler, run.move)
+        adapter.bind(run.network_backward, runtime.grad_scaler)
     self._models = {"main": adapter.module}
     self._optimizers = adapter.named_optimizers(optimizers)
     self.update_state({"epoch": 0, "global_step": 0, "batch_in_epoch": 0, "batches_seen": 0})

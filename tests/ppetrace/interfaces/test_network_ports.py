@@ -174,6 +174,8 @@ def test_prepare_batch_moves_through_a_custom_runtime(mydev: None) -> None:
     )
     # NumPy arrays pass convert_batch untouched; prepare_batch moves data and label
     assert CountingRuntime.moves == 2 * (3 + 1)
+    ppetrace.Evaluator(net, numpy_batches(2), device="mydev", loss_fn={"ce": F.cross_entropy}).run()
+    assert CountingRuntime.moves == 2 * (3 + 1 + 2)
 
 
 class GAN(AbstractPyTorchNetwork):
