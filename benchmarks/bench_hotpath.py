@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = ratio <= budget
         failed |= not ok
         print(f"{what:<40} {ratio:6.3f}x  budget <= {budget:.2f}x  {'PASS' if ok else 'FAIL'}")
-    hooks = measure_runtime_trace(max(args.spans // 4, 1), max(args.rounds, 3))
+    hooks = measure_runtime_trace(max(args.spans // 4, 1), max(2 * args.rounds, 3))
     print()
     print("runtime hook through call_hook, no torch profiler active (ns/call):")
     for name in ("default trace", "PyTorchRuntime", "ppe-style record_function"):
