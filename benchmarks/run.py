@@ -18,7 +18,10 @@ the memory benchmark, which gets a fresh one (RSS is the whole process's):
 - export (``bench_export``): a million spans into a Chrome trace and a frame;
 - memory (``bench_memory``): RSS across a long traced run with streaming export;
 - profilers off (``bench_profilers_off``): deep profilers configured but
-  outside their windows.
+  outside their windows;
+- delivery (``bench_delivery``): every span to the SDK's ``SimpleSpanProcessor``
+  against the SDK's own span, and the tiny Trainer through a default
+  ``BatchSpanProcessor`` against the hand loop.
 
 Every figure is a ratio of two measurements from the same run, with
 interleaved repetitions, except the export budgets (seconds, DESIGN.md) and
@@ -86,6 +89,9 @@ SIZES: dict[str, dict[str, int]] = {
         "profilers_rounds": 41,
         "profile_steps": 2_000,
         "profile_export_spans": 300_000,
+        "delivery_spans": 20_000,
+        "delivery_steps": 500,
+        "delivery_rounds": 15,
     },
     "quick": {
         "hot_spans": 2_000,
@@ -101,6 +107,9 @@ SIZES: dict[str, dict[str, int]] = {
         "profilers_rounds": 2,
         "profile_steps": 50,
         "profile_export_spans": 5_000,
+        "delivery_spans": 1_000,
+        "delivery_steps": 16,
+        "delivery_rounds": 2,
     },
 }
 
@@ -559,6 +568,56 @@ def profilers_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
     ]
 
 
+# -- delivery to OpenTelemetry ----------------------------------------------------------
+
+
+def delivery_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
+    from benchmarks import bench_delivery
+
+    rounds = size["delivery_rounds"]
+    simple = bench_delivery.measure_simple(size["delivery_spans"], rounds)
+    batch = bench_delivery.measure_batch_trainer(size["delivery_steps"], rounds)
+    details["delivery"] = {"simple": simple, "batch_trainer": batch}
+    rows = []
+    for row_id, what, res, measured, reference, unit in (
+        (
+            "delivery.simple",
+            "delivery: trace -> SimpleSpanProcessor, all in with flush / SDK span to the same",
+            simple,
+            simple["ppetrace_ns_per_span"],
+            f"{_ns(simple['sdk_ns_per_span'])} (SDK start_as_current_span)",
+            "ns/span",
+        ),
+        (
+            "delivery.batch_trainer",
+            "delivery: Trainer tiny, every span through a default BatchSpanProcessor",
+            batch,
+            batch["ppetrace_us_per_step"],
+            f"{batch['hand_us_per_step']:,.1f} µs/step (hand loop)",
+            "µs/step",
+        ),
+    ):
+        budget = bench_delivery.BUDGETS["simple" if row_id.endswith("simple") else "batch trainer"]
+        rows.append(
+            Row(
+                id=row_id,
+                what=what,
+                measured=_ns(measured) if unit == "ns/span" else f"{measured:,.1f} µs/step",
+                reference=reference,
+                ratio=res["ratio"],
+                budget=f"<= {budget:.2f}x",
+                status=_gate(res["ratio"], budget),
+                value=measured,
+                unit=unit,
+                note=(
+                    f"median of {res['rounds']} paired interleaved rounds; bootstrap 95% "
+                    f"interval {res['low']:.3f}-{res['high']:.3f}x"
+                ),
+            )
+        )
+    return rows
+
+
 # -- the suite ----------------------------------------------------------------------------
 
 #: the sections in order: name -> function(size, details) -> rows
@@ -568,6 +627,7 @@ SECTIONS: dict[str, Callable[[dict[str, int], dict[str, Any]], list[Row]]] = {
     "export": export_rows,
     "memory": memory_rows,
     "profilers off": profilers_rows,
+    "delivery": delivery_rows,
 }
 #: the row ids that each section yields, for checking that a run is complete
 ROW_IDS: dict[str, tuple[str, ...]] = {
@@ -595,6 +655,7 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
     "export": ("export.chrome", "export.frame"),
     "memory": ("memory.steady", "memory.warmup"),
     "profilers off": ("profilers.off",),
+    "delivery": ("delivery.simple", "delivery.batch_trainer"),
 }
 
 

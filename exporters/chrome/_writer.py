@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -42,7 +43,8 @@ class _Appender:
     next. At most one write is in flight: each call first waits for the one
     before, so a killed process loses at most the last batch, as with direct
     writes. An error of a write on the thread is returned by the next call
-    (or by :meth:`wait`). In a forked child every write is direct.
+    (or by :meth:`wait`), with the number of spans that write held. In a
+    forked child every write is direct.
     """
 
     def __init__(self, file: IO[bytes]) -> None:
@@ -50,20 +52,25 @@ class _Appender:
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._spans = 0  # spans in the write in flight
+        self.good = 0  # bytes written and flushed without an error
 
-    def wait(self) -> BaseException | None:
-        """Wait for the write in flight; return its error, if it failed."""
+    def wait(self) -> tuple[BaseException | None, int]:
+        """Wait for the write in flight; return its error (or None) and its span count."""
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
         error, self._error = self._error, None
-        return error
+        spans, self._spans = self._spans, 0
+        return error, spans if error is not None else 0
 
-    def append(self, data: bytes) -> BaseException | None:
-        """Write ``data`` and flush, on the thread when large; return the error of the
-        write before. An error of a direct write is raised."""
-        error = self.wait()
+    def append(self, data: bytes, spans: int = 0) -> tuple[BaseException | None, int]:
+        """Write ``data`` (holding ``spans`` spans) and flush, on the thread when large;
+        return the error of the write before, and its span count. An error of a direct
+        write is raised."""
+        before = self.wait()
         if len(data) >= _ASYNC_BYTES and os.getpid() == self._pid:
+            self._spans = spans
             self._thread = threading.Thread(
                 target=self._write, args=(data,), name="exporters-chrome-writer"
             )
@@ -71,12 +78,14 @@ class _Appender:
         else:
             self.file.write(data)
             self.file.flush()
-        return error
+            self.good += len(data)
+        return before
 
     def _write(self, data: bytes) -> None:
         try:
             self.file.write(data)
             self.file.flush()
+            self.good += len(data)
         except BaseException as exc:  # reported by the next append or wait
             self._error = exc
 
@@ -96,7 +105,13 @@ class ChromeTraceExporter(SpanExporter):
 
     ``clock_offset_ns`` is stored in ``otherData`` for :func:`merge_traces`;
     ``metadata`` adds entries to ``otherData``. Write errors are logged and
-    counted in :attr:`errors`, never raised from ``export``/``export_batch``.
+    counted, never raised from ``export``/``export_batch``: :attr:`errors`
+    counts failed operations, :attr:`spans_lost` the spans of accepted batches
+    that did not reach the file, and :attr:`last_error` holds the last error's
+    text. After a failed write (a full disk) the exporter writes nothing more:
+    the file keeps what was written before it (readable as a cut-off trace),
+    and the spans of every later batch count in :attr:`spans_lost`.
+    ppetrace's ``stats()`` reports them per sink as ``exporter_error``.
     """
 
     def __init__(
@@ -113,6 +128,9 @@ class ChromeTraceExporter(SpanExporter):
             )
         self.path = Path(path)
         self.errors = 0
+        self.spans_lost = 0
+        self.last_error: str | None = None
+        self._broken = False
         self._lock = threading.RLock()
         self._created_ns = time.time_ns()
         self._origin_ns: int | None = None
@@ -220,15 +238,20 @@ class ChromeTraceExporter(SpanExporter):
         events: list[str],
         earliest_ns: int | None = None,
         encoded: tuple[bytes, int] | None = None,
+        spans: int = 0,
     ) -> None:
         """Append events (and the header, the first time) and flush. Lock held.
 
         ``events`` are single events; ``encoded`` is ``(bytes, count)``: count
         events already joined, each preceded by ``",\n"`` (``"\n"`` for the
-        file's first event), as :func:`_encode_columns` makes them.
+        file's first event), as :func:`_encode_columns` makes them. ``spans``:
+        how many spans this write holds (counted as lost if it fails).
         """
         f = self._file
         if f is None:
+            return
+        if self._broken:
+            self.spans_lost += spans
             return
         try:
             text = "" if self._header_written else self._header(earliest_ns)
@@ -239,22 +262,44 @@ class ChromeTraceExporter(SpanExporter):
             if encoded is not None and encoded[1]:
                 data = data + encoded[0] if data else encoded[0]
                 self._first_event = False
-            error = f.append(data)  # raises if a direct write fails
+            error, lost = f.wait()
+            if error is not None:  # the write before failed: this one is not made
+                self._report(error, lost)
+                self.spans_lost += spans
+                return
+            f.append(data, spans)  # raises if a direct write fails
             self._events_written += len(events) + (encoded[1] if encoded is not None else 0)
-            self._report(error)
-        except Exception:
-            self.errors += 1
-            _log.exception("exporters: writing the Chrome trace %s failed", self.path)
+        except Exception as exc:
+            self._fail(exc, spans)
 
-    def _report(self, error: BaseException | None) -> None:
+    def _fail(self, exc: BaseException, spans: int) -> None:
+        """A write failed: count it and its spans, log it once, write nothing more."""
+        self.errors += 1
+        self.spans_lost += spans
+        self.last_error = f"writing {self.path} failed: {type(exc).__name__}: {exc}"
+        if not self._broken:
+            self._broken = True
+            self._cut()
+            _log.error(
+                "exporters: %s; the file keeps what was written before, and the spans of "
+                "later batches are counted as lost (spans_lost)",
+                self.last_error,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
+
+    def _cut(self) -> None:
+        """Cut a plain file back to its last whole write (a failed write can leave part
+        of an event); best effort, never raises."""
+        f = self._file
+        if f is None or self.path.name.endswith(".gz"):
+            return
+        with contextlib.suppress(OSError):
+            os.truncate(self.path, f.good)
+
+    def _report(self, error: BaseException | None, spans: int = 0) -> None:
         """Count and log the error of a write that ran on the writer thread."""
         if error is not None:
-            self.errors += 1
-            _log.error(
-                "exporters: writing the Chrome trace %s failed",
-                self.path,
-                exc_info=(type(error), error, error.__traceback__),
-            )
+            self._fail(error, spans)
 
     def _meta_events(self, pid: int, batch: SpanBatch, rows: Sequence[SpanRow]) -> list[str]:
         out: list[str] = []
@@ -310,7 +355,9 @@ class ChromeTraceExporter(SpanExporter):
         with self._lock:
             if self._file is None:
                 _log.warning("exporters: %r is shut down; %d spans dropped", self, len(rows))
+                self.spans_lost += len(rows)
                 return
+            written = 0
             try:
                 self._take_resource(batch)
                 earliest = min(r.start_ns for r in rows) if not self._header_written else None
@@ -320,11 +367,17 @@ class ChromeTraceExporter(SpanExporter):
                 meta = self._meta_events(pid, batch, rows)
                 first = self._first_event and not meta
                 # a few MB at a time: one part is encoded while the one before is written
+                if self._broken:
+                    self.spans_lost += len(rows)
+                    return
                 for part in self._encode_spans(rows, pid, first):
-                    self._write(meta, earliest, part)
+                    self._write(meta, earliest, part, spans=part[1])
+                    written += part[1]
                     meta, earliest = [], None
-            except Exception:
+            except Exception as exc:
                 self.errors += 1
+                self.spans_lost += len(rows) - written
+                self.last_error = f"encoding spans for {self.path} failed: {exc}"
                 _log.exception("exporters: encoding spans for %s failed", self.path)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -338,10 +391,10 @@ class ChromeTraceExporter(SpanExporter):
             self.errors += 1
             _log.exception("exporters: converting spans for %s failed", self.path)
             return SpanExportResult.FAILURE
-        before = self.errors
+        before = (self.errors, self.spans_lost)
         for batch in batches:
             self.export_batch(batch)
-        ok = self.errors == before and self._file is not None
+        ok = (self.errors, self.spans_lost) == before and self._file is not None
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def add_events(self, events: Iterable[Mapping[str, Any]]) -> None:
@@ -388,13 +441,14 @@ class ChromeTraceExporter(SpanExporter):
             if self._file is None:
                 return True
             try:
-                error = self._file.wait()
-                self._report(error)
+                error, spans = self._file.wait()
+                self._report(error, spans)
+                if self._broken:
+                    return False
                 self._file.file.flush()
                 return error is None
-            except Exception:
-                self.errors += 1
-                _log.exception("exporters: flushing %s failed", self.path)
+            except Exception as exc:
+                self._fail(exc, 0)
                 return False
 
     def shutdown(self) -> None:
@@ -406,17 +460,24 @@ class ChromeTraceExporter(SpanExporter):
             self._file = None
             self._closed = True
             try:
-                head = "" if self._header_written else self._header(None)
-                self._report(f.append((head + "\n]}\n").encode("ascii")))
-            except Exception:
-                self.errors += 1
-                _log.exception("exporters: closing %s failed", self.path)
+                if self._broken:
+                    self._report(*f.wait())
+                else:
+                    head = "" if self._header_written else self._header(None)
+                    self._report(*f.append((head + "\n]}\n").encode("ascii")))
+                    self._report(*f.wait())
+            except Exception as exc:
+                self._fail(exc, 0)
             finally:
                 try:
                     f.file.close()
-                except Exception:
-                    self.errors += 1
-                    _log.exception("exporters: closing %s failed", self.path)
+                except Exception as exc:
+                    if not self._broken:
+                        self._fail(exc, 0)
+                if self._broken and not self.path.name.endswith(".gz"):
+                    # closing may have flushed buffered bytes of the failed write
+                    with contextlib.suppress(OSError):
+                        os.truncate(self.path, f.good)
 
     def __enter__(self) -> ChromeTraceExporter:
         return self

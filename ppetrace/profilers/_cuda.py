@@ -4,10 +4,10 @@ The spans of hooks that launch device work record an event pair on the
 device stream, one right after the span opens and one right before it
 closes. Nothing waits for the device there. At each flush of the recorder
 (``RECORDER.before_flush``) the pairs whose end event the device has
-already reached (``EventSource.query``) are resolved. A flush forced by a
-full span buffer runs inside a hook (the one whose span just closed;
-``RECORDER.inline_flush`` is then true), so it never waits for the device:
-pairs still in flight are carried over. An explicit flush (the Trainer's, at
+already reached (``EventSource.query``) are resolved. A scheduled flush
+runs on the recorder's flusher thread while the training thread may be
+inside a hook (``RECORDER.inline_flush`` is then true), so it never waits
+for the device: pairs still in flight are carried over. An explicit flush (the Trainer's, at
 the end of each epoch and of the run, outside every hook) waits for them,
 and :meth:`CudaTimer.teardown` resolves whatever is left. The results are:
 
@@ -16,7 +16,7 @@ and :meth:`CudaTimer.teardown` resolves whatever is left. The results are:
 - an ``X`` event per timed span on the "cuda device time" track of the
   Chrome trace.
 
-A span whose pair is still in flight when a buffer-full flush exports the
+A span whose pair is still in flight when a scheduled flush exports the
 span itself goes out without ``ppetrace.device_dur_ns``; its device-track
 event is written all the same once the pair resolves.
 
@@ -407,10 +407,10 @@ class CudaTimer(Profiler):
         """The ``RECORDER.before_flush`` hook: turn the event pairs that the device has
         completed into ``ppetrace.device_dur_ns`` and device-track events.
 
-        Runs under the recorder's flush lock, before the buffers are drained. A
-        flush forced by a full buffer runs inside a hook (``RECORDER.inline_flush``):
-        then it never waits for the device, and pairs not completed yet stay
-        pending for a later flush or :meth:`teardown`. An explicit flush (the
+        Runs under the flusher's lock, before the buffers are drained. A
+        scheduled flush (``RECORDER.inline_flush``, on the flusher thread) never
+        waits for the device, and pairs not completed yet stay pending for a
+        later flush or :meth:`teardown`. An explicit flush (the
         Trainer's at the end of each epoch, outside every hook) waits for the
         device, so every span it exports carries its device time.
         """

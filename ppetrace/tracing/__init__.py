@@ -18,7 +18,7 @@ from __future__ import annotations
 from exporters._spans import FrozenAttributes
 
 from ._environment import ENVIRONMENT_FIELDS, capture_environment
-from ._recorder import IMPLEMENTATION, RecorderStats, Span, trace
+from ._recorder import IMPLEMENTATION, Span, trace
 from ._setup import (
     add_exporter,
     bind_context,
@@ -28,12 +28,14 @@ from ._setup import (
     shutdown,
     stats,
 )
+from ._stats import RecorderStats, SinkStats
 
 __all__ = [
     "ENVIRONMENT_FIELDS",
     "IMPLEMENTATION",
     "FrozenAttributes",
     "RecorderStats",
+    "SinkStats",
     "Span",
     "add_exporter",
     "bind_context",

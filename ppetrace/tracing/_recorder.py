@@ -3,10 +3,9 @@
 Entering and leaving a traced block creates no OpenTelemetry span. It reads
 ``perf_counter_ns`` twice, makes the block's span id current in the
 OpenTelemetry context (a non-recording span whose context is built only if
-someone asks for it) and appends one tuple to a bounded per-thread buffer.
-:meth:`Recorder.flush` turns those tuples into :class:`exporters.SpanBatch`
-rows for ppetrace's own exporters and, only where a user's OpenTelemetry
-processor is installed, into SDK ``ReadableSpan`` objects.
+someone asks for it) and appends one :class:`exporters.SpanRow` to a bounded
+per-thread buffer. The flusher (:mod:`._flusher`) takes the rows with
+:meth:`Recorder.take` and hands them to the sinks (:mod:`._sinks`).
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -32,7 +30,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from exporters._spans import FrozenAttributes, SpanBatch, SpanRow
+from exporters._spans import FrozenAttributes, SpanRow
 
 from ._attributes import _EMPTY, _snapshot
 
@@ -80,7 +78,7 @@ _tls = threading.local()
 
 
 class _ThreadBuffer:
-    """Finished-span records of one thread, drained by :meth:`Recorder.flush`."""
+    """Finished-span records of one thread, taken by :meth:`Recorder.take`."""
 
     __slots__ = ("records", "thread", "tid", "name")
 
@@ -92,28 +90,20 @@ class _ThreadBuffer:
         self.name = t.name
 
 
-@dataclass(frozen=True)
-class RecorderStats:
-    """Counters of the recorder since the process started (or since the fork).
-
-    ``dropped`` counts spans lost because a full buffer could not be flushed
-    at once; ``export_errors`` counts exporter calls that raised.
-    """
-
-    recorded: int
-    exported: int
-    dropped: int
-    buffered: int
-    flushes: int
-    export_errors: int
-
-
 class Recorder:
-    """Process-wide span recorder with per-thread bounded buffers."""
+    """Process-wide span recorder with per-thread bounded buffers.
+
+    A thread whose buffer fills hands the full list to a queue for the
+    flusher (:meth:`on_full`) and goes on with an empty one; past
+    ``max_queued_buffers`` full buffers waiting, the spans of a full buffer
+    are dropped and counted (``buffer_full``). :meth:`take` empties every
+    buffer and the queue; the flusher (:mod:`._flusher`) calls it.
+    """
 
     def __init__(self) -> None:
         self.enabled = True
         self.capacity = 65_536
+        self.max_queued_buffers = 16
         self.trace_id = random.getrandbits(128) or 1
         # span ids: a random 64-bit start, then a counter (next() is atomic)
         first_id = random.getrandbits(62) + 1
@@ -123,26 +113,32 @@ class Recorder:
         if _speedups is not None:
             _speedups.set_state(True, self.capacity, self.trace_id, first_id, self.offset_ns)
         self._buffers: list[_ThreadBuffer] = []
+        self._full: list[list[SpanRow]] = []  # full buffers waiting for the flusher
         self._buffers_lock = threading.Lock()
-        self._flush_lock = threading.Lock()
         self.pid = os.getpid()
-        self.sinks: list[Any] = []  # objects with export_batch(SpanBatch)
-        self.otel_sinks: list[Any] = []  # SpanExporter objects fed ReadableSpans
-        self.processor: Any = None  # an SDK span processor, or None
-        self.resource_attrs: dict[str, Any] = {}
-        self._span_builder: Any = None
         self.on_first_use: Callable[[], None] | None = None
-        # called (under the flush lock) before each flush drains the buffers,
-        # e.g. to resolve CUDA events into span attributes off the hot path
+        # wakes the flusher thread (set by ppetrace.tracing._flusher)
+        self.wake: Callable[[], None] | None = None
+        self.flush_impl: Callable[[bool], None] | None = None  # set by ._setup
+        # called (on the draining thread, one drain at a time) before each drain takes
+        # the buffers, e.g. to resolve CUDA events into span attributes off the hot path
         self.before_flush: list[Callable[[], None]] = []
-        # True while a full buffer is flushed from inside a traced block: a
-        # before-flush hook must not wait for a device then
+        # True while a scheduled (background) drain runs the before-flush hooks: a
+        # hook must not wait for a device then
         self.inline_flush = False
-        self.dropped = 0
-        self.recorded_flushed = 0
-        self.exported = 0
-        self.flushes = 0
-        self.export_errors = 0
+        self.dropped = 0  # spans of full buffers beyond max_queued_buffers (buffer_full)
+        self.taken = 0  # spans handed on by take() (and injected from other processes)
+        self.hook_errors = 0
+        # attribute dicts handed to hooks by span_attributes(): copied when taken, so a
+        # hook that writes one later never races a sink reading it
+        self.hooked: dict[int, dict[Any, Any]] = {}
+
+    def flush(self, *, wait: bool = True) -> None:
+        """Take every finished span to the sinks now; with ``wait``, return when each sink
+        has delivered them (see :func:`ppetrace.flush`); without, on the flusher thread."""
+        impl = self.flush_impl
+        if impl is not None:
+            impl(wait)
 
     def apply(self) -> None:
         """Push ``enabled``, ``capacity`` and ``trace_id`` to the C hot path, if built."""
@@ -167,19 +163,20 @@ class Recorder:
         return self._new_buffer_object().records
 
     def on_full(self, records: list[SpanRow]) -> None:
-        """A thread's buffer is full: flush now, or drop if a flush is running."""
-        if self._flush_lock.acquire(blocking=False):
-            self.inline_flush = True
-            try:
-                self._flush_locked()
-            finally:
-                self.inline_flush = False
-                self._flush_lock.release()
-        else:
-            # the same lock as the drain, so a flusher never loses or double-counts
-            with self._buffers_lock:
-                self.dropped += len(records)
+        """A thread's buffer is full: queue its spans for the flusher and empty it (the
+        thread keeps appending to the same list); past the cap, drop and count them.
+        Never waits for a flush."""
+        with self._buffers_lock:
+            n = len(records)
+            if n:
+                if len(self._full) < self.max_queued_buffers:
+                    self._full.append(records[:])
+                else:
+                    self.dropped += n
                 del records[:]
+        wake = self.wake
+        if wake is not None:
+            wake()
 
     def discard_buffered(self) -> int:
         """Drop every buffered span without exporting it; returns how many (benchmarks)."""
@@ -188,34 +185,58 @@ class Recorder:
             for buf in self._buffers:
                 n += len(buf.records)
                 del buf.records[:]
+            for full in self._full:
+                n += len(full)
+            self._full = []
+            self.taken += n
+        self.hooked.clear()
         return n
 
     def buffered(self) -> int:
+        """Spans in thread buffers and in full buffers waiting for the flusher."""
         with self._buffers_lock:
-            return sum(len(b.records) for b in self._buffers)
+            return sum(len(b.records) for b in self._buffers) + sum(map(len, self._full))
 
-    # -- flushing ------------------------------------------------------------
+    def counts(self) -> tuple[int, int, int]:
+        """(taken, dropped, buffered), read together."""
+        with self._buffers_lock:
+            buffered = sum(len(b.records) for b in self._buffers) + sum(map(len, self._full))
+            return self.taken, self.dropped, buffered
 
-    def flush(self) -> None:
-        """Push every finished span to the sinks and the span processor."""
-        with self._flush_lock:
-            self._flush_locked()
+    def baseline(self) -> tuple[int, int]:
+        """(taken, dropped) now: where a sink attached now starts counting."""
+        with self._buffers_lock:
+            return self.taken, self.dropped
 
-    def _drain(self) -> Iterator[tuple[_ThreadBuffer, list[SpanRow]]]:
+    def count_taken(self, n: int) -> None:
+        """Count ``n`` spans recorded in another process as taken here."""
+        with self._buffers_lock:
+            self.taken += n
+
+    def take(self) -> tuple[list[SpanRow], dict[int, str]]:
+        """Every finished span (queued full buffers first, then each thread's buffer),
+        and the names of their threads. One caller at a time (the flusher's lock)."""
         with self._buffers_lock:
             buffers = list(self._buffers)
+            rows: list[SpanRow] = []
+            for full in self._full:
+                rows.extend(full)
+            self._full = []
+            self.taken += len(rows)
+        names: dict[int, str] = {}
         dead = []
         for buf in buffers:
+            names[buf.tid] = buf.name
             live = buf.records
             if live:
-                # Take the records out in place: the owning thread keeps appending
-                # to the same list object. The lock keeps a thread that drops its
-                # full buffer from clearing it between the copy and the delete.
+                # Take the records out in place: the owning thread keeps appending to
+                # the same list object. The lock keeps on_full from emptying it between
+                # the copy and the delete.
                 with self._buffers_lock:
                     n = len(live)
-                    records = live[:n]
+                    rows.extend(live[:n])
                     del live[:n]
-                yield buf, records
+                    self.taken += n
             t = buf.thread()
             if t is None or not t.is_alive():
                 dead.append(buf)
@@ -224,82 +245,27 @@ class Recorder:
                 for buf in dead:
                     if not buf.records and buf in self._buffers:
                         self._buffers.remove(buf)
-
-    def _flush_locked(self) -> None:
-        for hook in list(self.before_flush):
-            try:
-                hook()
-            except Exception:
-                self.export_errors += 1
-                _log.exception("ppetrace: before-flush hook %r failed", hook)
-        rows: list[SpanRow] = []
-        thread_names: dict[int, str] = {}
-        for buf, records in self._drain():
-            thread_names[buf.tid] = buf.name
-            rows.extend(records)
-        if not rows:
-            return
-        self.flushes += 1
-        self.recorded_flushed += len(rows)
-        batch = SpanBatch(rows, self.resource_attrs, self.pid, thread_names)
-        for sink in list(self.sinks):
-            try:
-                sink.export_batch(batch)
-            except Exception:  # telemetry never breaks training
-                self.export_errors += 1
-                _log.exception("ppetrace: exporter %r failed; its spans are lost", sink)
-        if self.processor is not None or self.otel_sinks:
-            self._to_otel(batch)  # builds ReadableSpans only if someone receives them
-        self.exported += len(rows)
-
-    def _to_otel(self, batch: SpanBatch) -> None:
-        builder = self._span_builder
-        if builder is None:
-            return
-        processor = self.processor if _has_processors(self.processor) else None
-        if processor is None and not self.otel_sinks:
-            return
-        spans = [builder(row, batch.thread_names) for row in batch.rows]
-        if processor is not None:
-            on_end = processor.on_end
-            for span in spans:
-                try:
-                    on_end(span)
-                except Exception:
-                    self.export_errors += 1
-                    _log.exception("ppetrace: span processor failed")
-        for exporter in list(self.otel_sinks):
-            try:
-                exporter.export(spans)
-            except Exception:
-                self.export_errors += 1
-                _log.exception("ppetrace: exporter %r failed; its spans are lost", exporter)
-
-    def stats(self) -> RecorderStats:
-        buffered = self.buffered()
-        return RecorderStats(
-            recorded=self.recorded_flushed + buffered,
-            exported=self.exported,
-            dropped=self.dropped,
-            buffered=buffered,
-            flushes=self.flushes,
-            export_errors=self.export_errors,
-        )
+        hooked = self.hooked
+        if hooked:
+            for i, row in enumerate(rows):
+                attrs = row.attributes
+                if hooked.get(id(attrs)) is attrs:
+                    del hooked[id(attrs)]
+                    rows[i] = row._replace(attributes=dict(attrs))
+        return rows, names
 
     def reset_after_fork(self) -> None:
-        """In a forked child: forget the parent's buffers and exporters."""
+        """In a forked child: forget the parent's buffered spans (its counts go on)."""
         global _tls
         _tls = threading.local()
         if _speedups is not None:
             _speedups.forget_thread_buffer()
         self._buffers = []
+        self._full = []
         self._buffers_lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self.sinks = []
-        self.otel_sinks = []
-        self.processor = None
         self.before_flush = []
         self.pid = os.getpid()
+        self.hooked = {}  # the counts go on from the parent's
         # fresh span ids, so that spans of parent and child never share one
         first_id = random.getrandbits(62) + 1
         self._ids = iter(range(first_id, 1 << 64))
@@ -307,15 +273,6 @@ class Recorder:
             _speedups.set_state(
                 self.enabled, self.capacity, self.trace_id, first_id, self.offset_ns
             )
-
-
-def _has_processors(processor: Any) -> bool:
-    """Whether an SDK span processor has anything to feed (checked at each flush, so
-    processors added to the provider after ``configure`` are served)."""
-    if processor is None:
-        return False
-    inner = getattr(processor, "_span_processors", None)
-    return inner is None or len(inner) > 0
 
 
 def _error_text(exc: BaseException) -> str:
@@ -549,13 +506,17 @@ def span_attributes(span: Any) -> dict[Any, Any] | None:
 
     For ppetrace's own hooks that complete attributes off the hot path (a
     ``RECORDER.before_flush`` hook writing ``ppetrace.device_dur_ns``): what
-    they write there before the span is flushed reaches the exporters. None
+    they write there before the span is flushed reaches the exporters (the row takes a
+    copy when the flusher takes it, so later writes reach nothing). None
     for anything else: not a ppetrace span, not entered while tracing was
     enabled, or attributes that are not a private dict (a
     :class:`FrozenAttributes` shared between spans, the shared empty mapping).
     """
     attrs = getattr(span, "_attrs", None) if isinstance(span, _SpanAPI) else None
-    return attrs if type(attrs) is dict else None
+    if type(attrs) is not dict:
+        return None
+    RECORDER.hooked[id(attrs)] = attrs  # copied when the span is taken (Recorder.take)
+    return attrs
 
 
 def _foreign_parent(parent: Any) -> tuple[int, int] | None:

@@ -1,8 +1,10 @@
 """Where spans go: :func:`configure`, :func:`flush`, exporters and stats.
 
-The hot path lives in :mod:`ppetrace.tracing._recorder`; this module decides, once,
-which OpenTelemetry ``TracerProvider`` (and so which span processors) and
-which ppetrace exporters receive the recorded spans.
+The hot path lives in :mod:`._recorder`, the schedule in :mod:`._flusher` and
+the destinations in :mod:`._sinks`; this module decides which
+OpenTelemetry ``TracerProvider`` (and so which span processors) and which
+exporters receive the recorded spans, checks every option before anything
+changes, and hooks the end of the process (``atexit`` and SIGTERM).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import atexit
 import contextvars
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -19,17 +22,18 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
-
-from exporters._spans import SpanRow
 
 from .._version import __version__
-from ._attributes import _otel_attributes
-from ._recorder import RECORDER, RecorderStats, Span, trace
+from . import _signals
+from ._convert import SpanBuilder
+from ._flusher import Flusher
+from ._recorder import RECORDER, Span, trace
+from ._stats import RecorderStats
 
 __all__ = [
+    "FLUSHER",
     "RecorderStats",
     "Span",
     "add_exporter",
@@ -45,10 +49,12 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger("ppetrace")
 
-_configure_lock = threading.Lock()
+FLUSHER = Flusher(RECORDER)
+_configure_lock = threading.RLock()
 _configured = False
 _atexit_registered = False
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_env_exporters: list[Any] | None = None  # made once from $OTEL_TRACES_EXPORTER
+_MAX_BUFFER = 1 << 24
 
 
 def _default_service_name() -> str:
@@ -63,61 +69,53 @@ def _rank_from_env() -> int:
     return 0
 
 
-def _make_span_builder(
-    resource: Resource, scope: InstrumentationScope
-) -> Callable[[SpanRow, dict[int, str]], ReadableSpan]:
-    """A function that turns one row into an SDK ``ReadableSpan``.
+# -- checks ---------------------------------------------------------------------
 
-    It shares one ``Resource`` and one scope between all spans: building a
-    resource per span costs hundreds of microseconds.
-    """
-    ok = Status(StatusCode.UNSET)
 
-    def build(row: SpanRow, thread_names: dict[int, str]) -> ReadableSpan:
-        ctx = SpanContext(row.trace_id, row.span_id, is_remote=False, trace_flags=_SAMPLED)
-        parent = (
-            SpanContext(row.trace_id, row.parent_id, is_remote=False, trace_flags=_SAMPLED)
-            if row.parent_id
-            else None
+def _count(name: str, value: Any, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(
+            f"Expected a positive int of at most {most:,} for {name}, but received {value!r}."
         )
-        # one attribute that cannot be converted costs only itself, never the span
-        attributes = _otel_attributes(row.attributes)
-        attributes["thread.id"] = row.tid
-        name = thread_names.get(row.tid)
-        if name is not None:
-            attributes["thread.name"] = name
-        if row.status == "ERROR":
-            head, _, stack = row.error.partition("\n")
-            etype, _, message = head.partition(": ")
-            status = Status(StatusCode.ERROR, head)
-            events: tuple[Event, ...] = (
-                Event(
-                    "exception",
-                    {
-                        "exception.type": etype,
-                        "exception.message": message,
-                        "exception.stacktrace": stack,
-                        "exception.escaped": "True",
-                    },
-                    timestamp=row.end_ns,
-                ),
+    return value
+
+
+def _seconds(name: str, value: Any) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not ok or not math.isfinite(value) or not 0 < value <= 86_400:
+        raise ValueError(
+            f"Expected a positive, finite number of seconds (at most one day) for {name}, "
+            f"but received {value!r}."
+        )
+    return float(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"Expected True or False for {name}, but received {value!r}.")
+    return value
+
+
+def _exporter_list(exporters: Any) -> list[Any]:
+    if (
+        exporters is None
+        or isinstance(exporters, (str, bytes))
+        or not hasattr(exporters, "__iter__")
+    ):
+        raise TypeError(
+            "Expected an iterable of exporters for exporters (() for none), but received "
+            f"{exporters!r}."
+        )
+    out = list(exporters)
+    for exporter in out:
+        if not hasattr(exporter, "export_batch") and not hasattr(exporter, "export"):
+            raise TypeError(
+                "Expected an exporter with export_batch(batch) (a ppetrace exporter) or "
+                f"export(spans) (an OpenTelemetry SpanExporter), but received "
+                f"{type(exporter).__name__}. Pass exporters.ChromeTraceExporter(path) or an "
+                "OpenTelemetry SpanExporter."
             )
-        else:
-            status, events = ok, ()
-        return ReadableSpan(
-            name=row.name,
-            context=ctx,
-            parent=parent,
-            resource=resource,
-            attributes=attributes,
-            events=events,
-            status=status,
-            start_time=row.start_ns,
-            end_time=row.end_ns,
-            instrumentation_scope=scope,
-        )
-
-    return build
+    return out
 
 
 def configure(
@@ -128,6 +126,11 @@ def configure(
     buffer_spans: int = 65_536,
     exporters: Iterable[Any] = (),
     rank: int | None = None,
+    flush_interval: float = 1.0,
+    export_timeout: float = 30.0,
+    queue_spans: int = 1_048_576,
+    max_queued_buffers: int = 16,
+    handle_sigterm: bool = True,
 ) -> None:
     """Decide where ppetrace's spans go. Calling it again replaces the setup.
 
@@ -138,32 +141,59 @@ def configure(
     - ``enabled``: ``False`` makes :func:`trace` a near no-op.
     - ``service_name``: the resource's ``service.name``; defaults to
       ``$OTEL_SERVICE_NAME``, then the provider's own, then ``"ppetrace"``.
-    - ``buffer_spans``: how many finished spans each thread keeps before it
-      flushes. When a full buffer cannot be flushed at once (another flush is
-      running), its spans are dropped and counted in :func:`stats`.
+    - ``buffer_spans``: finished spans each thread keeps before its buffer is
+      handed to the flusher (at most 2**24).
     - ``exporters``: ppetrace exporters (objects with ``export_batch``, such as
-      :class:`exporters.ChromeTraceExporter`) or any OpenTelemetry
-      ``SpanExporter``; they are shut down at exit.
+      :class:`exporters.ChromeTraceExporter`) or OpenTelemetry
+      ``SpanExporter``\\ s; ``shutdown``/``force_flush`` are used where they
+      exist. They are shut down at exit. ``$OTEL_TRACES_EXPORTER=otlp`` adds
+      an OTLP exporter configured by its own ``$OTEL_EXPORTER_OTLP_*``.
     - ``rank``: the process rank, stored as ``ppetrace.rank`` in the resource;
       defaults to ``$RANK``, ``$LOCAL_RANK`` or ``$SLURM_PROCID``, else 0.
+    - ``flush_interval``: seconds between background drains (a SIGKILL loses
+      about this much).
+    - ``export_timeout``: seconds a call into an exporter may take before it is
+      abandoned and its spans are counted as dropped (``timeout``).
+    - ``queue_spans``: the bound of each sink's queue, in spans; beyond it
+      spans are dropped for that sink (``queue_full``).
+    - ``max_queued_buffers``: full thread buffers that may wait for the
+      flusher; beyond it spans are dropped (``buffer_full``).
+    - ``handle_sigterm``: on SIGTERM, flush and close the exporters, then chain
+      to the previous handler or the default action. ``False`` installs no
+      handler (and removes ppetrace's).
 
-    Pending spans are flushed to the old setup first.
+    Every argument is checked before anything changes. Pending spans are
+    flushed to the old setup first.
     """
     global _configured, _atexit_registered
-    if isinstance(buffer_spans, bool) or not isinstance(buffer_spans, int) or buffer_spans < 1:
-        raise ValueError(
-            f"Expected a positive int for buffer_spans, but received {buffer_spans!r}."
-        )
     if tracer_provider is not None and not isinstance(tracer_provider, TracerProvider):
         raise TypeError(
             "Expected an opentelemetry.sdk.trace.TracerProvider for tracer_provider, but "
             f"received {type(tracer_provider).__name__}. Build one with "
             "opentelemetry.sdk.trace.TracerProvider() and add span processors to it."
         )
-    sinks, otel_sinks = _classify(exporters)  # checked before anything changes
+    enabled = _flag("enabled", enabled)
+    handle_sigterm = _flag("handle_sigterm", handle_sigterm)
+    if service_name is not None and not isinstance(service_name, str):
+        raise TypeError(
+            "Expected a str for service_name, or None for $OTEL_SERVICE_NAME or "
+            f"'ppetrace', but received {service_name!r}."
+        )
+    buffer_spans = _count("buffer_spans", buffer_spans, _MAX_BUFFER)
+    queue_spans = _count("queue_spans", queue_spans, 1 << 30)
+    max_queued_buffers = _count("max_queued_buffers", max_queued_buffers, 1 << 16)
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise TypeError(
+            "Expected a non-negative int for rank, or None to read $RANK, $LOCAL_RANK or "
+            f"$SLURM_PROCID, but received {rank!r}."
+        )
+    flush_interval = _seconds("flush_interval", flush_interval)
+    export_timeout = _seconds("export_timeout", export_timeout)
+    exporters = _exporter_list(exporters)
     with _configure_lock:
+        exporters = exporters + [e for e in _from_environment() if e not in exporters]
         if _configured:
-            RECORDER.flush()
+            FLUSHER.flush()
         provider = tracer_provider
         if provider is None:
             global_provider = otel_trace.get_tracer_provider()
@@ -180,75 +210,127 @@ def configure(
                 {
                     "service.name": name,
                     "ppetrace.version": __version__,
-                    "ppetrace.rank": _rank_from_env() if rank is None else int(rank),
+                    "ppetrace.rank": _rank_from_env() if rank is None else rank,
                     "host.name": socket.gethostname(),
                     "process.pid": os.getpid(),
                 }
             )
         )
-        scope = InstrumentationScope("ppetrace", __version__)
-        RECORDER.resource_attrs = dict(resource.attributes)
-        RECORDER._span_builder = _make_span_builder(resource, scope)
-        # kept even while it has no processor: processors added later are served
-        RECORDER.processor = getattr(provider, "_active_span_processor", None) if provider else None
-        RECORDER.capacity = buffer_spans
-        RECORDER.enabled = bool(enabled)
-        RECORDER.apply()
-        replaced = [e for e in (*RECORDER.sinks, *RECORDER.otel_sinks) if e not in exporters]
-        RECORDER.sinks = sinks
-        RECORDER.otel_sinks = otel_sinks
+        kept = {id(s.target): s for s in FLUSHER.sinks if any(s.target is e for e in exporters)}
+        replaced = [s for s in FLUSHER.sinks if id(s.target) not in kept]
+        with FLUSHER._lock:
+            FLUSHER.resource_attrs = dict(resource.attributes)
+            FLUSHER.builder = SpanBuilder(resource, InstrumentationScope("ppetrace", __version__))
+            FLUSHER.interval = flush_interval
+            FLUSHER.export_timeout = export_timeout
+            FLUSHER.queue_spans = queue_spans
+            # kept even while it has no processor: processors added later are served
+            processor = getattr(provider, "_active_span_processor", None) if provider else None
+            if processor is not FLUSHER.processor:  # the old one's spans were flushed above
+                FLUSHER.processor = processor
+                FLUSHER.reset_processor_sinks()
+            sinks = [kept.get(id(e)) or FLUSHER.new_sink(e) for e in exporters]
+            for sink in sinks:
+                sink.queue_spans, sink.export_timeout = queue_spans, export_timeout
+            FLUSHER.sinks = sinks
+            RECORDER.capacity = buffer_spans
+            RECORDER.max_queued_buffers = max_queued_buffers
+            RECORDER.enabled = enabled
+            RECORDER.apply()
         _configured = True
-        _shutdown_all(replaced)
+        FLUSHER.close(replaced)
+        if handle_sigterm:
+            _signals.install(_on_sigterm, lambda: FLUSHER.export_timeout + 5.0)
+        else:
+            _signals.uninstall()
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
 
 
+def _from_environment() -> list[Any]:
+    """The exporters that ``$OTEL_TRACES_EXPORTER`` asks for (made once per process)."""
+    global _env_exporters
+    if _env_exporters is not None:
+        return _env_exporters
+    wanted = [
+        w.strip().lower()
+        for w in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")
+        if w.strip() and w.strip().lower() != "none"
+    ]
+    made: list[Any] = []
+    for kind in wanted:
+        try:
+            made.append(_env_exporter(kind))
+        except Exception as exc:
+            _log.error("ppetrace: %s", exc)
+    _env_exporters = made
+    return made
+
+
+def _env_exporter(kind: str) -> Any:
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        raise ValueError(
+            f"Expected otlp, console or none in $OTEL_TRACES_EXPORTER, but received {kind!r}; "
+            "no exporter was added for it."
+        )
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    module = (
+        "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
+        if protocol == "grpc"
+        else "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+    )
+    try:
+        import importlib
+
+        return importlib.import_module(module).OTLPSpanExporter()
+    except ImportError as exc:
+        package = "opentelemetry-exporter-otlp-proto-" + ("grpc" if protocol == "grpc" else "http")
+        raise RuntimeError(
+            f"Expected {package} for $OTEL_TRACES_EXPORTER=otlp (protocol {protocol}), but it "
+            f"cannot be imported ({exc}). Install ppetrace[otlp], or unset "
+            "OTEL_TRACES_EXPORTER; no OTLP exporter was added."
+        ) from exc
+
+
+def configure_worker(exporter: Any, interval: float) -> None:
+    """In a child process that forwards its spans (a DataLoader worker): ``exporter`` is
+    the only sink, nothing is converted, no environment exporter, signal handler or
+    ``atexit`` hook is added, and the flusher runs every ``interval`` seconds."""
+    global _configured
+    with _configure_lock:
+        with FLUSHER._lock:
+            FLUSHER.interval = interval
+            FLUSHER.processor = None
+            FLUSHER.reset_processor_sinks()
+            FLUSHER.builder = None
+            FLUSHER.sinks = [FLUSHER.new_sink(exporter)]
+        _configured = True
+    FLUSHER.ensure_started()
+
+
 def _ensure_configured() -> None:
     if not _configured:
         configure()
+    FLUSHER.ensure_started()
 
 
 RECORDER.on_first_use = _ensure_configured
 
 
-def _classify(exporters: Iterable[Any]) -> tuple[list[Any], list[Any]]:
-    """Split exporters into ppetrace ones (``export_batch``) and OpenTelemetry ones."""
-    sinks: list[Any] = []
-    otel_sinks: list[Any] = []
-    for exporter in exporters:
-        if hasattr(exporter, "export_batch"):
-            sinks.append(exporter)
-        elif hasattr(exporter, "export"):
-            otel_sinks.append(exporter)
-        else:
-            raise TypeError(
-                "Expected an exporter with export_batch(batch) (a ppetrace exporter) or "
-                f"export(spans) (an OpenTelemetry SpanExporter), but received "
-                f"{type(exporter).__name__}. Pass exporters.ChromeTraceExporter(path) or an "
-                "OpenTelemetry SpanExporter."
-            )
-    return sinks, otel_sinks
+def _flush_for_recorder(wait: bool) -> None:
+    FLUSHER.flush(wait=wait)
 
 
-def _add(exporter: Any) -> None:
-    sinks, otel_sinks = _classify([exporter])
-    RECORDER.sinks.extend(sinks)
-    RECORDER.otel_sinks.extend(otel_sinks)
-
-
-def _guarded(what: str, call: Callable[[], Any]) -> None:
-    """Run an exporter's flush or shutdown; log and count a failure, never raise it."""
-    try:
-        call()
-    except Exception:
-        RECORDER.export_errors += 1
-        _log.exception("ppetrace: %s failed", what)
-
-
-def _shutdown_all(exporters: Iterable[Any]) -> None:
-    for exporter in exporters:
-        _guarded(f"shutting down {exporter!r}", exporter.shutdown)
+RECORDER.flush_impl = _flush_for_recorder
 
 
 def add_exporter(exporter: Any) -> None:
@@ -257,50 +339,53 @@ def add_exporter(exporter: Any) -> None:
     Spans still buffered are flushed to the current exporters first, so the
     new one sees only spans that ended after this call.
     """
+    (exporter,) = _exporter_list([exporter])
     _ensure_configured()
-    RECORDER.flush()
-    _add(exporter)
+    with FLUSHER._lock:
+        FLUSHER.drain(background=False)
+        FLUSHER.sinks = [*FLUSHER.sinks, FLUSHER.new_sink(exporter)]
 
 
 def remove_exporter(exporter: Any, *, shutdown: bool = True) -> None:
-    """Flush pending spans, stop sending spans to ``exporter`` and shut it down."""
-    RECORDER.flush()
-    for sinks in (RECORDER.sinks, RECORDER.otel_sinks):
-        if exporter in sinks:
-            sinks.remove(exporter)
+    """Deliver pending spans to ``exporter``, stop sending it spans and (with
+    ``shutdown``) shut it down if it has ``shutdown()``. Waits at most
+    ``export_timeout`` for it."""
+    with FLUSHER._lock:
+        FLUSHER.drain(background=False)
+        mine = [s for s in FLUSHER.sinks if s.target is exporter]
+        FLUSHER.sinks = [s for s in FLUSHER.sinks if s.target is not exporter]
+    if not mine:
+        return
+    FLUSHER.flush(wait=True, sinks=mine)
     if shutdown:
-        _shutdown_all([exporter])
+        FLUSHER.close(mine)
 
 
 def flush() -> None:
-    """Push every finished span, from every thread, to the processors and exporters.
+    """Deliver every finished span, from every thread, to the processors and exporters.
 
-    An exporter or processor that fails is logged and counted in :func:`stats`;
-    ``flush`` itself never raises because of one.
+    Returns when each sink has delivered what was recorded before the call (and
+    its ``force_flush`` ran), or has abandoned a call after ``export_timeout``
+    (its spans are then counted as dropped, ``timeout``). A sink still stuck in
+    an abandoned call is not waited for again. Failures are logged and counted
+    in :func:`stats`, never raised.
     """
     _ensure_configured()
-    RECORDER.flush()
-    processor = RECORDER.processor
-    if processor is not None:
-        _guarded("the span processor's force_flush", processor.force_flush)
-    for exporter in [*RECORDER.sinks, *RECORDER.otel_sinks]:
-        force = getattr(exporter, "force_flush", None)
-        if force is not None:
-            _guarded(f"force_flush of {exporter!r}", force)
+    FLUSHER.flush(wait=True)
 
 
 def shutdown() -> None:
-    """Flush, then shut down every exporter given to :func:`configure` (failures are
-    logged and counted, never raised)."""
+    """Flush, then shut down every exporter given to :func:`configure` (at most
+    ``export_timeout`` each, in parallel); failures are logged and counted, never
+    raised."""
     if not _configured:
         return
-    RECORDER.flush()
-    exporters = [*RECORDER.sinks, *RECORDER.otel_sinks]
-    RECORDER.sinks = []
-    RECORDER.otel_sinks = []
-    _shutdown_all(exporters)
-    if RECORDER.processor is not None:
-        _guarded("the span processor's force_flush", RECORDER.processor.force_flush)
+    with _configure_lock:
+        FLUSHER.flush(wait=True)
+        sinks = FLUSHER.sinks
+        FLUSHER.sinks = []
+        FLUSHER.close(sinks)
+        FLUSHER.stop()
 
 
 def _at_exit() -> None:
@@ -308,9 +393,28 @@ def _at_exit() -> None:
         shutdown()
 
 
+def _on_sigterm() -> None:
+    if RECORDER.pid == os.getpid():
+        shutdown()
+
+
 def stats() -> RecorderStats:
-    """The recorder's counters: spans recorded, exported, dropped and still buffered."""
-    return RECORDER.stats()
+    """Where every span went: totals, and per sink delivered, dropped by reason and
+    buffered (see :class:`RecorderStats` and :class:`SinkStats`)."""
+    for sink in FLUSHER.all_sinks():
+        sink.check_timeout()
+    sinks = FLUSHER.sink_stats()
+    taken, dropped, buffered = RECORDER.counts()
+    errors = RECORDER.hook_errors + sum(s.errors for s in sinks)
+    return RecorderStats(
+        recorded=taken + dropped + buffered,
+        exported=taken,
+        dropped=dropped,
+        buffered=buffered,
+        flushes=FLUSHER.flushes,
+        export_errors=errors,
+        sinks=sinks,
+    )
 
 
 def bind_context(func: F) -> F:
@@ -332,3 +436,14 @@ def bind_context(func: F) -> F:
         return ctx.copy().run(func, *args, **kwargs)
 
     return bound  # type: ignore[return-value]
+
+
+def _after_fork_in_child() -> None:
+    global _configured
+    FLUSHER.reset_after_fork()
+    # the child records into its own buffers; a worker integration may configure it
+    _configured = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -224,7 +224,9 @@ class Evaluator:
         if self.max_batches is not None:
             loader = itertools.islice(loader, self.max_batches)
         with trace("evaluator.run", attrs), torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
+            from ..integrations.dataloader import trace_workers
+
+            for batch_idx, batch in enumerate(trace_workers(loader)):
                 step_attrs = {
                     "ppetrace.epoch": epoch,
                     "ppetrace.step": global_step,

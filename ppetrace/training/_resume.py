@@ -49,6 +49,9 @@ def restore(self: TrainerView, run: Run, checkpoint: dict[str, Any], path: Any) 
 
 def start_iteration(self: TrainerView, run: Run, loader: Iterable[Any]) -> Iterator[Any]:
     """``iter(loader)``, reproducible: the RNG is snapshotted (or, on resume, restored)."""
+    from ..integrations.dataloader import trace_workers  # spans of worker processes too
+
+    trace_workers(loader)
     skip = self._batch_in_epoch
     if not skip:
         self._epoch_rng = capture_rng(run.generators)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,29 @@ from .. import tracing
 from ._progress import ProgressBar, progress_wanted
 from ._run import Run, TrainerView, run_cleanups
 
-__all__ = ["attach_trace_exporter", "next_trace_path", "session"]
+__all__ = ["attach_trace_exporter", "next_trace_path", "session", "trace_file_first"]
 
 _log = logging.getLogger("ppetrace")
+# Trainer -> the exporter trace_file_first attached for the session that follows
+_attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def trace_file_first(self: TrainerView, call: str) -> Iterator[None]:
+    """Attach the call's trace exporter before the block, which already traces (the
+    module's move to its device), so its spans reach the file; :func:`session` takes the
+    exporter over. If the block raises, the exporter is detached and closed."""
+    if self.trace_path is None:
+        yield
+        return
+    exporter = attach_trace_exporter(self, call)
+    self.trace_exporter = exporter
+    try:
+        yield
+    except BaseException:
+        tracing.remove_exporter(exporter)
+        raise
+    _attached[self] = exporter
 
 
 @contextlib.contextmanager
@@ -33,8 +54,9 @@ def session(
     """
     cleanups: list[Callable[[], None]] = []
     try:
-        if self.trace_path is not None:
-            self.trace_exporter = attach_trace_exporter(self, call)
+        early = _attached.pop(self, None)
+        if early is not None or self.trace_path is not None:
+            self.trace_exporter = early or attach_trace_exporter(self, call)
             exporter = self.trace_exporter
             cleanups.append(lambda: tracing.remove_exporter(exporter))
         cleanups.insert(0, tracing.flush)

@@ -67,7 +67,7 @@ from ._optim import SchedulerInterval, check_clip, check_positive_int
 from ._placement import call_module_hook
 from ._resume import begin_epoch, restore, start_iteration
 from ._run import TRAIN, Run, StepProfiler, batch_size, describe, len_or_none
-from ._session import session
+from ._session import session, trace_file_first
 from ._setup import empty_loader, evaluator_for, prepare_fit
 
 __all__ = ["CHECKPOINT_NAME", "StepProfiler", "Trainer"]
@@ -315,7 +315,8 @@ class Trainer:
             fold=fold,
         )
         checkpoint = None if resume_from is None else load_checkpoint(resume_from)
-        run, first_loader, n = prepare_fit(self, adapter)
+        with trace_file_first(self, "fit"):
+            run, first_loader, n = prepare_fit(self, adapter)
         if checkpoint is not None:
             restore(self, run, checkpoint, resume_from)
         if n is not None and self.max_train_steps_per_epoch is not None:
@@ -333,7 +334,7 @@ class Trainer:
                 while self.epoch < self.max_epochs and not run.stop:
                     self._run_epoch(run, loader if loader is not None else adapter.train_loader())
                     loader = None
-                    RECORDER.flush()
+                    RECORDER.flush(wait=False)  # on the flusher thread; fit's end waits
                 attrs = run.attrs_now()
                 call_module_hook(run.placements, "train_cleanup", attrs)
                 run.callbacks.call("on_end_train", attrs, self.global_step)
@@ -354,7 +355,10 @@ class Trainer:
         outputs}``; ``on_end_val_epoch`` callbacks run once per loader.
         ``max_val_steps_per_epoch`` caps the batches of each loader.
         """
-        evaluator = evaluator_for(self, module, Stage.VAL, loaders, loss_fn, metrics, batch_size)
+        with trace_file_first(self, "validate"):
+            evaluator = evaluator_for(
+                self, module, Stage.VAL, loaders, loss_fn, metrics, batch_size
+            )
         evaluator.max_batches = self.max_val_steps_per_epoch
         runtime, placements = evaluator.runtime, evaluator.placements
         with session(self, "validate", None):
@@ -383,7 +387,10 @@ class Trainer:
         ``loaders``: one loader or a dict of named loaders (``None``: a
         ModuleInterface's ``get_test_dataloaders``).
         """
-        evaluator = evaluator_for(self, module, Stage.TEST, loaders, loss_fn, metrics, batch_size)
+        with trace_file_first(self, "test"):
+            evaluator = evaluator_for(
+                self, module, Stage.TEST, loaders, loss_fn, metrics, batch_size
+            )
         with session(self, "test", None):
             return evaluator.run(global_step=self.global_step)
 

@@ -27,6 +27,8 @@ BUDGETED = {
     "export.frame",
     "memory.steady",
     "profilers.off",
+    "delivery.simple",
+    "delivery.batch_trainer",
 }
 PEER_ROWS = {
     f"trainer.{w}.{v}" for w in ("tiny", "mlp") for v in ("ppe", "ppe_profile", "lightning")

@@ -86,6 +86,10 @@ def test_custom_runtime_is_registered_and_traces_its_hooks(
     assert len(mse) == 2 and mse[1] < mse[0]
 
     frame = read_chrome_trace(trace)
+    # every hook the runtime traced is in the file, runtime.move_module (before the first
+    # step) included
+    assert calls["runtime.move_module"] == 1
+    assert {name: int((frame["name"] == name).sum()) for name in calls} == calls
     pre = frame[frame["name"] == "runtime.train_pre_step"]
     assert len(pre) == batches
     assert set(pre["ppetrace.runtime"]) == {"MyDeviceRuntime"}

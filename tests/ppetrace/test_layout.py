@@ -17,7 +17,9 @@ ALLOWED = {
     "interfaces": set(),
     "runtime": {"tracing"},
     "profilers": {"tracing"},
-    "training": {"tracing", "runtime", "interfaces", "profilers"},
+    "training": {"tracing", "runtime", "interfaces", "profilers", "integrations"},
+    # integrations.dataloader uses tracing only (the Trainer traces its loaders' workers)
+    "integrations": {"tracing", "runtime", "interfaces", "profilers"},
 }
 #: Modules at the top of the package, which may use any stage.
 TOP = {"__init__", "__main__", "_version", "cli", "pytest_plugin"}

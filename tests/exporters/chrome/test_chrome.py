@@ -423,31 +423,65 @@ def test_write_errors_are_logged_and_counted_never_raised(
 
     rb = run_builder()
     rb.span("a", 0, 10)
-    big = run_builder()
-    for i in range(5_000):  # over 1 MB of JSON: written on the writer thread
-        big.span(f"b{i % 7}", i * 10, i * 10 + 5, 0, {"ppetrace.step": i, "k": "v" * 100})
     exporter = ChromeTraceExporter(tmp_path / "t.json")
     exporter._file.file.close()  # type: ignore[union-attr]
     exporter._file.file = Broken()  # type: ignore[assignment,union-attr]
     with caplog.at_level(logging.ERROR, logger="exporters"):
         exporter.export_batch(rb.batch())  # no exception
-        assert exporter.errors == 1
-        exporter.export_batch(big.batch())  # fails on the thread: counted by the next call
-        assert exporter.force_flush() is False
-        assert exporter.errors == 3  # the thread's write, then force_flush's own flush
+        assert (exporter.errors, exporter.spans_lost) == (1, 1)
+        assert "No space left" in (exporter.last_error or "")
+        exporter.export_batch(rb.batch())  # not tried again: counted as lost, not logged
+        assert (exporter.errors, exporter.spans_lost) == (1, 2)
         provider = TracerProvider()
-        memory_spans = []
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
         mem = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(mem))
         provider.get_tracer("t").start_span("b").end()
-        memory_spans = list(mem.get_finished_spans())
-        assert exporter.export(memory_spans) is SpanExportResult.FAILURE
+        assert exporter.export(list(mem.get_finished_spans())) is SpanExportResult.FAILURE
+        assert exporter.spans_lost == 3
         assert exporter.force_flush() is False
         exporter.shutdown()
-    assert exporter.errors >= 3
-    assert "writing the Chrome trace" in caplog.text
+    assert sum("writing" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_failed_write_on_the_writer_thread_counts_its_spans_and_cuts_the_file(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+) -> None:
+    class FailsLarge:
+        """Takes small writes; a large one (the writer thread's) writes half and fails."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def write(self, data: bytes) -> int:
+            if len(data) >= 1 << 20:
+                self.inner.write(data[: len(data) // 2])
+                raise OSError(28, "No space left on device")
+            return self.inner.write(data)
+
+        def flush(self) -> None:
+            self.inner.flush()
+
+        def close(self) -> None:
+            self.inner.close()
+
+    rb = run_builder()
+    rb.span("a", 0, 10)
+    big = run_builder()
+    for i in range(5_000):  # over 1 MB of JSON: written on the writer thread
+        big.span(f"b{i % 7}", i * 10, i * 10 + 5, 0, {"ppetrace.step": i, "k": "v" * 100})
+    path = tmp_path / "t.json"
+    exporter = ChromeTraceExporter(path)
+    exporter._file.file = FailsLarge(exporter._file.file)  # type: ignore[union-attr]
+    exporter.export_batch(rb.batch())
+    exporter.export_batch(big.batch())  # fails on the thread: known at the next call
+    assert exporter.force_flush() is False
+    assert (exporter.errors, exporter.spans_lost) == (1, 5_000)
+    exporter.shutdown()
+    with pytest.warns(UserWarning, match="cut off"):
+        frame = read_chrome_trace(path)  # half an event was cut away: the rest reads
+    assert list(frame["name"]) == ["a"]
 
 
 def test_add_events_streams_raw_events_with_exact_times(

@@ -16,6 +16,7 @@ from exporters.chrome import ChromeTraceExporter, load_chrome_trace
 from ppetrace.profilers import CudaTimer, EventSource, Schedule
 from ppetrace.profilers._base import DEVICE_TID
 from ppetrace.tracing._recorder import RECORDER
+from ppetrace.tracing._setup import FLUSHER
 
 
 class FakeEvent:
@@ -175,12 +176,12 @@ def test_a_pair_the_device_has_not_reached_is_resolved_at_a_later_flush_without_
 
     step(0, 40)
     with ppetrace.trace("runtime.train_post_step"):
-        RECORDER.on_full([])  # a full buffer, flushed inside a hook
+        FLUSHER.drain(background=True)  # the flusher's scheduled drain, during a hook
     assert "synchronize" not in source.calls and source.waits == 0
     assert timer.resolved == 0 and timer.pending == 1  # carried over
     source.catch_up()
     step(1, 60)
-    RECORDER.on_full([])  # again from a full buffer: step 0 has completed, step 1 has not
+    FLUSHER.drain(background=True)  # again: step 0 has completed, step 1 has not
     assert "synchronize" not in source.calls
     assert timer.resolved == 1 and timer.pending == 1
     step(2, 80)  # still buffered at the end of the run

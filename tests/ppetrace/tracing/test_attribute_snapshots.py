@@ -16,7 +16,8 @@ import ppetrace
 from exporters import ChromeTraceExporter, SpanBatch, SpanRow
 from exporters._spans import FrozenAttributes
 from ppetrace.tracing import _recorder
-from ppetrace.tracing._recorder import _CTXVAR, RECORDER, span_attributes
+from ppetrace.tracing._recorder import _CTXVAR, span_attributes
+from ppetrace.tracing._setup import FLUSHER
 
 IMPLEMENTATIONS = [pytest.param(_recorder.PySpan, id="python")]
 if _recorder.IMPLEMENTATION == "c":
@@ -202,7 +203,7 @@ def test_readable_spans_keep_every_span_and_convert_bad_values_alone(
     with trace("odd", {"huge": 10**5000, "big": 2**70, "bad": _BadRepr(2.5), "none": None}):
         pass
     row = SpanRow("direct", 5, 0, 7, 1, 2, 1, {"obj": NoStr(), 3: "int key"})
-    RECORDER._to_otel(SpanBatch([row], {}, 1, {}))
+    FLUSHER.inject(SpanBatch([row], {}, 1, {}))
     spans = {s.name: dict(s.attributes or {}) for s in span_exporter.get_finished_spans()}
     ppetrace.flush()
     spans.update({s.name: dict(s.attributes or {}) for s in span_exporter.get_finished_spans()})

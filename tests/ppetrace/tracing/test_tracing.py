@@ -20,6 +20,7 @@ from opentelemetry.trace import StatusCode
 import ppetrace
 from exporters._spans import SpanBatch
 from ppetrace.tracing._recorder import RECORDER, span_attributes
+from ppetrace.tracing._setup import FLUSHER
 
 
 def by_name(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> dict[str, ReadableSpan]:
@@ -189,34 +190,29 @@ def test_each_thread_nests_its_own_spans_and_bound_workers_get_the_parent(
         assert child.attributes["thread.id"] != spans["main"].attributes["thread.id"]
 
 
-def test_full_buffer_flushes_and_counts_what_it_drops() -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    ppetrace.configure(tracer_provider=provider, buffer_spans=4)
+def test_a_full_buffer_is_swapped_and_queued_and_only_past_the_cap_dropped() -> None:
+    sink = _Sink()
+    ppetrace.configure(exporters=[sink], buffer_spans=4, max_queued_buffers=2)
     try:
         start = ppetrace.stats()
-        for i in range(5):
-            with ppetrace.trace(f"s{i}"):
-                pass
-        # the fourth span filled the buffer, which flushed on its own
-        assert [s.name for s in exporter.get_finished_spans()] == ["s0", "s1", "s2", "s3"]
-
-        # While another flush holds the lock, a full buffer drops instead of blocking.
-        assert RECORDER._flush_lock.acquire(timeout=5)
-        try:
-            for i in range(5, 13):
+        # While the flusher cannot drain (its lock is held), full buffers queue up to
+        # the cap; the thread gets an empty buffer each time and never waits.
+        with FLUSHER._lock:
+            for i in range(14):
                 with ppetrace.trace(f"s{i}"):
                     pass
-        finally:
-            RECORDER._flush_lock.release()
+            mid = ppetrace.stats()
         ppetrace.flush()
         end = ppetrace.stats()
-        # s4 + s5..s7 filled the buffer (dropped), s8..s11 filled it again (dropped)
-        assert end.dropped - start.dropped == 8
-        assert [s.name for s in exporter.get_finished_spans()][4:] == ["s12"]
-        assert end.buffered == 0
-        assert end.exported - start.exported == 5
+        # s0..s3 and s4..s7 queued, s8..s11 past the cap (dropped), s12 s13 buffered
+        assert mid.buffered - start.buffered == 10
+        assert end.dropped - start.dropped == 4
+        names = [r.name for b in sink.batches for r in b.rows]
+        assert names == [f"s{i}" for i in (*range(8), 12, 13)]
+        (s,) = end.sinks
+        assert s.dropped["buffer_full"] == 4 and s.delivered == 10 and s.buffered == 0
+        assert s.recorded == s.delivered + s.dropped_total + s.buffered == 14
+        assert end.recorded == end.exported + end.dropped + end.buffered
     finally:
         ppetrace.configure()
 
@@ -326,10 +322,11 @@ def test_global_sdk_provider_is_used_and_otel_service_name_is_honoured(tmp_path:
 def test_spans_are_flushed_at_exit_and_import_starts_no_thread() -> None:
     script = textwrap.dedent(
         """
-        import threading, sys
+        import multiprocessing, threading, sys
         import ppetrace
         assert threading.active_count() == 1, threading.enumerate()
         assert "torch" not in sys.modules
+        assert multiprocessing.get_start_method(allow_none=True) is None
         class Sink:
             def export_batch(self, batch):
                 for row in batch.rows:
@@ -349,7 +346,8 @@ def test_spans_are_flushed_at_exit_and_import_starts_no_thread() -> None:
 
 def test_configure_rejects_bad_arguments() -> None:
     with pytest.raises(
-        ValueError, match="Expected a positive int for buffer_spans, but received 0"
+        ValueError,
+        match="Expected a positive int of at most 16,777,216 for buffer_spans, but received 0",
     ):
         ppetrace.configure(buffer_spans=0)
     with pytest.raises(TypeError, match=r"Expected an opentelemetry\.sdk\.trace\.TracerProvider"):
@@ -487,7 +485,8 @@ def test_reconfiguring_shuts_down_replaced_exporters_and_a_bad_call_changes_noth
     assert [r.name for b in first.batches for r in b.rows] == ["a"]
     with pytest.raises(TypeError, match="Expected an exporter"):
         ppetrace.configure(enabled=False, exporters=[object()])
-    assert RECORDER.enabled and RECORDER.sinks == [kept]  # the failed call changed nothing
+    # the failed call changed nothing
+    assert RECORDER.enabled and [s.target for s in FLUSHER.sinks] == [kept]
     ppetrace.shutdown()
     assert kept.shut
     ppetrace.configure()

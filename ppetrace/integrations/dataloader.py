@@ -1,0 +1,188 @@
+"""DataLoader workers: spans recorded in worker processes reach this process's trace.
+
+Takes in: a ``torch.utils.data.DataLoader`` with ``num_workers > 0`` (fork or
+spawn), whose ``Dataset.__getitem__`` and ``collate_fn`` may call
+:func:`ppetrace.trace`, and which ppetrace records in its workers as well.
+Gives out: those spans, in this process's sinks (Chrome file, span
+processors), in the run's trace, each worker on its own track named
+``dataloader worker N`` under this process. Method: :func:`trace_workers`
+wraps the loader's ``worker_init_fn``. In each worker it points the recorder
+at the parent's trace (and, for workers that live one epoch, at the span open
+when iteration started) and replaces the exporters with one that puts the
+rows on a multiprocessing queue (written at once, no feeder thread), drained by
+the parent's flusher. A worker
+pays only for recording and pickling, never for the parent's exporters; its
+own flusher sends at the parent's ``flush_interval``, so a worker that dies
+loses at most that interval, and one that ends normally sends the rest when
+it exits. The Trainer calls :func:`trace_workers` on its loaders; for a plain
+loop, call it once before iterating.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, TypeVar
+
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from exporters._spans import FrozenAttributes, SpanBatch, SpanRow
+
+from ..tracing import _recorder, _setup
+
+__all__ = ["trace_workers"]
+
+_log = logging.getLogger("ppetrace")
+L = TypeVar("L")
+
+_channels: dict[tuple[int, str], _Channel] = {}
+_channels_lock = threading.Lock()
+
+
+def trace_workers(loader: L) -> L:
+    """Trace the worker processes of ``loader`` into this process's trace; returns it.
+
+    Does nothing for anything that is not a ``torch.utils.data.DataLoader``
+    with ``num_workers > 0``, or while tracing is disabled. Calling it again on
+    the same loader (each epoch) only updates the parent span of the workers
+    started next. Call it before ``iter(loader)``; workers already running
+    (``persistent_workers``) keep what they were started with.
+    """
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return loader
+    if not isinstance(loader, DataLoader) or loader.num_workers <= 0:
+        return loader
+    if not _recorder.RECORDER.enabled:
+        return loader
+    init = loader.worker_init_fn
+    if not isinstance(init, _WorkerInit):
+        channel = _channel(loader.multiprocessing_context)
+        init = _WorkerInit(init, channel.queue)
+        loader.worker_init_fn = init
+    init.trace_id = _recorder.RECORDER.trace_id
+    init.interval = _setup.FLUSHER.interval
+    init.parent_id = 0 if loader.persistent_workers else _current_span_id()
+    return loader
+
+
+def _current_span_id() -> int:
+    sc = otel_trace.get_current_span().get_span_context()
+    return sc.span_id if sc.is_valid and sc.trace_id == _recorder.RECORDER.trace_id else 0
+
+
+class _Channel:
+    """The parent's end: a multiprocessing queue, drained at each flush."""
+
+    def __init__(self, context: Any) -> None:
+        # a SimpleQueue writes on put() (no feeder thread): what a worker's flusher has
+        # sent is in the pipe, even if the worker is killed the next moment
+        self.queue = context.SimpleQueue()
+        self.pid = os.getpid()
+
+    def drain(self) -> None:
+        """Hand every batch the workers have sent so far to the sinks (the flusher's
+        drain calls this, on its lock)."""
+        if self.pid != os.getpid():
+            return
+        while True:
+            try:
+                if self.queue.empty():
+                    return
+                worker_id, rows, names = self.queue.get()
+            except (EOFError, OSError):  # the queue was closed under us
+                return
+            labels = {
+                tid: f"dataloader worker {worker_id}"
+                if i == 0
+                else f"dataloader worker {worker_id}: {name}"
+                for i, (tid, name) in enumerate(names)
+            }
+            batch = SpanBatch(
+                [SpanRow(*row) for row in rows],
+                _setup.FLUSHER.resource_attrs,
+                os.getpid(),
+                labels,
+            )
+            _setup.FLUSHER.inject(batch)
+
+
+def _channel(context: Any) -> _Channel:
+    if context is None:
+        import multiprocessing
+
+        # the start method the loader's workers will use (they fix it when they start)
+        context = multiprocessing.get_context()
+    elif isinstance(context, str):
+        import multiprocessing
+
+        context = multiprocessing.get_context(context)
+    key = (os.getpid(), context.get_start_method())
+    with _channels_lock:
+        channel = _channels.get(key)
+        if channel is None:
+            channel = _channels[key] = _Channel(context)
+            _setup.FLUSHER.sources.append(channel.drain)
+    return channel
+
+
+class _QueueExporter:
+    """In a worker: the only exporter, sending rows (and thread names) to the parent."""
+
+    def __init__(self, queue: Any, worker_id: int) -> None:
+        self.queue = queue
+        self.worker_id = worker_id
+
+    def export_batch(self, batch: SpanBatch) -> None:
+        main = threading.main_thread().native_id
+        names = sorted(batch.thread_names.items(), key=lambda item: item[0] != main)
+        rows = [(*row[:7], _plain(row.attributes), row.status, row.error) for row in batch.rows]
+        self.queue.put((self.worker_id, rows, names))
+
+
+def _plain(attrs: Any) -> Any:
+    """Attributes that pickle: the shared empty mapping of a span without arg becomes {}."""
+    kind = type(attrs)
+    return attrs if kind is dict or kind is FrozenAttributes else dict(attrs)
+
+
+class _WorkerInit:
+    """The loader's ``worker_init_fn``, wrapped: sets up tracing in the worker, then
+    calls the user's function. Picklable, for spawned workers."""
+
+    def __init__(self, user_fn: Any, queue: Any) -> None:
+        self.user_fn = user_fn
+        self.queue = queue
+        self.trace_id = 0
+        self.parent_id = 0
+        self.interval = 1.0
+
+    def __call__(self, worker_id: int) -> None:
+        try:
+            _start_worker(self, worker_id)
+        except Exception:  # telemetry never breaks training
+            _log.exception("ppetrace: tracing DataLoader worker %d failed", worker_id)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def _start_worker(init: _WorkerInit, worker_id: int) -> None:
+    import multiprocessing.util
+
+    rec = _recorder.RECORDER
+    rec.trace_id = init.trace_id or rec.trace_id
+    rec.apply()
+    _setup.configure_worker(_QueueExporter(init.queue, worker_id), init.interval)
+    if init.parent_id:
+        parent = NonRecordingSpan(
+            SpanContext(rec.trace_id, init.parent_id, is_remote=True, trace_flags=TraceFlags(1))
+        )
+        # the worker's main thread runs every __getitem__ and collate_fn in this context
+        from opentelemetry import context as otel_context
+
+        otel_context.attach(otel_trace.set_span_in_context(parent))
+    # multiprocessing runs these when the worker ends normally (atexit does not run there)
+    multiprocessing.util.Finalize(None, _setup.FLUSHER.flush, exitpriority=100)

@@ -1,0 +1,133 @@
+"""Issue 11 case 5: spans recorded in DataLoader worker processes (fork and spawn) land in
+the parent's trace, each worker on its own track, for a plain loop and for the Trainer."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import ppetrace
+from exporters import read_chrome_trace
+from exporters._spans import SpanBatch
+from ppetrace.integrations.dataloader import trace_workers
+from ppetrace.tracing._recorder import RECORDER
+
+METHODS = [m for m in ("fork", "spawn") if m in multiprocessing.get_all_start_methods()]
+
+
+class Items(Dataset[Any]):
+    """Items that trace themselves; item ``die_at`` kills its worker once the spans before
+    it have left the worker (they must survive it)."""
+
+    def __init__(self, n: int, die_at: int = -1) -> None:
+        self.n, self.die_at = n, die_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # the worker's own sinks: only the queue to the parent, never the parent's exporters
+        sinks = ",".join(s.name for s in ppetrace.stats().sinks)
+        with ppetrace.trace("user.getitem", {"i": i, "sinks": sinks}):
+            x = torch.full((4,), float(i))
+        if i == self.die_at:
+            deadline = time.monotonic() + 60
+            while ppetrace.stats().sinks[0].delivered < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.005)  # the worker's flusher sends on its schedule
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x, x.sum(0, keepdim=True)
+
+
+def collate(items: list[Any]) -> Any:
+    with ppetrace.trace("user.collate"):
+        return torch.utils.data.default_collate(items)
+
+
+class Rows:
+    def __init__(self) -> None:
+        self.batches: list[SpanBatch] = []
+
+    def export_batch(self, batch: SpanBatch) -> None:
+        self.batches.append(batch)
+
+    def rows(self, name: str) -> list[tuple[Any, str | None, int]]:
+        return [
+            (r, b.thread_names.get(r.tid), b.pid)
+            for b in self.batches
+            for r in b.rows
+            if r.name == name
+        ]
+
+
+@pytest.fixture
+def rows() -> Any:
+    sink = Rows()
+    ppetrace.configure(exporters=[sink], flush_interval=0.05)
+    yield sink
+    ppetrace.configure()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_spans_of_a_plain_loop_land_in_the_parent_trace(rows: Rows, method: str) -> None:
+    loader = DataLoader(
+        Items(8), batch_size=2, num_workers=2, collate_fn=collate, multiprocessing_context=method
+    )
+    with ppetrace.trace("epoch") as epoch:
+        for _ in trace_workers(loader):
+            pass
+    ppetrace.flush()
+    items = rows.rows("user.getitem")
+    assert sorted(r.attributes["i"] for r, _, _ in items) == list(range(8))
+    assert len(rows.rows("user.collate")) == 4
+    assert {r.attributes["sinks"] for r, _, _ in items} == {"_QueueExporter"}
+    tracks = Counter(track for _, track, _ in items)
+    assert tracks == {"dataloader worker 0": 4, "dataloader worker 1": 4}
+    for r, _, pid in items + rows.rows("user.collate"):
+        assert r.trace_id == RECORDER.trace_id and pid == os.getpid()
+        assert r.parent_id == epoch.span_id  # the span open when iteration started
+    (s,) = ppetrace.stats().sinks
+    assert s.delivered == s.recorded == 8 + 4 + 1
+
+
+def test_worker_spans_of_the_trainer_reach_its_trace_file(rows: Rows, tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    loader = DataLoader(Items(8), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    trainer = ppetrace.Trainer(max_epochs=2, progress=False, trace_path=tmp_path / "t.json")
+    trainer.fit(
+        model,
+        loader,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        loss_fn=torch.nn.functional.mse_loss,
+    )
+    frame = read_chrome_trace(tmp_path / "t.json")
+    got = frame[frame["name"] == "user.getitem"]
+    assert sorted(got["i"].astype(int)) == sorted(list(range(8)) * 2)
+    assert set(got["pid"]) == {os.getpid()}  # under the main process, on tracks of its own
+    assert got["tid"].nunique() >= 2 and not set(got["tid"]) & set(
+        frame.loc[frame["name"] == "trainer.step", "tid"]
+    )
+
+
+def test_a_worker_that_dies_loses_at_most_its_last_flush_interval(rows: Rows) -> None:
+    loader = DataLoader(
+        Items(20, die_at=5),
+        batch_size=1,
+        num_workers=1,
+        collate_fn=collate,
+        multiprocessing_context="fork" if "fork" in METHODS else "spawn",
+    )
+    with pytest.raises(RuntimeError, match="worker"):
+        for _ in trace_workers(loader):
+            pass
+    ppetrace.flush()
+    got = sorted(r.attributes["i"] for r, _, _ in rows.rows("user.getitem"))
+    assert got[:6] == list(range(6))  # sent before the worker was killed
