@@ -173,7 +173,10 @@ def test_a_sink_that_cannot_keep_up_drops_queue_full_and_never_blocks(
     clean: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     hung, fast = Hung(), Collect()
-    ppetrace.configure(exporters=[hung, fast], queue_spans=100, export_timeout=0.05)
+    # no scheduled drain or timeout check in between: only the calls below
+    ppetrace.configure(
+        exporters=[hung, fast], queue_spans=100, export_timeout=0.05, flush_interval=3600
+    )
     burst(60)
     FLUSHER.drain(background=True)
     assert hung.entered.wait(30)  # the worker holds the first 60 in a call
