@@ -24,8 +24,9 @@ from typing import Any
 from exporters._spans import SpanBatch
 
 from ._convert import Delivery, SpanBuilder
+from ._processor_sinks import make_processor_sink
 from ._recorder import Recorder
-from ._sinks import Sink, SinkStats, make_processor_sink, make_sink
+from ._sinks import Sink, SinkStats, make_sink
 
 __all__ = ["Flusher"]
 
