@@ -107,8 +107,8 @@ SIZES: dict[str, dict[str, int]] = {
         "profilers_rounds": 2,
         "profile_steps": 50,
         "profile_export_spans": 5_000,
-        "delivery_spans": 1_000,
-        "delivery_steps": 16,
+        "delivery_spans": 500,
+        "delivery_steps": 8,
         "delivery_rounds": 2,
     },
 }

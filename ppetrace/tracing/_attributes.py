@@ -42,9 +42,22 @@ def _attr_value(v: Any) -> Any:
         return _unencodable(v)
 
 
+_AS_IS = frozenset({str, float, bool})
+
+
 def _otel_attributes(attrs: Mapping[Any, Any]) -> dict[str, Any]:
     """A row's attributes as OpenTelemetry span attributes (None values dropped); a key or
     value that cannot be converted costs only itself (:func:`_attr_value`)."""
+    if type(attrs) is dict or type(attrs) is FrozenAttributes:
+        # the common case, checked first: str keys, values OpenTelemetry takes as they are
+        low, high = _INT64
+        for k, v in attrs.items():
+            t = type(v)
+            if (t in _AS_IS or (t is int and low <= v <= high)) and type(k) is str:
+                continue
+            break
+        else:
+            return dict(attrs)
     try:
         items = list(attrs.items())
     except Exception:
