@@ -92,6 +92,13 @@ SIZES: dict[str, dict[str, int]] = {
         "delivery_spans": 20_000,
         "delivery_steps": 500,
         "delivery_rounds": 15,
+        "instrument_tiny_steps": 500,
+        "instrument_mlp_steps": 200,
+        "instrument_rounds": 15,
+        "instrument_lightning_steps": 200,
+        "instrument_lightning_rounds": 11,
+        "instrument_startup_rounds": 9,
+        "instrument_truth_steps": 60,
     },
     "quick": {
         "hot_spans": 2_000,
@@ -110,6 +117,13 @@ SIZES: dict[str, dict[str, int]] = {
         "delivery_spans": 500,
         "delivery_steps": 8,
         "delivery_rounds": 2,
+        "instrument_tiny_steps": 16,
+        "instrument_mlp_steps": 8,
+        "instrument_rounds": 2,
+        "instrument_lightning_steps": 8,
+        "instrument_lightning_rounds": 1,
+        "instrument_startup_rounds": 0,
+        "instrument_truth_steps": 4,
     },
 }
 
@@ -618,6 +632,14 @@ def delivery_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def instrument_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
+    """instrument(), LightningProfiler, `ppetrace run` start-up and span truth
+    (``bench_instrument``)."""
+    from benchmarks import bench_instrument
+
+    return list(bench_instrument.rows(size, details))
+
+
 # -- the suite ----------------------------------------------------------------------------
 
 #: the sections in order: name -> function(size, details) -> rows
@@ -628,6 +650,7 @@ SECTIONS: dict[str, Callable[[dict[str, int], dict[str, Any]], list[Row]]] = {
     "memory": memory_rows,
     "profilers off": profilers_rows,
     "delivery": delivery_rows,
+    "instrument": instrument_rows,
 }
 #: the row ids that each section yields, for checking that a run is complete
 ROW_IDS: dict[str, tuple[str, ...]] = {
@@ -656,6 +679,18 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
     "memory": ("memory.steady", "memory.warmup"),
     "profilers off": ("profilers.off",),
     "delivery": ("delivery.simple", "delivery.batch_trainer"),
+    "instrument": (
+        "instrument.tiny",
+        "instrument.mlp",
+        "instrument.lightning_simple",
+        "instrument.lightning_none",
+        "instrument.startup",
+        "instrument.startup_report",
+        "instrument.truth.module.forward",
+        "instrument.truth.trainer.backward",
+        "instrument.truth.trainer.fetch_batch",
+        "instrument.tiling",
+    ),
 }
 
 

@@ -1,17 +1,28 @@
 """Which training step each span belongs to, and each step's wall time.
 
-A training step is one ``trainer.step`` span. Its wall time runs from the end
-of the previous ``trainer.step`` under the same parent span on the same
-thread (for the first step, from the start of its own ``trainer.fetch_batch``
-or, without one, its own start) to its end. It splits into:
+One definition of a step serves ppetrace's Trainer, ``ppetrace.instrument()``
+and ``LightningProfiler`` alike (README, "What a step covers"):
 
-- ``data_wait_ns``: the ``trainer.fetch_batch`` sibling just before the step,
-  if it starts after the previous step ended;
-- ``compute_ns``: the ``trainer.step`` span itself;
+A training step is one ``trainer.step`` span; it starts when the loader has
+handed over its batch. Its wall time runs from the end of the previous
+``trainer.step`` under the same parent span on the same thread (for the
+first step, from the start of its own ``trainer.fetch_batch`` or, without
+one, its own start) to its end. It splits into:
+
+- ``data_wait_ns``: the wait for the batch, counted once wherever the fetch
+  sits: the ``trainer.fetch_batch`` sibling just before the step (if it
+  starts after the previous step ended; the Trainer's and instrument()'s
+  layout), plus any ``trainer.fetch_batch`` inside the step (a loop that
+  fetches from inside its step), each taken once;
+- ``compute_ns``: the ``trainer.step`` span itself, less the fetches inside it;
 - ``other_ns``: the rest of the wall time (loop overhead between steps),
   without sibling ``trainer.validation`` and ``trainer.checkpoint`` spans,
   which are not step time and are left out of ``wall_ns`` as well.
 
+Parents come from span ids, and from time where ids cannot know them: a span
+recorded after the fact (``instrument()`` records ``trainer.step`` when it
+ends) encloses spans that were recorded as its siblings, and those are
+nested under it by time on the same thread (:mod:`exporters._nesting`).
 A span belongs to a step when it is that ``trainer.step``, that step's
 ``trainer.fetch_batch``, or a descendant of either. Steps are numbered per
 process in start order (``step_index``); the first ``warmup_steps`` of each
@@ -25,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ._nesting import effective_parents, self_times
 from .frame import _inherit, _parent_positions
 
 __all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps"]
@@ -57,10 +69,13 @@ STEP_COLUMNS = (
 class StepAssignment:
     """``step_row``: for each frame row, the row of its ``trainer.step`` (-1 if none).
     ``steps``: one row per ``trainer.step``, indexed by its frame row, in start order
-    per process, with ``step_index``, ``warmup`` and the wall-time split."""
+    per process, with ``step_index``, ``warmup`` and the wall-time split.
+    ``self_ns``: each row's self time with the parents found by time, or ``None``
+    when time changed no parent (the frame's ``self_ns`` is right then)."""
 
     step_row: np.ndarray
     steps: pd.DataFrame
+    self_ns: np.ndarray | None = None
 
 
 def _numeric(frame: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
@@ -98,6 +113,11 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
     # times relative to the first span: exact in float64 (NaN-able) arrays
     start = frame["start_ns"].to_numpy(np.int64) - t0
     end = frame["end_ns"].to_numpy(np.int64) - t0
+    span_ids = frame["span_id"].to_numpy(np.uint64)
+    ppos = _parent_positions(span_ids, parent, pid) if n else np.zeros(0, np.int64)
+    ppos, by_time = effective_parents(ppos, parent, start, end, pid, tid)
+    if by_time:  # group siblings under the parents found by time
+        parent = np.where(ppos >= 0, span_ids[np.where(ppos >= 0, ppos, 0)], parent)
     step_rows = np.flatnonzero(names == STEP)
     fetch_rows = np.flatnonzero(names == FETCH)
     excl_rows = np.flatnonzero(np.isin(names, NOT_STEP_TIME))
@@ -143,6 +163,17 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
     got = fetch_of >= 0
     data_wait = np.zeros(m, dtype=np.int64)
     data_wait[got] = end[fetch_of[got]] - start[fetch_of[got]]
+    # which step each span belongs to: nearest ancestor (or self) that is a step or its fetch
+    anchor = np.full(n, np.nan)
+    anchor[step_rows] = step_rows
+    anchor[fetch_of[got]] = step_rows[got]
+    step_row = np.where(np.isnan(filled := _inherit(anchor, ppos)), -1, filled).astype(np.int64)
+    inner = _inner_fetches(fetch_rows, fetch_of[got], step_row, ppos, n)
+    inner_wait = np.zeros(m, dtype=np.int64)
+    if len(inner):
+        index_of = np.full(n, -1, dtype=np.int64)
+        index_of[step_rows] = np.arange(m)
+        np.add.at(inner_wait, index_of[step_row[inner]], end[inner] - start[inner])
     gap_start = s_start.astype(float)
     gap_start[got] = start[fetch_of[got]]
     wall = s_end - np.where(np.isnan(prev_end), gap_start, prev_end)
@@ -173,7 +204,8 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
         )
         np.add.at(excluded, s_i[inside], (end[xr] - start[xr])[inside].astype(float))
     wall_ns = np.rint(wall - excluded).astype(np.int64)
-    compute = s_end - s_start
+    compute = s_end - s_start - inner_wait
+    data_wait = data_wait + inner_wait
     wall_ns = np.maximum(wall_ns, data_wait + compute)
     other = wall_ns - data_wait - compute
 
@@ -206,14 +238,23 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
         },
         index=pd.Index(step_rows, name="row"),
     ).iloc[by_start]
-    # which step each span belongs to: nearest ancestor (or self) that is a step or its fetch
-    anchor = np.full(n, np.nan)
-    anchor[step_rows] = step_rows
-    anchor[fetch_of[got]] = step_rows[got]
-    if n:
-        ppos = _parent_positions(frame["span_id"].to_numpy(np.uint64), parent, pid)
-        filled = _inherit(anchor, ppos)
-        step_row = np.where(np.isnan(filled), -1, filled).astype(np.int64)
-    else:
-        step_row = np.zeros(0, np.int64)
-    return StepAssignment(step_row, steps[list(STEP_COLUMNS)])
+    own_self = self_times(end - start, ppos, pid, tid) if by_time else None
+    return StepAssignment(step_row, steps[list(STEP_COLUMNS)], own_self)
+
+
+def _inner_fetches(
+    fetch_rows: np.ndarray, sibling: np.ndarray, step_row: np.ndarray, ppos: np.ndarray, n: int
+) -> np.ndarray:
+    """The ``trainer.fetch_batch`` rows inside a step (not its sibling fetch), outermost
+    only: a fetch inside another fetch is already counted by it."""
+    if not len(fetch_rows):
+        return fetch_rows
+    cand = fetch_rows[step_row[fetch_rows] >= 0]
+    cand = cand[~np.isin(cand, sibling)]
+    if not len(cand):
+        return cand
+    mark = np.full(n, np.nan)
+    mark[fetch_rows] = fetch_rows
+    nearest = _inherit(mark, ppos)  # the row itself or its nearest fetch ancestor
+    up = ppos[cand]
+    return cand[(up < 0) | np.isnan(nearest[np.where(up >= 0, up, 0)])]

@@ -7,7 +7,10 @@ is separate: :func:`render_table` (terminal), :func:`render_markdown`,
 
 How steps are found and timed (wall time, data wait, compute, other) is
 described in :mod:`exporters._steps`: one ``trainer.step`` span is one
-step, and its ``trainer.fetch_batch`` sibling is its data wait. The first
+step, and its data wait is its ``trainer.fetch_batch``, counted once whether
+that is a sibling just before the step or a span inside it. Spans recorded
+after the fact (``ppetrace.instrument()``'s steps) get their children by
+time on the thread, for the step assignment and for self times. The first
 ``warmup_steps`` steps of each process, and every span inside them, are left
 out of all tables.
 """
@@ -156,7 +159,9 @@ def step_report(frame: pd.DataFrame, *, warmup_steps: int = 1) -> StepReport:
     counted_in_step = in_step[~excluded]
     kept_steps = steps.loc[~steps["warmup"].to_numpy(dtype=bool)]
     wall_total = float(kept_steps["wall_ns"].sum())
-    events = _event_table(counted, counted_in_step, wall_total)
+    own_self = assignment.self_ns
+    self_ns = None if own_self is None else own_self[~excluded]
+    events = _event_table(counted, counted_in_step, wall_total, self_ns)
     return StepReport(
         events=events,
         steps=kept_steps.drop(columns=["warmup"]).reset_index(drop=True),
@@ -183,7 +188,9 @@ def _stored_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
-def _event_table(frame: pd.DataFrame, in_step: np.ndarray, wall_total: float) -> pd.DataFrame:
+def _event_table(
+    frame: pd.DataFrame, in_step: np.ndarray, wall_total: float, self_ns: np.ndarray | None
+) -> pd.DataFrame:
     if not len(frame):
         return pd.DataFrame({c: pd.Series(dtype=float) for c in _EVENT_COLUMNS}).astype(
             {"event": object}
@@ -195,7 +202,7 @@ def _event_table(frame: pd.DataFrame, in_step: np.ndarray, wall_total: float) ->
         {
             "event": codes,
             "dur": dur,
-            "self": frame["self_ns"].to_numpy(np.int64),
+            "self": frame["self_ns"].to_numpy(np.int64) if self_ns is None else self_ns,
             "in_step": np.where(in_step, dur, 0),
         }
     )

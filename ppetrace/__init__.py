@@ -8,7 +8,8 @@ lifecycle of the modules defined by :mod:`ppetrace.interfaces`, moving them
 through :mod:`ppetrace.runtime`; every hook is a span recorded by
 :mod:`ppetrace.tracing`, which hands batches of spans to :mod:`exporters`
 and to OpenTelemetry. :mod:`ppetrace.profilers` add deep profiles on a
-schedule.
+schedule. :mod:`ppetrace.integrations` traces loops that ppetrace does not drive
+(:func:`instrument`, ``ppetrace run``, the Lightning profiler).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ._version import __version__
 from .tracing import bind_context, configure, flush, shutdown, stats, trace
 
 if TYPE_CHECKING:
+    from .integrations import Instrumentation, instrument
     from .interfaces import (
         AbstractPyTorchNetwork,
         CallbackInterface,
@@ -71,6 +73,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("Trainer", "StepProfiler", "CheckpointError", "Evaluator"), ".training"),
     "Schedule": ".profilers",
+    **dict.fromkeys(("instrument", "Instrumentation"), ".integrations"),
 }
 
 __all__ = [
@@ -81,6 +84,7 @@ __all__ = [
     "CodeBlock",
     "DataParallelPyTorchNetwork",
     "Evaluator",
+    "Instrumentation",
     "ModuleInterface",
     "PyTorchRuntime",
     "Schedule",
@@ -92,6 +96,7 @@ __all__ = [
     "configure",
     "flush",
     "forward",
+    "instrument",
     "map",
     "runtime_of",
     "runtime_registry",

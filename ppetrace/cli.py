@@ -1,7 +1,10 @@
-"""The ``ppetrace`` command line: ``report``, ``compare`` and ``merge`` trace files.
+"""The ``ppetrace`` command line: ``run`` a script traced; ``report``, ``compare`` and
+``merge`` trace files.
 
-Runs without torch: it imports only :mod:`exporters` (which needs pandas,
-scipy and the OpenTelemetry SDK) and :mod:`ppetrace._version`.
+``report``, ``compare`` and ``merge`` run without torch: they import only
+:mod:`exporters` (which needs pandas, scipy and the OpenTelemetry SDK) and
+:mod:`ppetrace._version`. ``run`` imports :mod:`ppetrace.integrations` (and
+torch) when it starts the script, and exits with the script's own exit code.
 
 Exit codes: 0 on success (``compare``: no gated regression), 1 when
 ``compare`` finds a gated regression, 2 on bad input (a missing file, a
@@ -162,11 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ppetrace`` command."""
     parser = _Parser(
         prog="ppetrace",
-        description="Report on, compare and merge ppetrace Chrome trace files.",
-        epilog="Exit codes: 0 ok, 1 gated regression (compare), 2 bad input.",
+        description="Run a script traced; report on, compare and merge ppetrace Chrome traces.",
+        epilog="Exit codes: 0 ok, 1 gated regression (compare), 2 bad input; run: the script's.",
     )
     parser.add_argument("--version", action="version", version=f"ppetrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_run(sub)
 
     report = sub.add_parser(
         "report", help="per-event and per-step time of one trace", description=_REPORT_DOC
@@ -262,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("out", metavar="OUT", help="the merged trace to write")
     merge.add_argument("inputs", metavar="IN", nargs="+", help="traces to merge")
     return parser
+
+
+def _add_run(sub: Any) -> None:
+    from ppetrace.integrations._run import add_parser
+
+    add_parser(sub, int_at_least=_int_at_least, add_warmup=_add_warmup)
 
 
 _REPORT_DOC = (
@@ -462,6 +472,16 @@ def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_REGRESSION if comparison.has_regression else EXIT_OK
 
 
+def _run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from ppetrace.integrations._run import BadRunInput, end_by, options_from, run
+
+    try:
+        result = run(options_from(args), err=err)
+    except BadRunInput as exc:
+        raise _BadInput(str(exc)) from None
+    return end_by(result)  # the script's exit code, or its signal
+
+
 def _count(n: int, noun: str) -> str:
     """``1 trace``, ``2 traces``, ``1,024 events``, ``2 processes``."""
     plural = noun + ("es" if noun.endswith("s") else "s")
@@ -509,6 +529,7 @@ def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
+    "run": _run,
     "report": _report,
     "compare": _compare,
     "merge": _merge,

@@ -21,6 +21,9 @@ from ._run import Run, TrainerView, run_cleanups
 __all__ = ["attach_trace_exporter", "next_trace_path", "session", "trace_file_first"]
 
 _log = logging.getLogger("ppetrace")
+#: Trainer calls (fit, validate, test) running now; while it is not 0 the global hooks of
+#: ``ppetrace.instrument()`` stand aside, so that nothing is traced twice.
+running = 0
 # Trainer -> the exporter trace_file_first attached for the session that follows
 _attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -52,7 +55,9 @@ def session(
     ``call`` (``"fit"``, ``"validate"`` or ``"test"``) names the trace file of
     every call after the first (:func:`next_trace_path`).
     """
+    global running
     cleanups: list[Callable[[], None]] = []
+    running += 1
     try:
         early = _attached.pop(self, None)
         if early is not None or self.trace_path is not None:
@@ -81,6 +86,8 @@ def session(
         raise
     else:
         run_cleanups(cleanups, failing=False)
+    finally:
+        running -= 1
 
 
 def next_trace_path(self: TrainerView, call: str) -> Path:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_memory, bench_trainer, run  # noqa: E402
+from benchmarks import bench_instrument, bench_memory, bench_trainer, run  # noqa: E402
 
 BUDGETED = {
     "hotpath.otel",
@@ -29,6 +29,7 @@ BUDGETED = {
     "profilers.off",
     "delivery.simple",
     "delivery.batch_trainer",
+    *bench_instrument.BUDGETED,
 }
 PEER_ROWS = {
     f"trainer.{w}.{v}" for w in ("tiny", "mlp") for v in ("ppe", "ppe_profile", "lightning")

@@ -18,7 +18,8 @@ ALLOWED = {
     "runtime": {"tracing"},
     "profilers": {"tracing"},
     "training": {"tracing", "runtime", "interfaces", "profilers", "integrations"},
-    # integrations.dataloader uses tracing only (the Trainer traces its loaders' workers)
+    # integrations.dataloader (the Trainer traces its loaders' workers), instrument(),
+    # `ppetrace run` and LightningProfiler: they trace what ppetrace does not drive
     "integrations": {"tracing", "runtime", "interfaces", "profilers"},
 }
 #: Modules at the top of the package, which may use any stage.

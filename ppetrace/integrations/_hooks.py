@@ -1,0 +1,412 @@
+"""The global hooks of ``instrument()``: what they patch, and how ``close()`` puts it back.
+
+- DataLoader: ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__``
+  (every DataLoader iterator, with or without worker processes) runs inside
+  ``trainer.fetch_batch``; the batch it hands over opens a candidate step.
+- Modules: ``torch.nn.Module.__call__`` runs a call at depth <= ``module_depth``
+  (1: the outermost module calls) inside ``module.forward``, with
+  ``ppetrace.module`` = the class name at depth 1 and the dotted path below.
+  While torch.compile traces (``torch.compiler.is_compiling()``) the hook calls
+  straight through, so a compiled module is traced from outside and compiles
+  to the same graphs as without ppetrace.
+- Backward: ``torch.Tensor.backward`` and ``torch.autograd.backward`` run inside
+  ``trainer.backward`` (the outermost call only; the first calls the second).
+- Optimizer steps: torch's global optimizer step hooks
+  (``register_optimizer_step_pre_hook``/``..._post_hook``) bracket
+  ``trainer.optimizer_step``, recorded after the fact: the hooks give a start
+  and an end, not a block to wrap, and a step that raises leaves no span.
+
+Every wrapper calls through unchanged once the hooks are off (after
+``close()``, also when another library wrapped it meanwhile) and while ppetrace's
+own Trainer or a LightningProfiler traces the loop (:mod:`._precedence`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils.data.dataloader as _dl
+from torch.optim import optimizer as _optim
+
+from ..tracing._recorder import RECORDER, span_attributes, trace
+from . import _precedence
+from ._precedence import standing_aside
+from ._record import current_parent
+from ._stepper import VAL, StepTracker
+
+__all__ = ["Hooks"]
+
+_log = logging.getLogger("ppetrace")
+_perf_ns = time.perf_counter_ns
+_MISSING = object()
+
+
+_COMPILED = "OptimizedModule"  # torch.compile's wrapper: named after the module inside
+_compiler: Any = torch.compiler
+if not hasattr(_compiler, "_is_compiling_flag"):  # an older torch: is_compiling() says it all
+    _compiler = types.SimpleNamespace(
+        _is_compiling_flag=False,
+        is_compiling=torch.compiler.is_compiling,
+    )
+# While torch.compile traces, the hooks must call straight through (no graph break):
+# is_dynamo_compiling() is what dynamo folds to True, and is cheaper than is_compiling()
+# (which also covers torch.export, through the flag read beside it).
+_dynamo_compiling = getattr(_compiler, "is_dynamo_compiling", _compiler.is_compiling)
+_drivers = _precedence.drivers
+_session = _precedence.session
+
+
+def _compiling() -> bool:
+    return _dynamo_compiling() or bool(getattr(_compiler, "_is_compiling_flag", False))
+
+
+def root_name(module: Any) -> str:
+    """The class name of a module (of the module inside a ``torch.compile`` wrapper).
+    ``nn.Module.__getattr__`` is slow for a missing name, so it is asked only of the wrapper."""
+    kind = type(module)
+    if kind.__name__ == _COMPILED:
+        inner = module.__dict__.get("_modules", {}).get("_orig_mod")
+        if inner is not None:
+            return type(inner).__name__
+    return kind.__name__
+
+
+class _Paths:
+    """Dotted paths of submodules below their outermost module, made once per root."""
+
+    def __init__(self) -> None:
+        self._by_root: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+
+    def of(self, root: Any, module: Any) -> str:
+        try:
+            paths = self._by_root.get(root)
+        except TypeError:  # a module that cannot be weakly referenced
+            return type(module).__name__
+        if paths is None or id(module) not in paths:
+            base = root_name(root)
+            target = root.__dict__.get("_modules", {}).get("_orig_mod", root)
+            paths = {
+                id(m): f"{base}.{name}" if name else base for name, m in target.named_modules()
+            }
+            paths.setdefault(id(module), type(module).__name__)  # not below this root
+            self._by_root[root] = paths
+        return paths[id(module)]
+
+
+class Hooks:
+    """Installs the hooks for one ``instrument()`` and removes them again."""
+
+    def __init__(
+        self, tracker: StepTracker, *, module_depth: int, span: Callable[..., Any]
+    ) -> None:
+        self.tracker = tracker
+        self.module_depth = module_depth
+        self.span = span  # ppetrace.trace, or a CudaTimer's span()
+        self.on = False
+        self._saved: list[tuple[Any, str, Any, Any]] = []
+        self._handles: list[Any] = []
+        self._paths = _Paths()
+        self._reported: set[str] = set()
+
+    def failed(self, where: str) -> None:
+        """Log a failure of ppetrace's own bookkeeping, once per hook; the traced code goes
+        on (telemetry never breaks training)."""
+        if where not in self._reported:
+            self._reported.add(where)
+            _log.exception("ppetrace: the %s hook of instrument() failed; the loop goes on", where)
+
+    # -- install and remove ----------------------------------------------------------
+
+    def install(self) -> None:
+        """Patch the DataLoader iterator, ``Module.__call__`` and backward; register the
+        optimizer step hooks."""
+        self.on = True
+        standing_aside()  # finds the Trainer's flag if the training package is imported
+        base = _dl._BaseDataLoaderIter
+        self._patch(base, "__next__", self._fetch_wrapper(base.__next__))
+        if self.module_depth > 0:
+            self._patch(torch.nn.Module, "__call__", self._module_wrapper(torch.nn.Module.__call__))
+        # Tensor.backward calls torch.autograd.backward: the outer one opens the span
+        self._patch(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
+        self._patch(torch.autograd, "backward", self._backward_wrapper(torch.autograd.backward))
+        self._handles.append(_optim.register_optimizer_step_pre_hook(self._optimizer_pre))
+        self._handles.append(_optim.register_optimizer_step_post_hook(self._optimizer_post))
+
+    def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
+        before = (
+            owner.__dict__.get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name)
+        )
+        self._saved.append((owner, name, before, wrapper))
+        setattr(owner, name, wrapper)
+
+    def uninstall(self) -> None:
+        """Restore every patched attribute and remove the optimizer hooks. An attribute
+        that someone else replaced after us is left to them (our wrapper inside it calls
+        straight through from now on)."""
+        self.on = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for owner, name, before, wrapper in reversed(self._saved):
+            now = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
+            if now is not wrapper:
+                _log.warning(
+                    "ppetrace: %s.%s was replaced while instrument() was active; leaving the "
+                    "replacement in place (ppetrace's hook inside it is now inert).",
+                    getattr(owner, "__name__", owner),
+                    name,
+                )
+                continue
+            if before is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+        self._saved.clear()
+
+    # -- the wrappers ----------------------------------------------------------------
+
+    def _fetch_wrapper(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        hooks, tracker = self, self.tracker
+        tls = tracker.tls
+
+        @functools.wraps(orig)
+        def __next__(self: Any) -> Any:
+            if not hooks.on or standing_aside():
+                return orig(self)
+            try:
+                st = tls.state
+            except AttributeError:
+                st = tracker.state()
+            if st.in_fetch:  # a loader inside a loader's fetch: only its span
+                with trace("trainer.fetch_batch", {"ppetrace.step": tracker.global_step}):
+                    return orig(self)
+            cand = st.cand
+            if cand is not None and cand.profiled >= 0:
+                tracker.profilers_end(cand)  # outside the fetch, as the Trainer does
+            idx = getattr(self, "_num_yielded", None)
+            attrs = {"ppetrace.step": tracker.global_step}
+            if idx is not None:
+                attrs["ppetrace.batch_idx"] = idx
+            span = trace("trainer.fetch_batch", attrs)
+            span.__enter__()
+            start = getattr(span, "start_ns", None) or _perf_ns()
+            if cand is not None:
+                try:
+                    tracker.finalize(st, start)  # the step ends where this fetch begins
+                except Exception:
+                    hooks.failed("DataLoader")
+            st.in_fetch = True  # modules that load data (transforms) are not the model
+            try:
+                batch = orig(self)
+            except StopIteration:
+                st.in_fetch = False
+                span.__exit__(None, None, None)
+                try:
+                    tracker.exhausted(st, self, getattr(span, "end_ns", None) or _perf_ns())
+                except Exception:
+                    hooks.failed("DataLoader")
+                raise
+            except BaseException as exc:
+                st.in_fetch = False
+                span.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            try:  # inside the fetch: what the step needs to know about its batch
+                parent = getattr(span, "parent_id", None)
+                if parent is not None:
+                    parent = (span.trace_id, parent)
+                cand = tracker.prepare(start, batch, self, idx, parent)
+            except Exception:
+                cand = None
+                hooks.failed("DataLoader")
+            finally:
+                span.__exit__(None, None, None)
+                st.in_fetch = False
+            if cand is not None:
+                try:
+                    tracker.begin(st, cand, getattr(span, "end_ns", None) or _perf_ns())
+                except Exception:
+                    hooks.failed("DataLoader")
+            return batch
+
+        return __next__
+
+    def _module_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        hooks, tracker, max_depth, span = self, self.tracker, self.module_depth, self.span
+        grad_enabled = torch.is_grad_enabled
+        paths = self._paths
+        tls = tracker.tls
+        dynamo, compiler = _dynamo_compiling, _compiler
+
+        @functools.wraps(orig)
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if dynamo() or compiler._is_compiling_flag or not hooks.on:
+                return orig(self, *args, **kwargs)
+            try:
+                st = tls.state
+            except AttributeError:
+                st = tracker.state()
+            depth = st.depth
+            if depth >= max_depth:  # below the traced depth: only count the depth
+                st.depth = depth + 1
+                try:
+                    return orig(self, *args, **kwargs)
+                finally:
+                    st.depth = depth
+            session = _session[0]
+            if _drivers[0] or (session is not None and session.running):
+                return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
+            try:
+                if depth == 0:
+                    st.root = self
+                    name = type(self).__name__
+                    attrs = {
+                        "ppetrace.module": name if name != _COMPILED else root_name(self),
+                        "ppetrace.step": tracker.global_step,
+                    }
+                    st.val_attrs = None
+                    if st.in_fetch:
+                        pass  # a module that loads data: no step bookkeeping
+                    elif grad_enabled():
+                        cand = st.cand
+                        if cand is not None and (cand.train_seen or cand.fetched is not None):
+                            cand.train_seen = True  # the common case, without a call
+                        else:
+                            tracker.train_forward(st, _perf_ns())
+                    elif tracker.is_val(st):
+                        attrs["ppetrace.stage"] = VAL
+                        st.val_attrs = []
+                else:
+                    attrs = {
+                        "ppetrace.module": paths.of(st.root, self),
+                        "ppetrace.step": tracker.global_step,
+                    }
+                    if st.val_attrs is not None:  # inside an evaluation forward
+                        attrs["ppetrace.stage"] = VAL
+            except Exception:
+                hooks.failed("module call")
+                attrs = {"ppetrace.module": type(self).__name__}
+            st.depth = depth + 1
+            start = _perf_ns()
+            try:
+                with span("module.forward", attrs) as entered:
+                    if st.val_attrs is not None:
+                        # the dict the span records (a snapshot of attrs): the step
+                        # takes the tag back if the forward turns out to be inside it
+                        recorded = span_attributes(entered)
+                        if recorded is not None:
+                            st.val_attrs.append(recorded)
+                    return orig(self, *args, **kwargs)
+            finally:
+                st.depth = depth
+                if depth == 0 and st.val_attrs is not None:
+                    try:
+                        tracker.val_forward(st, st.val_attrs, start, _perf_ns())
+                    except Exception:
+                        hooks.failed("module call")
+                    st.val_attrs = None
+
+        return __call__
+
+    def _backward_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        hooks, tracker, span = self, self.tracker, self.span
+        tls = tracker.tls
+        dynamo, compiler = _dynamo_compiling, _compiler
+
+        @functools.wraps(orig)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if dynamo() or compiler._is_compiling_flag or not hooks.on:
+                return orig(*args, **kwargs)
+            try:
+                st = tls.state
+            except AttributeError:
+                st = tracker.state()
+            if st.in_backward or st.in_fetch:  # Tensor.backward's inner call, or data code
+                return orig(*args, **kwargs)
+            session = _session[0]
+            if _drivers[0] or (session is not None and session.running):
+                return orig(*args, **kwargs)  # the Trainer or Lightning traces it
+            cand = st.cand
+            if cand is not None and (cand.train_seen or cand.fetched is not None):
+                cand.train_seen = cand.trained = True  # the common case, without a call
+            else:
+                try:
+                    tracker.training(st, _perf_ns())
+                except Exception:
+                    hooks.failed("backward")
+            st.in_backward = True
+            try:
+                with span("trainer.backward", {"ppetrace.step": tracker.global_step}):
+                    return orig(*args, **kwargs)
+            finally:
+                st.in_backward = False
+
+        return backward
+
+    def _optimizer_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if _compiling() or not self.on:
+            return
+        session = _session[0]
+        if _drivers[0] or (session is not None and session.running):
+            return  # the Trainer or Lightning traces it
+        now = _perf_ns()
+        try:
+            tracker = self.tracker
+            try:
+                st = tracker.tls.state
+            except AttributeError:
+                st = tracker.state()
+            cand = st.cand
+            if cand is not None and (cand.train_seen or cand.fetched is not None):
+                cand.train_seen = cand.trained = True  # the common case, without a call
+            else:
+                tracker.training(st, now)
+            opts = st.opts
+            if opts and opts[-1][0] is opt:
+                opts.pop()  # its last step raised: no post hook came
+            attrs = {"ppetrace.step": tracker.global_step, "ppetrace.optimizer": type(opt).__name__}
+            pair = None
+            timer = tracker.timer
+            if timer is not None:
+                pair = timer.wrap("trainer.optimizer_step", attrs)
+                if pair is not None:
+                    RECORDER.hooked[id(attrs)] = attrs  # copied when the row is taken
+                    pair.begin(now, None)
+            opts.append((opt, now, current_parent(), attrs, pair))
+        except Exception:
+            self.failed("optimizer step")
+
+    def _optimizer_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if _compiling() or not self.on:
+            return
+        session = _session[0]
+        if _drivers[0] or (session is not None and session.running):
+            return
+        try:
+            tracker = self.tracker
+            try:
+                st = tracker.tls.state
+            except AttributeError:
+                st = tracker.state()
+            opts = st.opts
+            while opts:
+                entry = opts.pop()
+                if entry[0] is opt:
+                    break
+            else:
+                return  # its pre hook ran before instrument() started
+            _, start, parent, attrs, pair = entry
+            if pair is not None:
+                pair.__exit__(None, None, None)
+            end = _perf_ns()
+            st.rows.record("trainer.optimizer_step", start, end, parent, attrs)
+            if not opts:
+                tracker.optimizer_end(st, end)
+        except Exception:
+            self.failed("optimizer step")

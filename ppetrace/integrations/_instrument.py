@@ -1,0 +1,231 @@
+"""``ppetrace.instrument()``: trace any PyTorch loop through global hooks, no code changes.
+
+One instrumentation at a time: it patches process-wide state (see
+:mod:`._hooks`), so a second ``instrument()`` while one is active raises.
+``close()`` (or leaving the ``with`` block) ends the open step, tears the
+profilers down, removes every hook and patch, restores the originals exactly
+and writes the trace file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import traceback
+import types
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import tracing
+from ..tracing._recorder import trace
+from ._hooks import Hooks
+from ._stepper import StepTracker
+
+__all__ = ["Instrumentation", "active", "instrument"]
+
+_log = logging.getLogger("ppetrace")
+_lock = threading.Lock()
+_active: list[Instrumentation] = []
+_PROFILER_METHODS = ("setup", "step_begin", "step_end", "teardown")
+
+
+def active() -> Instrumentation | None:
+    """The instrumentation that is active now, if any."""
+    return _active[0] if _active else None
+
+
+class Instrumentation:
+    """The handle of an active :func:`instrument`: a context manager, and :meth:`close`.
+
+    Profilers see it as their trainer: ``trace_exporter`` (the Chrome trace
+    exporter of ``trace_path``, or None) and ``runtime.device_spec``.
+    """
+
+    def __init__(
+        self,
+        *,
+        trace_path: str | os.PathLike[str] | None,
+        module_depth: int,
+        profilers: list[Any],
+        device: str,
+    ) -> None:
+        self.trace_path = None if trace_path is None else Path(trace_path)
+        self.module_depth = module_depth
+        self.profilers = profilers
+        #: what profilers read as ``trainer.runtime``
+        self.runtime = types.SimpleNamespace(device_spec=device)
+        #: the ChromeTraceExporter writing ``trace_path``, or None
+        self.trace_exporter: Any = None
+        self.closed = False
+        timer = next((p for p in profilers if _is_span_wrapper(p)), None)
+        self._tracker = StepTracker(profilers, timer)
+        self._hooks = Hooks(
+            self._tracker,
+            module_depth=module_depth,
+            span=timer.span if timer is not None else trace,
+        )
+        self._where = "".join(traceback.format_stack(limit=4)[:-2]).rstrip()
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps done so far (``ppetrace.step``)."""
+        return self._tracker.global_step
+
+    @property
+    def epoch(self) -> int:
+        """Training epochs completed so far (DataLoader iterators run out after training)."""
+        return self._tracker.epoch
+
+    @property
+    def steps(self) -> int:
+        """``trainer.step`` spans recorded so far."""
+        return self._tracker.steps
+
+    def _start(self) -> None:
+        started: list[Any] = []
+        try:
+            if self.trace_path is not None:
+                from exporters.chrome import ChromeTraceExporter
+
+                self.trace_exporter = ChromeTraceExporter(self.trace_path)
+                tracing.add_exporter(self.trace_exporter)
+            for prof in self.profilers:
+                prof.setup(self)
+                started.append(prof)
+            self._hooks.install()
+        except BaseException:
+            self._hooks.uninstall()
+            for prof in reversed(started):
+                _quietly(prof.teardown)
+            if self.trace_exporter is not None:
+                tracing.remove_exporter(self.trace_exporter)
+            raise
+
+    def close(self) -> None:
+        """End the open step, tear the profilers down, remove every hook and patch (the
+        originals come back exactly) and write the trace. Closing twice does nothing."""
+        with _lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self in _active:
+                _active.remove(self)
+        errors: list[BaseException] = []
+        for step in (self._tracker.close, self._hooks.uninstall):
+            try:
+                step()
+            except Exception as exc:
+                errors.append(exc)
+        for prof in reversed(self.profilers):
+            try:
+                prof.teardown()
+            except Exception as exc:
+                errors.append(exc)
+        try:
+            if self.trace_exporter is not None:
+                tracing.remove_exporter(self.trace_exporter)
+            else:
+                tracing.flush()
+        except Exception as exc:
+            errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> Instrumentation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "active"
+        return f"<ppetrace.Instrumentation {state} trace_path={self.trace_path!s}>"
+
+
+def instrument(
+    *,
+    trace_path: str | os.PathLike[str] | None = None,
+    module_depth: int = 1,
+    profilers: Iterable[Any] = (),
+    device: str | None = None,
+) -> Instrumentation:
+    """Trace any PyTorch training or inference loop, without changing its code.
+
+    Use ``with ppetrace.instrument(trace_path="trace.json"): ...`` or keep the
+    handle and call ``handle.close()``. While it is active:
+
+    - every DataLoader iterator's ``__next__`` is a ``trainer.fetch_batch`` span;
+    - each module call at depth <= ``module_depth`` (1: the outermost only; 0: none)
+      is a ``module.forward`` span, ``ppetrace.module`` = class name or dotted path;
+    - ``Tensor.backward``/``torch.autograd.backward`` is ``trainer.backward``;
+    - ``Optimizer.step`` is ``trainer.optimizer_step`` (torch's global optimizer hooks);
+    - each batch that trains becomes a ``trainer.step``, as in ``ppetrace.Trainer``
+      (README, "What a step covers"); forward calls under ``no_grad`` outside a
+      training step get ``ppetrace.stage = "val"``.
+
+    ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`);
+    without it the spans go to whatever :func:`ppetrace.configure` set up.
+    ``profilers`` are ``ppetrace.profilers`` objects (``Pyinstrument``,
+    ``TorchProfiler``, ``CudaTimer``, ...), stepped per batch handed over with
+    gradients enabled on this thread; ``device`` is what they read as the
+    device (default ``"cuda"`` when CUDA is available, else ``"cpu"``).
+
+    While a ``ppetrace.Trainer`` call or a ``LightningProfiler`` traces the loop,
+    the hooks stand aside. Only one instrumentation can be active: a second call
+    raises ``RuntimeError``.
+    """
+    if isinstance(module_depth, bool) or not isinstance(module_depth, int) or module_depth < 0:
+        raise ValueError(
+            "Expected a non-negative int for module_depth (1: the outermost module calls, 0: "
+            f"none), but received {module_depth!r}."
+        )
+    if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
+        raise TypeError(
+            "Expected a file path (str or os.PathLike) or None for trace_path, but received "
+            f"{type(trace_path).__name__}."
+        )
+    profs = list(profilers)
+    for i, prof in enumerate(profs):
+        missing = [m for m in _PROFILER_METHODS if not callable(getattr(prof, m, None))]
+        if missing:
+            raise TypeError(
+                "Expected profilers with setup(trainer), step_begin(step), step_end(step) and "
+                f"teardown(), but profiler {i} ({type(prof).__name__}) lacks {', '.join(missing)}."
+            )
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    with _lock:
+        if _active:
+            raise RuntimeError(
+                "Expected no other active ppetrace.instrument(), but one is active already "
+                f"({_active[0]!r}, started at:\n{_active[0]._where}\n). Close it first "
+                "(handle.close() or the end of its with block); under `ppetrace run` the "
+                "script is instrumented already, so remove its own instrument() call."
+            )
+        handle = Instrumentation(
+            trace_path=trace_path, module_depth=module_depth, profilers=profs, device=device
+        )
+        _active.append(handle)
+    try:
+        handle._start()
+    except BaseException:
+        with _lock:
+            _active.remove(handle)
+        raise
+    return handle
+
+
+def _is_span_wrapper(prof: Any) -> bool:
+    """A profiler that opens spans itself (``CudaTimer``: ``span`` and ``wrap``)."""
+    return callable(getattr(prof, "span", None)) and callable(getattr(prof, "wrap", None))
+
+
+def _quietly(fn: Any) -> None:
+    try:
+        fn()
+    except Exception:
+        _log.exception("ppetrace: %r failed while instrument() gave up", fn)

@@ -1,0 +1,66 @@
+"""Where each rank of a distributed run writes its trace: the per-rank layout.
+
+Under torchrun every process gets ``RANK`` and ``WORLD_SIZE``. A run whose trace
+is ``trace.json`` then writes rank R's spans to ``trace.ranks/rank<R>.json``
+(the folder HolisticTraceAnalysis loads as it is; the merged ``trace.json``
+beside it is the distributed issue's work). Nothing here creates or needs a
+process group: the rank comes from the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["RankInfo", "rank_info", "rank_trace_path", "split_suffix"]
+
+
+class RankInfo:
+    """``rank`` and ``world_size`` of this process, as torchrun set them."""
+
+    __slots__ = ("rank", "world_size")
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+
+    def __repr__(self) -> str:
+        return f"RankInfo(rank={self.rank}, world_size={self.world_size})"
+
+
+def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
+    """This process's rank from ``RANK`` and ``WORLD_SIZE`` (both set, as under torchrun),
+    else None. Values that are not non-negative ints raise ``ValueError``."""
+    env = os.environ if environ is None else environ
+    rank, world = env.get("RANK"), env.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    if not (rank.strip().isdigit() and world.strip().isdigit()) or int(world) < 1:
+        raise ValueError(
+            "Expected RANK and WORLD_SIZE to be non-negative integers (WORLD_SIZE >= 1), as "
+            f"torchrun sets them, but received RANK={rank!r}, WORLD_SIZE={world!r}."
+        )
+    return RankInfo(int(rank), int(world))
+
+
+def split_suffix(path: str | os.PathLike[str]) -> tuple[Path, str]:
+    """``trace.json`` -> (``trace``, ``.json``); ``t.json.gz`` -> (``t``, ``.json.gz``);
+    any other name keeps its last suffix, or gets ``.json`` when it has none."""
+    p = Path(path)
+    name = p.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return p.with_name(name[: -len(suffix)]), suffix
+    if p.suffix:
+        return p.with_name(p.stem), p.suffix
+    return p, ".json"
+
+
+def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:
+    """Rank ``rank``'s file for the run whose trace is ``path``:
+    ``trace.json`` -> ``trace.ranks/rank<rank>.json`` (``.json.gz`` stays gzipped)."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"Expected a non-negative int for rank, but received {rank!r}.")
+    stem, suffix = split_suffix(path)
+    return stem.with_name(stem.name + ".ranks") / f"rank{rank}{suffix}"

@@ -1,0 +1,420 @@
+"""The training steps of a loop that ppetrace does not drive, as the Trainer defines them.
+
+A step is one batch, as in the Trainer: it starts when the DataLoader has
+handed over the batch (the end of its ``trainer.fetch_batch``) and ends where
+the next fetch begins, or at the end of the last optimizer step before that
+fetch, whichever comes first. On a thread that fetches no batch, a step
+starts at the first training activity (a forward with gradients enabled, a
+backward, an optimizer step) and ends at the end of each optimizer step,
+where the next one starts.
+
+Whether a batch was a training step is known only when it ends: one that saw
+a backward or an optimizer step is recorded then, after the fact, as a
+``trainer.step`` span (``ppetrace.step``: optimizer steps done when it
+started, ``ppetrace.stage``: ``train``, ``ppetrace.epoch``, and the batch's
+``ppetrace.batch_idx``/``ppetrace.batch_size`` when a DataLoader handed it
+over). A batch without one is not a step: its forward calls under
+``torch.no_grad()``/``inference_mode()`` carry ``ppetrace.stage = "val"``,
+and a run of such batches between training steps becomes one
+``trainer.validation`` span, left out of step time like the Trainer's. A
+forward under ``no_grad`` that turns out to be inside a training step (a
+teacher model's) loses its ``val`` tag when the step ends (a flush of the
+recorder in between keeps it: rare, documented).
+
+Each thread has its own steps; the profilers (``step_begin``/``step_end``,
+counting batches handed over with gradients enabled) follow the thread that
+started ``instrument()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..tracing._recorder import RECORDER
+from ._record import RowBuffer, current_parent
+
+__all__ = ["Candidate", "StepTracker", "ThreadState", "batch_size"]
+
+_log = logging.getLogger("ppetrace")
+_perf_ns = time.perf_counter_ns
+_grad_enabled = torch.is_grad_enabled
+TRAIN = "train"
+VAL = "val"
+
+
+def batch_size(batch: Any) -> int | None:
+    """The leading dimension of the batch's first tensor (tuple, list or dict batches)."""
+    first = batch
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        first = batch[0] if batch else None
+    elif kind is dict:
+        first = next(iter(batch.values()), None)
+    if isinstance(first, torch.Tensor) and first.ndim:
+        return int(first.shape[0])
+    return None
+
+
+class Candidate:
+    """A batch (or, without a DataLoader, an optimizer step's worth of work) that becomes
+    a ``trainer.step`` if it trains."""
+
+    __slots__ = (
+        "start",
+        "fetched",
+        "attrs",
+        "parent",
+        "trained",
+        "train_seen",
+        "val_start",
+        "val_end",
+        "val_attrs",
+        "opt_end",
+        "iterator",
+        "profiled",
+        "pair",
+    )
+
+    def __init__(
+        self,
+        start: int,
+        attrs: dict[str, Any],
+        fetched: int | None,
+        parent: tuple[int, int] | None = None,
+    ) -> None:
+        self.start = start
+        #: the start of the fetch that handed the batch over, or None
+        self.fetched = fetched
+        self.attrs = attrs
+        #: (trace id, span id) of the span the step is recorded under
+        self.parent = current_parent() if parent is None else parent
+        self.trained = False
+        self.train_seen = False
+        self.val_start: int | None = None
+        self.val_end = 0
+        #: the evaluation forwards in it: their spans' attributes, start and end
+        self.val_attrs: list[tuple[list[dict[str, Any]], int, int]] = []
+        self.opt_end = 0
+        self.iterator: Any = None
+        self.profiled = -1
+        self.pair: Any = None
+
+
+class ThreadState:
+    """What the hooks keep per thread: module depth, the open candidate, open optimizer
+    steps, and the validation run waiting for the next training step."""
+
+    __slots__ = (
+        "depth",
+        "root",
+        "in_backward",
+        "in_fetch",
+        "cand",
+        "opts",
+        "val_start",
+        "val_end",
+        "val_parent",
+        "last_was_val",
+        "had_step",
+        "val_attrs",
+        "rows",
+        "profiled",
+        "thread",
+    )
+
+    def __init__(self, profiled: bool) -> None:
+        self.depth = 0
+        self.root: Any = None
+        self.in_backward = False
+        #: inside a DataLoader fetch: modules there load data, they are not the model
+        self.in_fetch = False
+        self.cand: Candidate | None = None
+        self.opts: list[tuple[Any, int, tuple[int, int], dict[str, Any], Any]] = []
+        self.val_start: int | None = None
+        self.val_end = 0
+        self.val_parent = (0, 0)
+        self.last_was_val = False
+        self.had_step = False
+        #: the attributes of the evaluation forward running now and its submodules' calls
+        self.val_attrs: list[dict[str, Any]] | None = None
+        self.rows = RowBuffer()
+        self.profiled = profiled
+        self.thread = threading.current_thread()
+
+
+class StepTracker:
+    """Steps, optimizer steps and epochs of every thread of one ``instrument()``.
+
+    ``profilers`` get ``step_begin``/``step_end`` around the batches of the
+    thread that made the tracker; ``timer`` (a ``CudaTimer``) times each step
+    on the device from its start.
+    """
+
+    def __init__(self, profilers: Sequence[Any] = (), timer: Any = None) -> None:
+        #: optimizer steps done (``ppetrace.step``)
+        self.global_step = 0
+        #: DataLoader epochs that trained, completed
+        self.epoch = 0
+        #: ``trainer.step`` spans recorded
+        self.steps = 0
+        self.profilers = list(profilers)
+        self.timer = timer
+        self._profiled_batches = 0
+        self._owner = threading.get_ident()
+        #: per-thread: ``tls.state`` is the thread's :class:`ThreadState` once made
+        self.tls = threading.local()
+        self._states: dict[int, ThreadState] = {}
+        self._lock = threading.Lock()
+        self._trained_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._last_trained: Any = None  # the iterator added last (adding is not free)
+
+    # -- threads -------------------------------------------------------------------------
+
+    def state(self) -> ThreadState:
+        """This thread's state (made on first use)."""
+        try:
+            state: ThreadState = self.tls.state
+            return state
+        except AttributeError:
+            pass
+        st = ThreadState(threading.get_ident() == self._owner)
+        self.tls.state = st
+        with self._lock:
+            if len(self._states) > 64:  # forget threads that ended
+                self._states = {k: v for k, v in self._states.items() if v.thread.is_alive()}
+            self._states[threading.get_ident()] = st
+        return st
+
+    # -- candidates ----------------------------------------------------------------------
+
+    def open(self, st: ThreadState, start: int) -> Candidate:
+        """Open an implicit candidate step (no DataLoader handed its batch over) at ``start``."""
+        attrs: dict[str, Any] = {
+            "ppetrace.epoch": self.epoch,
+            "ppetrace.step": self.global_step,
+            "ppetrace.stage": TRAIN,
+        }
+        return self.begin(st, Candidate(start, attrs, None), start)
+
+    def prepare(
+        self,
+        fetched: int,
+        batch: Any,
+        iterator: Any,
+        batch_idx: int | None,
+        parent: tuple[int, int] | None,
+    ) -> Candidate:
+        """The candidate step of ``batch`` (number ``batch_idx`` of ``iterator``), handed over
+        by a fetch that started at ``fetched`` under ``parent`` (the fetch's parent: the step
+        is its sibling); :meth:`begin` opens it. Made inside the fetch, so that its cost is
+        not between the fetch and the step."""
+        attrs: dict[str, Any] = {
+            "ppetrace.epoch": self.epoch,
+            "ppetrace.step": self.global_step,
+            "ppetrace.stage": TRAIN,
+        }
+        if batch_idx is not None:
+            attrs["ppetrace.batch_idx"] = batch_idx
+        size = batch_size(batch)
+        if size is not None:
+            attrs["ppetrace.batch_size"] = size
+        cand = Candidate(0, attrs, fetched, parent)
+        cand.iterator = iterator
+        return cand
+
+    def begin(self, st: ThreadState, cand: Candidate, start: int) -> Candidate:
+        """Open ``cand`` at ``start``; the profilers' ``step_begin`` when it is profiled."""
+        cand.start = start
+        st.cand = cand
+        attrs = cand.attrs
+        if st.profiled and (self.profilers or self.timer is not None) and _grad_enabled():
+            cand.profiled = self._profiled_batches
+            for prof in self.profilers:
+                _call(prof.step_begin, cand.profiled)
+            timer = self.timer
+            if timer is not None:
+                try:
+                    pair = timer.wrap("trainer.step", attrs)
+                    if pair is not None:
+                        RECORDER.hooked[id(attrs)] = attrs  # copied when the row is taken
+                        pair.begin(start, None)
+                        cand.pair = pair
+                except Exception:
+                    _log.exception("ppetrace: timing a step on the device failed")
+        return cand
+
+    def ensure(self, st: ThreadState, now: int) -> Candidate:
+        """The open candidate, or a new implicit one at ``now``. An implicit candidate
+        that so far saw only evaluation ends here: the training starts now."""
+        cand = st.cand
+        if cand is None:
+            return self.open(st, now)
+        if cand.fetched is None and cand.val_start is not None and not cand.train_seen:
+            self.finalize(st, now)
+            return self.open(st, now)
+        return cand
+
+    def train_forward(self, st: ThreadState, now: int) -> None:
+        """A forward with gradients enabled starts at ``now``."""
+        self.ensure(st, now).train_seen = True
+
+    def training(self, st: ThreadState, now: int) -> None:
+        """A backward or an optimizer step starts at ``now``: the candidate trains."""
+        cand = self.ensure(st, now)
+        cand.train_seen = cand.trained = True
+
+    def is_val(self, st: ThreadState) -> bool:
+        """Whether a forward with gradients disabled, starting now, is outside training: no
+        step is open, it has not trained yet, or its optimizer step is done."""
+        cand = st.cand
+        return cand is None or not cand.train_seen or cand.opt_end > 0
+
+    def val_forward(
+        self, st: ThreadState, attrs: list[dict[str, Any]], start: int, end: int
+    ) -> None:
+        """A forward tagged ``val`` (its spans' ``attrs``) ran from ``start`` to ``end``."""
+        cand = st.cand
+        if cand is None:
+            self._extend_val(st, start, end, current_parent())
+            return
+        cand.val_attrs.append((attrs, start, end))
+        if cand.val_start is None:
+            cand.val_start = cand.fetched if cand.fetched is not None else start
+        cand.val_end = end
+
+    def optimizer_end(self, st: ThreadState, now: int) -> None:
+        """The outermost optimizer step ended at ``now``."""
+        self.global_step += 1
+        cand = st.cand
+        if cand is None:
+            return
+        cand.opt_end = now
+        if cand.fetched is None:  # no DataLoader: one step per optimizer step
+            self.finalize(st, now)
+            self.open(st, now)
+
+    def exhausted(self, st: ThreadState, iterator: Any, end: int) -> None:
+        """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration)."""
+        if st.last_was_val and st.val_start is not None:
+            st.val_end = max(st.val_end, end)
+        if iterator in self._trained_iterators:
+            self._trained_iterators.discard(iterator)
+            self._last_trained = None
+            self.epoch += 1
+
+    def finalize(self, st: ThreadState, end: int) -> None:
+        """Close the open candidate where the next fetch begins (``end``), or at the end
+        of its last optimizer step; record it if it trained."""
+        cand = st.cand
+        if cand is None:
+            return
+        st.cand = None
+        try:
+            if cand.trained:
+                self._record_step(st, cand, cand.opt_end or end)
+            else:
+                self._not_a_step(st, cand)
+        finally:
+            if cand.profiled >= 0:
+                self.profilers_end(cand)
+
+    def profilers_end(self, cand: Candidate) -> None:
+        """``step_end`` of the profilers for ``cand`` (once; a no-op if it was not profiled)."""
+        if cand.profiled >= 0:
+            index, cand.profiled = cand.profiled, -1
+            self._profiled_batches += 1
+            for prof in self.profilers:
+                _call(prof.step_end, index)
+
+    def _record_step(self, st: ThreadState, cand: Candidate, end: int) -> None:
+        if st.val_start is not None:
+            self._emit_validation(st)  # the evaluation before this step
+        st.last_was_val = False
+        for attrs, start, stop in cand.val_attrs:
+            if start < end:  # under no_grad inside the training step: not evaluation
+                for a in attrs:
+                    a.pop("ppetrace.stage", None)
+            else:  # after its optimizer step: evaluation before the next step
+                self._extend_val(st, start, stop, cand.parent)
+        pair = cand.pair
+        if pair is not None:
+            _call(pair.__exit__, None, None, None)
+        st.rows.record("trainer.step", cand.start, end, cand.parent, cand.attrs)
+        st.had_step = True
+        self.steps += 1
+        iterator = cand.iterator
+        if iterator is not None and iterator is not self._last_trained:
+            self._trained_iterators.add(iterator)
+            self._last_trained = iterator
+
+    def _not_a_step(self, st: ThreadState, cand: Candidate) -> None:
+        if cand.pair is not None:
+            _cancel_pair(self.timer, cand.pair)
+            RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
+        if cand.val_start is not None:
+            self._extend_val(st, cand.val_start, cand.val_end, cand.parent)
+            st.last_was_val = True
+        else:
+            st.last_was_val = False
+
+    def _extend_val(self, st: ThreadState, start: int, end: int, parent: tuple[int, int]) -> None:
+        if st.val_start is None:
+            st.val_start, st.val_parent = start, parent
+        st.val_end = max(st.val_end, end)
+
+    def _emit_validation(self, st: ThreadState) -> None:
+        """The run of evaluation batches since the last step, as one ``trainer.validation``."""
+        start = st.val_start
+        if start is None:
+            return
+        st.val_start = None
+        attrs = {"ppetrace.step": self.global_step, "ppetrace.stage": VAL}
+        st.rows.record("trainer.validation", start, st.val_end, st.val_parent, attrs)
+
+    # -- the end -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every thread's open candidate (at its last optimizer step, or now) and the
+        validation run that follows the last training step."""
+        now = _perf_ns()
+        with self._lock:
+            states = list(self._states.values())
+        for st in states:
+            if not st.rows.alive():
+                continue  # its thread ended: nothing more can be recorded for it
+            if st.cand is not None:
+                self.finalize(st, now)
+            if st.had_step:
+                self._emit_validation(st)
+
+
+def _call(fn: Any, *args: Any) -> None:
+    """Call a profiler hook; telemetry never breaks training."""
+    try:
+        fn(*args)
+    except Exception:
+        _log.exception("ppetrace: profiler hook %r failed", fn)
+
+
+def _cancel_pair(timer: Any, pair: Any) -> None:
+    """Drop the device event pair of a batch that was not a training step: it is
+    neither resolved nor drawn on the device track (``CudaTimer`` internals)."""
+    rec = getattr(pair, "_rec", None)
+    if timer is None or rec is None:
+        return
+    try:
+        stack = timer._stack
+        if rec in stack:
+            stack.remove(rec)
+        with timer._lock:
+            if rec in timer._records:
+                timer._records.remove(rec)
+    except Exception:
+        _log.exception("ppetrace: dropping a device event pair failed")

@@ -1,0 +1,462 @@
+"""``LightningProfiler``: Lightning's profiler actions as ppetrace spans.
+
+Use it as ``lightning.Trainer(profiler=LightningProfiler(trace_path="trace.json"))``.
+Every action Lightning profiles (``start(action)``/``stop(action)``) becomes a
+span; the actions that mean the same as a ppetrace hook take its event name,
+so that the step report, ``compare`` and the Chrome trace read a Lightning
+run like a ``ppetrace.Trainer`` run:
+
+==============================================  ==========================
+Lightning action                                ppetrace event
+==============================================  ==========================
+``run_training_batch``                          ``trainer.step``
+``[Strategy|LightningModule]<X>.training_step``  ``module.train_step``
+``[Strategy|LightningModule]<X>.backward``       ``trainer.backward``
+``[LightningModule]<X>.optimizer_step``,        ``trainer.optimizer_step``
+``[Strategy]<X>.optimizer_step``,
+``optimizer_step`` (manual optimization)
+``[<loop>].train_dataloader_next``              ``trainer.fetch_batch``
+==============================================  ==========================
+
+Every span keeps the Lightning action in the attribute ``lightning.action``;
+every other action is a span under its Lightning name. Lightning's validation
+loop (from the first ``*.on_validation_start`` to the strategy's
+``on_validation_end``) is wrapped in a ``trainer.validation`` span, so that it
+is left out of step time as the Trainer's is. Lightning runs
+``training_step`` and ``backward`` inside the optimizer step's closure, so
+``trainer.optimizer_step`` contains them at accumulation boundaries.
+
+Each action is recorded when it ends (:mod:`._record`), with ids handed out when
+it starts, so Lightning's spans nest among themselves by id; the OpenTelemetry
+context is left alone, which keeps an action about as cheap as Lightning's
+simple profiler's. Spans that user code records inside an action are nested
+under it by time in the exporters. Lightning calls the profiler from the thread
+that runs its loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import types
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.profilers import Profiler
+
+from .. import tracing
+from ..tracing._recorder import RECORDER
+from . import _precedence
+from ._ranks import rank_info, rank_trace_path, split_suffix
+from ._record import RowBuffer, SpanRow, current_parent, next_ids
+
+_tuple_new = tuple.__new__
+
+__all__ = ["LightningProfiler", "ppetrace_event"]
+
+_log = logging.getLogger("ppetrace")
+_perf_ns = time.perf_counter_ns
+STEP = "trainer.step"
+OPTIMIZER_STEP = "trainer.optimizer_step"
+VALIDATION = "trainer.validation"
+_EXACT = {
+    "run_training_batch": STEP,
+    "optimizer_step": OPTIMIZER_STEP,
+}
+_SUFFIXES = {
+    ".training_step": "module.train_step",
+    ".backward": "trainer.backward",
+    ".optimizer_step": OPTIMIZER_STEP,
+}
+_OWNERS = ("[Strategy]", "[LightningModule]")
+_PROFILER_METHODS = ("setup", "step_begin", "step_end", "teardown")
+
+
+# what an action does besides its span (0: nothing)
+_STEP, _OPTIMIZER, _EPOCH, _VAL_START, _VAL_END = 1, 2, 3, 4, 5
+
+
+def _classify(action: str) -> tuple[str, int, dict[str, Any]]:
+    """(event name, kind, the attributes of its spans) of a Lightning action, computed once.
+    The attributes are shared by all of its spans: nothing writes to them (a CudaTimer
+    copies the attributes of the spans it times)."""
+    event = ppetrace_event(action)
+    if event == STEP:
+        kind = _STEP
+    elif event == OPTIMIZER_STEP:
+        kind = _OPTIMIZER
+    elif action == "run_training_epoch":
+        kind = _EPOCH
+    elif action.endswith(".on_validation_start"):
+        kind = _VAL_START
+    elif action.startswith("[Strategy]") and action.endswith(".on_validation_end"):
+        kind = _VAL_END
+    else:
+        kind = 0
+    return event, kind, {"lightning.action": action}
+
+
+def ppetrace_event(action: str) -> str:
+    """The ppetrace event name of a Lightning action (the action itself when none applies)."""
+    name = _EXACT.get(action)
+    if name is not None:
+        return name
+    if action.endswith(".train_dataloader_next"):
+        return "trainer.fetch_batch"
+    if action.startswith(_OWNERS):
+        for suffix, event in _SUFFIXES.items():
+            if action.endswith(suffix):
+                return event
+    return action
+
+
+class LightningProfiler(Profiler):
+    """A Lightning ``Profiler`` that records every action as a ppetrace span.
+
+    - ``trace_path``: write a Chrome trace. The first stage Lightning runs with
+      this profiler (``fit``, ``validate``, ``test``, ``predict``) writes
+      ``trace_path``; later ones write beside it (``trace.test.json``,
+      ``trace.fit2.json``), as ppetrace's Trainer does. Under torchrun each rank
+      writes ``trace.ranks/rank<R>.json``. Without it, spans go to whatever
+      ``ppetrace.configure`` set up.
+    - ``profilers``: ``ppetrace.profilers`` objects (``CudaTimer``,
+      ``Pyinstrument``, ``TorchProfiler``...), stepped around each training batch.
+      A ``CudaTimer`` times the spans of device work (``trainer.step``,
+      ``module.train_step``, ``trainer.backward``, ``trainer.optimizer_step``).
+    - ``device``: what the profilers read as the device (default ``"cuda"`` when
+      CUDA is available, else ``"cpu"``).
+    - ``report``: :meth:`summary` (which Lightning prints at the end of each stage)
+      renders the step report of the trace; that reads the trace back with pandas,
+      about a tenth of a second. Off by default: the summary then names the trace and
+      the ``ppetrace report`` command that prints the same report.
+    - ``warmup_steps``: left out of the step report.
+
+    While it is set up, ``ppetrace.instrument()``'s global hooks stand aside.
+    """
+
+    def __init__(
+        self,
+        trace_path: str | os.PathLike[str] | None = None,
+        *,
+        profilers: Iterable[Any] = (),
+        device: str | None = None,
+        report: bool = False,
+        warmup_steps: int = 1,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+    ) -> None:
+        super().__init__(dirpath=dirpath, filename=filename)
+        if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
+            raise TypeError(
+                "Expected a file path (str or os.PathLike) or None for trace_path, but received "
+                f"{type(trace_path).__name__}."
+            )
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(
+                f"Expected a non-negative int for warmup_steps, but received {warmup_steps!r}."
+            )
+        self.profilers = list(profilers)
+        for i, prof in enumerate(self.profilers):
+            missing = [m for m in _PROFILER_METHODS if not callable(getattr(prof, m, None))]
+            if missing:
+                raise TypeError(
+                    "Expected profilers with setup(trainer), step_begin(step), step_end(step) "
+                    f"and teardown(), but profiler {i} ({type(prof).__name__}) lacks "
+                    f"{', '.join(missing)}."
+                )
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.trace_path = None if trace_path is None else Path(trace_path)
+        self.report = bool(report)
+        self.warmup_steps = warmup_steps
+        #: what profilers read as ``trainer.runtime``
+        self.runtime = types.SimpleNamespace(device_spec=device)
+        #: the ChromeTraceExporter of the current or last stage, or None
+        self.trace_exporter: Any = None
+        #: the trace file of the current or last stage, and all of them in order
+        self.last_trace_path: Path | None = None
+        self.trace_paths: list[Path] = []
+        #: optimizer steps done (``ppetrace.step``), training epochs started, batches stepped
+        self.global_step = 0
+        self.epoch = -1
+        self.batches = 0
+        self._timer = next(
+            (p for p in self.profilers if callable(getattr(p, "wrap", None))),
+            None,
+        )
+        # open spans: (action, event, start, trace id, span id, parent id, attrs, pair)
+        self._stack: list[tuple[Any, ...]] = []
+        self._rows: RowBuffer | None = None
+        self._ids: Any = None
+        self._actions: dict[str, tuple[str, int, dict[str, Any]]] = {}
+        self._batch_in_epoch = 0
+        self._opt_depth = 0
+        self._in_validation = False
+        self._active = False
+        self._calls: dict[str, int] = {}
+        self._warned = False
+
+    # -- Lightning's Profiler interface ---------------------------------------------------
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        """Start of a Lightning stage: open the trace file and set the profilers up."""
+        super().setup(stage, local_rank=local_rank, log_dir=log_dir)
+        if self._active:
+            return
+        self._active = True
+        _precedence.drivers[0] += 1
+        self._rows = RowBuffer()  # on the thread that runs Lightning's loop
+        self._ids = next_ids()
+        if self.trace_path is not None:
+            from exporters.chrome import ChromeTraceExporter
+
+            path = self._next_path(str(getattr(stage, "value", stage) or "fit"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.trace_exporter = ChromeTraceExporter(path)
+            self.last_trace_path = path
+            self.trace_paths.append(path)
+            tracing.add_exporter(self.trace_exporter)
+        for prof in self.profilers:
+            prof.setup(self)
+
+    def start(self, action_name: str) -> None:
+        """Begin the span of ``action_name`` (its ppetrace name when it has one)."""
+        if not self._active:
+            return
+        known = self._actions.get(action_name)
+        if known is None:
+            known = self._actions[action_name] = _classify(action_name)
+        event, kind, attrs = known
+        if kind:
+            if kind == _STEP:
+                self._begin_step()
+                attrs = {
+                    "lightning.action": action_name,
+                    "ppetrace.step": self.global_step,
+                    "ppetrace.epoch": self.epoch,
+                    "ppetrace.batch_idx": self._batch_in_epoch,
+                    "ppetrace.stage": "train",
+                }
+            elif kind == _OPTIMIZER:
+                self._opt_depth += 1
+            elif kind == _EPOCH:
+                self.epoch += 1
+                self._batch_in_epoch = 0
+            elif kind == _VAL_START and not self._in_validation:
+                val_attrs = {"ppetrace.step": self.global_step, "ppetrace.stage": "val"}
+                self._open(None, VALIDATION, val_attrs)
+                self._in_validation = True
+        if self._timer is not None:
+            self._open(action_name, event, attrs)
+            return
+        # _open without a timer, inline: this runs for every action
+        stack = self._stack
+        if stack:
+            top = stack[-1]
+            trace_id, parent_id = top[3], top[4]
+        else:
+            trace_id, parent_id = current_parent()
+        span_id = next(self._ids)
+        stack.append((action_name, event, _perf_ns(), trace_id, span_id, parent_id, attrs, None))
+
+    def stop(self, action_name: str) -> None:
+        """End the span of ``action_name`` (and, out of order, any begun after it)."""
+        stack = self._stack
+        if stack and stack[-1][0] == action_name:  # the usual case: the innermost one
+            # _close_top and RowBuffer.record, inline: this runs for every action
+            _, event, start, trace_id, span_id, parent_id, attrs, pair = stack.pop()
+            end = _perf_ns()
+            if pair is not None:
+                pair.__exit__(None, None, None)
+            rows = self._rows
+            rec = RECORDER
+            if rows is not None and rec.enabled:
+                if rows.pid != rec.pid:
+                    rows.refresh()
+                records = rows.records
+                offset = rec.offset_ns
+                records.append(
+                    _tuple_new(
+                        SpanRow,
+                        (
+                            event,
+                            span_id,
+                            parent_id,
+                            trace_id,
+                            start + offset,
+                            end + offset,
+                            rows.tid,
+                            attrs,
+                            "UNSET",
+                            "",
+                        ),
+                    )
+                )
+                if len(records) >= rec.capacity:
+                    rec.on_full(records)
+        elif not self._active or not self._close_to(action_name):
+            return  # started before setup, or already closed
+        kind = self._actions[action_name][1]
+        if kind:
+            if kind == _STEP:
+                self._end_step()
+            elif kind == _OPTIMIZER:
+                self._opt_depth -= 1
+                if self._opt_depth == 0:
+                    self.global_step += 1
+            elif kind == _VAL_END and self._in_validation:
+                self._in_validation = False
+                if stack and stack[-1][0] is None:  # the trainer.validation around the loop
+                    self._close_top()
+
+    def _close_to(self, action_name: str) -> bool:
+        """Close ``action_name`` and the spans opened after it; False when it is not open."""
+        stack = self._stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == action_name:
+                break
+        else:
+            return False
+        if not self._warned:
+            self._warned = True
+            _log.warning(
+                "ppetrace: Lightning stopped %r before the actions started inside it; their "
+                "spans end with it.",
+                action_name,
+            )
+        while len(stack) > i:
+            self._close_top()
+        return True
+
+    def summary(self) -> str:
+        """Where the trace is and how to report on it; with ``report=True``, the step report
+        of the trace written so far. Empty without ``trace_path``."""
+        exporter = self.trace_exporter
+        if exporter is None or self.last_trace_path is None:
+            return ""
+        path = self.last_trace_path
+        if not self.report:
+            return (
+                f"ppetrace: Lightning's actions are traced in {path}; print the step report "
+                f"with: ppetrace report {path} --warmup {self.warmup_steps}"
+            )
+        try:
+            import exporters
+
+            tracing.flush()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", exporters.TraceTruncatedWarning)
+                frame = exporters.read_chrome_trace(self.last_trace_path)
+            if not len(frame):
+                return ""
+            report = exporters.step_report(frame, warmup_steps=self.warmup_steps)
+            return exporters.render(report, "table")
+        except Exception as exc:  # a summary never breaks the run
+            _log.warning("ppetrace: no step report for the Lightning run: %s", exc)
+            return ""
+
+    def teardown(self, stage: str | None) -> None:
+        """End of a stage: close open spans, tear the profilers down, write the trace."""
+        try:
+            if self._active:
+                self._active = False
+                _precedence.drivers[0] = max(0, _precedence.drivers[0] - 1)
+                errors: list[BaseException] = []
+                while self._stack:
+                    try:
+                        self._close_top()
+                    except Exception as exc:
+                        errors.append(exc)
+                self._in_validation = False
+                self._opt_depth = 0
+                for prof in reversed(self.profilers):
+                    try:
+                        prof.teardown()
+                    except Exception as exc:
+                        errors.append(exc)
+                if self.trace_exporter is not None:
+                    tracing.remove_exporter(self.trace_exporter)
+                else:
+                    tracing.flush()
+                for error in errors:
+                    _log.error("ppetrace: LightningProfiler teardown: %r", error)
+        finally:
+            super().teardown(stage)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _open(self, action: str | None, event: str, attrs: dict[str, Any]) -> None:
+        """Begin a span: its id now (the spans begun inside it are its children), its row
+        when it ends. The OpenTelemetry context is left alone, which keeps an action
+        about as cheap as Lightning's simple profiler's; spans your code records inside
+        an action are nested under it by time in the exporters."""
+        stack = self._stack
+        if stack:
+            top = stack[-1]
+            trace_id, parent_id = top[3], top[4]
+        else:
+            trace_id, parent_id = current_parent()
+        start = _perf_ns()
+        pair = None
+        timer = self._timer
+        if timer is not None and event in timer.spans:
+            attrs = dict(attrs)  # the timer writes the device time into it
+            pair = timer.wrap(event, attrs)
+            if pair is not None:
+                RECORDER.hooked[id(attrs)] = attrs  # copied when the row is taken
+                pair.begin(start, None)
+        stack.append((action, event, start, trace_id, next(self._ids), parent_id, attrs, pair))
+
+    def _close_top(self) -> None:
+        _, event, start, trace_id, span_id, parent_id, attrs, pair = self._stack.pop()
+        end = _perf_ns()
+        if pair is not None:
+            pair.__exit__(None, None, None)
+        rows = self._rows
+        if rows is not None:
+            rows.record(event, start, end, (trace_id, parent_id), attrs, span_id)
+
+    def _begin_step(self) -> None:
+        for prof in self.profilers:
+            try:
+                prof.step_begin(self.batches)
+            except Exception:
+                _log.exception("ppetrace: profiler %r failed at step_begin", prof)
+
+    def _end_step(self) -> None:
+        for prof in self.profilers:
+            try:
+                prof.step_end(self.batches)
+            except Exception:
+                _log.exception("ppetrace: profiler %r failed at step_end", prof)
+        self.batches += 1
+        self._batch_in_epoch += 1
+
+    def _next_path(self, stage: str) -> Path:
+        """``trace_path`` for the first stage, ``<stem>.<stage>[n]<suffix>`` after it;
+        under torchrun, that file's per-rank path."""
+        assert self.trace_path is not None
+        count = self._calls.get(stage, 0) + 1
+        self._calls[stage] = count
+        path = self.trace_path
+        if self.trace_paths:
+            stem, suffix = split_suffix(path)
+            written = set(self.trace_paths)
+            n = count
+            while True:
+                candidate = stem.with_name(f"{stem.name}.{stage}{'' if n == 1 else n}{suffix}")
+                ranked = self._ranked(candidate)
+                if ranked not in written:
+                    return ranked
+                n += 1
+        return self._ranked(path)
+
+    @staticmethod
+    def _ranked(path: Path) -> Path:
+        info = rank_info()
+        return path if info is None else rank_trace_path(path, info.rank)

@@ -1,0 +1,456 @@
+"""ppetrace.instrument(): the spans of a hand-written loop, its steps, and a clean close."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.utils.data.dataloader as dl
+from torch import nn
+from torch.optim import optimizer as optim_mod
+
+import ppetrace
+from exporters import read_chrome_trace, step_report
+from ppetrace.integrations import Instrumentation
+
+Loader = Callable[..., Any]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def _train(model: nn.Module, loader: Any, opt: torch.optim.Optimizer, accumulate: int = 1) -> None:
+    for i, (x, y) in enumerate(loader):
+        loss = nn.functional.cross_entropy(model(x), y) / accumulate
+        loss.backward()
+        if (i + 1) % accumulate == 0:
+            opt.step()
+            opt.zero_grad()
+
+
+def _frame(path: Path) -> pd.DataFrame:
+    return read_chrome_trace(path)
+
+
+def _names(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    return frame[frame["name"] == name].sort_values("start_ns")
+
+
+def test_a_plain_loop_gives_fetch_forward_backward_optimizer_and_step_spans(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    model, data = _model(), make_loader(32, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for _ in range(2):
+            _train(model, data, opt)
+    assert isinstance(handle, Instrumentation) and handle.closed
+    assert (handle.steps, handle.global_step, handle.epoch) == (8, 8, 2)
+    frame = _frame(tmp_path / "t.json")
+    counts = frame["name"].value_counts()
+    assert counts["trainer.fetch_batch"] == 2 * (4 + 1)  # the last fetch of each epoch ends it
+    for name in ("module.forward", "trainer.backward", "trainer.optimizer_step", "trainer.step"):
+        assert counts[name] == 8, name
+    forward = _names(frame, "module.forward")
+    assert set(forward["ppetrace.module"]) == {"Sequential"}  # the outermost module only
+    steps = _names(frame, "trainer.step")
+    assert list(steps["step"]) == list(range(8))
+    assert list(steps["epoch"]) == [0] * 4 + [1] * 4
+    assert list(steps["batch_idx"]) == [0, 1, 2, 3] * 2
+    assert set(steps["ppetrace.batch_size"]) == {8} and set(steps["stage"]) == {"train"}
+    assert set(_names(frame, "trainer.optimizer_step")["ppetrace.optimizer"]) == {"SGD"}
+    # each step starts where its fetch ended and ends with its optimizer step
+    fetches = _names(frame, "trainer.fetch_batch")
+    handed = fetches[fetches["end_ns"].isin(steps["start_ns"])]
+    assert len(handed) == 8
+    assert list(steps["end_ns"]) == list(_names(frame, "trainer.optimizer_step")["end_ns"])
+    report = step_report(frame, warmup_steps=0)
+    assert report.total_steps == 8
+    assert list(report.steps["data_wait_ns"]) == list(handed["dur_ns"])
+
+
+def test_close_restores_every_hook_and_patch_exactly() -> None:
+    base = dl._BaseDataLoaderIter
+    saved = (
+        base.__dict__["__next__"],
+        nn.Module.__dict__["__call__"],
+        torch.Tensor.__dict__["backward"],
+        torch.autograd.backward,
+        dict(optim_mod._global_optimizer_pre_hooks),
+        dict(optim_mod._global_optimizer_post_hooks),
+    )
+    handle = ppetrace.instrument(module_depth=3)
+    patched = (base.__dict__["__next__"], nn.Module.__dict__["__call__"])
+    assert patched[0] is not saved[0] and patched[1] is not saved[1]
+    assert len(optim_mod._global_optimizer_pre_hooks) == len(saved[4]) + 1
+    handle.close()
+    handle.close()  # closing twice does nothing
+    after = (
+        base.__dict__["__next__"],
+        nn.Module.__dict__["__call__"],
+        torch.Tensor.__dict__["backward"],
+        torch.autograd.backward,
+        dict(optim_mod._global_optimizer_pre_hooks),
+        dict(optim_mod._global_optimizer_post_hooks),
+    )
+    assert all(a is b for a, b in zip(after[:4], saved[:4], strict=True))
+    assert after[4:] == saved[4:]
+    # a wrapper kept by someone (here: the one we hold) calls straight through once closed
+    before = ppetrace.stats().recorded
+    assert patched[1](nn.Identity(), torch.ones(1)).item() == 1.0
+    assert ppetrace.stats().recorded == before
+
+
+def test_a_second_instrument_raises_until_the_first_is_closed() -> None:
+    with ppetrace.instrument():
+        with pytest.raises(RuntimeError, match=r"no other active ppetrace.instrument\(\)"):
+            ppetrace.instrument()
+        with pytest.raises(RuntimeError, match="Close it first"), ppetrace.instrument():
+            pass
+    ppetrace.instrument().close()  # fine once the first one is closed
+
+
+def test_bad_arguments_are_refused_with_full_sentences() -> None:
+    with pytest.raises(ValueError, match=r"non-negative int for module_depth .* but received -1"):
+        ppetrace.instrument(module_depth=-1)
+    with pytest.raises(TypeError, match=r"file path .* for trace_path, but received int"):
+        ppetrace.instrument(trace_path=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"profiler 0 \(object\) lacks setup, step_begin"):
+        ppetrace.instrument(profilers=[object()])
+
+
+def test_gradient_accumulation_steps_per_batch_and_counts_optimizer_steps(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    model, data = _model(), make_loader(48, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        _train(model, data, opt, accumulate=3)
+    assert (handle.steps, handle.global_step) == (6, 2)
+    frame = _frame(tmp_path / "t.json")
+    steps = _names(frame, "trainer.step")
+    assert list(steps["step"]) == [0, 0, 0, 1, 1, 1]  # optimizer steps done at the batch start
+    fetch_starts = _names(frame, "trainer.fetch_batch")["start_ns"].to_numpy()
+    opt_ends = _names(frame, "trainer.optimizer_step")["end_ns"].to_numpy()
+    ends = steps["end_ns"].to_numpy()
+    # inside a group a step ends where the next fetch begins; at its end, with the optimizer
+    assert list(ends[[0, 1, 3, 4]]) == list(fetch_starts[[1, 2, 4, 5]])
+    assert list(ends[[2, 5]]) == list(opt_ends)
+
+
+def test_a_loop_without_a_dataloader_steps_once_per_optimizer_step(tmp_path: Path) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for _ in range(5):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():  # evaluation after training, no DataLoader either
+            model(x)
+    assert handle.steps == 5
+    frame = _frame(tmp_path / "t.json")
+    steps = _names(frame, "trainer.step")
+    first_forward = _names(frame, "module.forward")["start_ns"].iloc[0]
+    assert steps["start_ns"].iloc[0] <= first_forward  # the first step starts with the training
+    assert _names(frame, "module.forward")["end_ns"].iloc[0] < steps["end_ns"].iloc[0]
+    # later steps start where the previous one ended: they tile the loop
+    assert list(steps["start_ns"].iloc[1:]) == list(steps["end_ns"].iloc[:-1])
+    assert list(steps["end_ns"]) == list(_names(frame, "trainer.optimizer_step")["end_ns"])
+    val = _names(frame, "trainer.validation")
+    assert len(val) == 1 and val["start_ns"].iloc[0] >= steps["end_ns"].iloc[-1]
+    assert list(_names(frame, "module.forward")["stage"].fillna("")) == [""] * 5 + ["val"]
+
+
+def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    model, train, val = _model(), make_loader(32, 8), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json", module_depth=2) as handle:
+        for _ in range(2):
+            _train(model, train, opt)
+            model.eval()
+            with torch.inference_mode():
+                for x, _y in val:
+                    model(x)
+            model.train()
+    assert handle.steps == 8
+    frame = _frame(tmp_path / "t.json")
+    forward = frame[frame["name"] == "module.forward"]
+    val_fwd = forward[forward["stage"] == "val"]
+    assert len(val_fwd) == 2 * 2 * 4  # 2 epochs x 2 batches x (Sequential and its 3 layers)
+    assert set(val_fwd["ppetrace.module"]) == {
+        "Sequential",
+        "Sequential.0",
+        "Sequential.1",
+        "Sequential.2",
+    }
+    assert forward["stage"].isna().sum() == 8 * 4
+    validations = _names(frame, "trainer.validation")
+    assert len(validations) == 2 and set(validations["stage"]) == {"val"}
+    report = step_report(frame, warmup_steps=0)
+    steps = report.steps
+    # the step after the first validation does not count it as its own time
+    since = steps["end_ns"].iloc[4] - steps["end_ns"].iloc[3]
+    assert steps["wall_ns"].iloc[4] == since - validations["dur_ns"].iloc[0]
+    # the validation holds the evaluation batches' fetches, down to the loader's last one
+    val_fetches = frame[
+        (frame["name"] == "trainer.fetch_batch")
+        & frame["start_ns"].between(*validations.iloc[0][["start_ns", "end_ns"]])
+    ]
+    assert len(val_fetches) == 2 + 1
+    assert val_fetches["end_ns"].max() == validations["end_ns"].iloc[0]
+    events = report.events.set_index("event")
+    assert np.isnan(events.loc["trainer.validation", "share"])
+
+
+def test_an_inference_script_gets_forward_and_fetch_spans_and_no_steps(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    model, data = _model(), make_loader(32, 8)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle, torch.no_grad():
+        for x, _y in data:
+            model(x)
+    assert handle.steps == 0
+    frame = _frame(tmp_path / "t.json")
+    assert set(frame["name"]) == {"trainer.fetch_batch", "module.forward"}
+    assert set(_names(frame, "module.forward")["stage"]) == {"val"}
+    report = step_report(frame)
+    assert report.total_steps == 0 and report.events["count"].sum() == 4 + 5
+
+
+def test_a_no_grad_forward_inside_a_training_step_is_not_val(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    student, teacher, data = _model(), _model(), make_loader(16, 8)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json"):
+        for x, _y in data:
+            with torch.no_grad():
+                target = teacher(x).softmax(-1)  # before the student's forward
+            nn.functional.cross_entropy(student(x), target).backward()
+            opt.step()
+            opt.zero_grad()
+    frame = _frame(tmp_path / "t.json")
+    assert frame["stage"].isin(["val"]).sum() == 0
+    assert len(_names(frame, "trainer.validation")) == 0
+    assert len(_names(frame, "trainer.step")) == 2
+
+
+def test_module_depth_names_submodules_by_their_dotted_path(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(16, 8), nn.ReLU())
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.body(x))
+
+    model, (x, _y) = Net(), next(iter(make_loader(8, 8)))
+    for depth, expected in (
+        (0, set()),
+        (1, {"Net"}),
+        (2, {"Net", "Net.body", "Net.head"}),
+        (3, {"Net", "Net.body", "Net.head", "Net.body.0", "Net.body.1"}),
+    ):
+        path = tmp_path / f"t{depth}.json"
+        with ppetrace.instrument(trace_path=path, module_depth=depth):
+            model(x)
+        frame = _frame(path) if path.stat().st_size > 200 else pd.DataFrame({"name": []})
+        got = (
+            set(frame.loc[frame["name"] == "module.forward", "ppetrace.module"])
+            if len(frame)
+            else set()
+        )
+        assert got == expected, depth
+
+
+def test_the_trainer_takes_precedence_so_nothing_is_traced_twice(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    model, data = _model(), make_loader(32, 8)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        trainer = ppetrace.Trainer(max_epochs=1, progress=False, val_every_n_epochs=None)
+        trainer.fit(
+            model,
+            data,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            loss_fn=nn.functional.cross_entropy,
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _train(model, data, opt)  # after the Trainer, the hooks trace again
+    frame = _frame(tmp_path / "t.json")
+    counts = frame["name"].value_counts()
+    assert counts["module.train_step"] == 4  # the Trainer's own spans
+    assert counts["trainer.step"] == 4 + 4 and handle.steps == 4
+    assert counts["trainer.fetch_batch"] == 4 + (4 + 1)  # a sized loader: the Trainer stops at 4
+    assert counts["module.forward"] == 4  # from the hand loop only
+    assert counts["trainer.backward"] == 4 + 4
+
+
+def test_workers_forked_or_spawned_run_under_instrument(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for method in ("fork", "spawn"):
+        data = make_loader(32, 8, num_workers=1, multiprocessing_context=method)
+        path = tmp_path / f"{method}.json"
+        with ppetrace.instrument(trace_path=path) as handle:
+            _train(model, data, opt)
+        assert handle.steps == 4, method
+        assert _frame(path)["name"].value_counts()["trainer.fetch_batch"] == 5, method
+
+
+def test_torch_compile_gives_the_same_graphs_with_and_without_instrument() -> None:
+    torch._dynamo.reset()
+
+    def compiled_graphs(instrumented: bool) -> int:
+        graphs: list[int] = []
+
+        def backend(gm: torch.fx.GraphModule, example: Any) -> Any:
+            graphs.append(len(gm.graph.nodes))
+            return gm.forward
+
+        torch._dynamo.reset()
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+        handle = ppetrace.instrument(module_depth=3) if instrumented else None
+        try:
+            fast = torch.compile(model, backend=backend)
+            for _ in range(3):
+                nn.functional.cross_entropy(fast(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if handle is not None:
+                handle.close()
+        return len(graphs)
+
+    plain = compiled_graphs(False)
+    assert plain >= 1
+    assert compiled_graphs(True) == plain
+
+
+def test_a_compiled_module_is_traced_from_outside_under_its_own_name(tmp_path: Path) -> None:
+    torch._dynamo.reset()
+    model = _model()
+    fast = torch.compile(model, backend="eager")
+    with ppetrace.instrument(trace_path=tmp_path / "t.json", module_depth=3):
+        for _ in range(2):
+            fast(torch.randn(4, 16))
+    frame = _frame(tmp_path / "t.json")
+    assert list(frame.loc[frame["name"] == "module.forward", "ppetrace.module"]) == [
+        "Sequential",
+        "Sequential",
+    ]
+
+
+def test_a_failure_in_the_bookkeeping_never_breaks_the_loop(
+    tmp_path: Path, make_loader: Loader, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, data = _model(), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        tracker = handle._tracker
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("bookkeeping bug")
+
+        tracker.prepare = broken  # type: ignore[method-assign]
+        tracker.optimizer_end = broken  # type: ignore[method-assign]
+        seen = []
+        for x, y in data:
+            seen.append(len(x))
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert seen == [8, 8]  # every batch went through, every step ran
+    assert "the DataLoader hook of instrument() failed" in caplog.text
+    assert "the optimizer step hook of instrument() failed" in caplog.text
+    assert _frame(tmp_path / "t.json")["name"].value_counts()["trainer.fetch_batch"] == 3
+
+
+def test_evaluation_after_the_optimizer_step_without_a_loader_is_val(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """A no_grad forward on fixed tensors after a batch's optimizer step lies outside the
+    step: it is val, and a validation between steps."""
+    model, data = _model(), make_loader(24, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = torch.randn(4, 16)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json"):
+        for x, y in data:
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                model(probe)
+    frame = _frame(tmp_path / "t.json")
+    forward = _names(frame, "module.forward")
+    assert list(forward["stage"].fillna("")) == ["", "val"] * 3
+    steps = _names(frame, "trainer.step")
+    validations = _names(frame, "trainer.validation")
+    assert len(validations) == 3  # between the steps, and after the last one
+    assert (validations["start_ns"].to_numpy() >= steps["end_ns"].to_numpy()).all()
+
+
+class _Recording:
+    """A profiler that records its hook calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def setup(self, trainer: Any) -> None:
+        self.calls.append(("setup", -1))
+
+    def step_begin(self, step: int) -> None:
+        self.calls.append(("begin", step))
+
+    def step_end(self, step: int) -> None:
+        self.calls.append(("end", step))
+
+    def teardown(self) -> None:
+        self.calls.append(("teardown", -1))
+
+
+class _TransformedData(torch.utils.data.Dataset[Any]):
+    """Samples passed through a module (a transform) while the loader fetches them."""
+
+    def __init__(self) -> None:
+        self.transform = nn.Linear(16, 16)
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.transform(torch.ones(16)).detach(), torch.tensor(i % 4)
+
+
+def test_profilers_step_once_per_batch_even_with_modules_inside_the_loader(
+    tmp_path: Path,
+) -> None:
+    model, prof = _model(), _Recording()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.DataLoader(_TransformedData(), batch_size=8)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json", profilers=[prof]) as handle:
+        for _ in range(2):
+            _train(model, data, opt)
+    assert handle.steps == 4
+    assert prof.calls == [("setup", -1)] + [
+        (kind, i) for i in range(4) for kind in ("begin", "end")
+    ] + [("teardown", -1)]
+    forward = _names(_frame(tmp_path / "t.json"), "module.forward")
+    assert (forward["ppetrace.module"] == "Linear").sum() == 2 * 16  # the transform, traced

@@ -1,0 +1,190 @@
+"""LightningProfiler: a Lightning fit as ppetrace spans, with the Trainer's event names."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+pytest.importorskip("lightning")
+
+import lightning as L
+
+import ppetrace
+from exporters import read_chrome_trace, step_report
+from ppetrace.integrations import _precedence
+from ppetrace.integrations.lightning import LightningProfiler, ppetrace_event
+from ppetrace.profilers import CudaTimer
+
+FORWARD_NS, BACKWARD_NS, OPTIMIZER_NS = 1_000, 10_000, 100_000
+
+
+class _Module(L.LightningModule):
+    def __init__(self, source: Any = None) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.source = source
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.source is not None:
+            self.source.advance(FORWARD_NS)
+        return nn.functional.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if self.source is not None:
+            self.source.advance(BACKWARD_NS)
+        loss.backward(*args, **kwargs)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        if self.source is not None:
+            opt.register_step_pre_hook(lambda *_: self.source.advance(OPTIMIZER_NS))
+        return opt
+
+
+def _loader(n: int = 32) -> DataLoader[Any]:
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g))
+    return DataLoader(data, batch_size=4)
+
+
+def _trainer(profiler: Any, **kwargs: Any) -> L.Trainer:
+    return L.Trainer(
+        profiler=profiler,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        **kwargs,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning() -> Any:
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def test_lightning_actions_map_onto_ppetrace_event_names() -> None:
+    assert ppetrace_event("run_training_batch") == "trainer.step"
+    assert ppetrace_event("[Strategy]DDPStrategy.training_step") == "module.train_step"
+    assert ppetrace_event("[LightningModule]Net.training_step") == "module.train_step"
+    assert ppetrace_event("[Strategy]SingleDeviceStrategy.backward") == "trainer.backward"
+    assert ppetrace_event("[LightningModule]Net.optimizer_step") == "trainer.optimizer_step"
+    assert ppetrace_event("optimizer_step") == "trainer.optimizer_step"
+    assert ppetrace_event("[_TrainingEpochLoop].train_dataloader_next") == "trainer.fetch_batch"
+    for kept in ("[_EvaluationLoop].val_next", "[Callback]X.backward", "run_training_epoch"):
+        assert ppetrace_event(kept) == kept
+
+
+def test_a_lightning_fit_gives_the_trainer_spans_and_report(tmp_path: Path) -> None:
+    profiler = LightningProfiler(tmp_path / "trace.json")
+    trainer = _trainer(profiler, max_epochs=2, accumulate_grad_batches=2, limit_val_batches=2)
+    # under instrument(), the global hooks stand aside while the profiler traces
+    with ppetrace.instrument() as handle:
+        trainer.fit(_Module(), _loader(), _loader(16))
+        assert _precedence.drivers[0] == 0  # torn down
+    assert handle.steps == 0
+    assert profiler.trace_paths == [tmp_path / "trace.json"]
+    assert (profiler.global_step, profiler.batches, profiler.epoch) == (8, 16, 1)
+    frame = read_chrome_trace(tmp_path / "trace.json")
+    counts = frame["name"].value_counts()
+    assert counts["trainer.step"] == counts["module.train_step"] == 16
+    assert counts["trainer.backward"] == 16 and counts["trainer.optimizer_step"] == 8
+    assert counts["trainer.fetch_batch"] == 16
+    assert counts["trainer.validation"] == 3  # the sanity check and one per epoch
+    assert "module.forward" not in counts  # instrument()'s hooks stood aside
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    assert set(steps["lightning.action"]) == {"run_training_batch"}
+    assert list(steps["step"]) == [i // 2 for i in range(16)]
+    assert (
+        list(steps["batch_idx"]) == list(range(8)) * 2 and list(steps["epoch"]) == [0] * 8 + [1] * 8
+    )
+    backward = frame[frame["name"] == "trainer.backward"]
+    assert set(backward["lightning.action"]) == {"[Strategy]SingleDeviceStrategy.backward"}
+    # every other action is a span of its own name
+    assert counts["[LightningModule]_Module.on_train_batch_start"] == 16
+    report = step_report(frame, warmup_steps=1)
+    assert report.total_steps == 16 and len(report.steps) == 15
+    assert (report.steps["data_wait_ns"] > 0).all()
+    # validation runs inside Lightning's epoch: it is left out of the step after it
+    val = frame[frame["name"] == "trainer.validation"].sort_values("start_ns")
+    first_val = val.iloc[1]
+    ends = steps["end_ns"].to_numpy()
+    after = int((ends > first_val["end_ns"]).argmax())
+    wall = report.steps.set_index("start_ns").loc[steps["start_ns"].iloc[after], "wall_ns"]
+    assert wall < ends[after] - ends[after - 1] - first_val["dur_ns"] + 1
+    assert "ppetrace report" in profiler.summary()
+    # a later stage writes its own file beside the first
+    trainer.test(_Module(), _loader(8))
+    assert profiler.trace_paths[-1] == tmp_path / "trace.test.json"
+    assert "[Strategy]SingleDeviceStrategy.test_step" in set(
+        read_chrome_trace(tmp_path / "trace.test.json")["name"]
+    )
+
+
+def test_cuda_timer_gives_device_time_under_the_lightning_profiler(
+    tmp_path: Path, fake_source: Any
+) -> None:
+    timer = CudaTimer(source=fake_source)
+    profiler = LightningProfiler(tmp_path / "trace.json", profilers=[timer], report=True)
+    _trainer(profiler, max_epochs=1, limit_val_batches=0).fit(_Module(fake_source), _loader(16))
+    assert timer.pending == 0
+    frame = read_chrome_trace(tmp_path / "trace.json")
+    assert "ppetrace step report" in profiler.summary()
+
+    def device(name: str) -> list[float]:
+        return list(frame.loc[frame["name"] == name, "device_dur_ns"])
+
+    all_three = FORWARD_NS + BACKWARD_NS + OPTIMIZER_NS
+    assert device("trainer.step") == [all_three] * 4
+    assert device("module.train_step") == [FORWARD_NS] * 4
+    assert device("trainer.backward") == [BACKWARD_NS] * 4
+    # Lightning runs training_step and backward inside the optimizer step's closure
+    assert device("trainer.optimizer_step") == [all_three] * 4
+
+
+def test_out_of_order_stops_close_what_was_opened_inside(tmp_path: Path) -> None:
+    profiler = LightningProfiler(tmp_path / "t.json")
+    profiler.setup("fit")
+    profiler.start("outer")
+    profiler.start("inner")
+    profiler.stop("outer")  # before inner: inner ends with it
+    profiler.stop("inner")  # already closed: nothing happens
+    profiler.stop("never started")
+    profiler.start("left open")
+    profiler.teardown("fit")  # closes it
+    frame = read_chrome_trace(tmp_path / "t.json")
+    spans = frame.set_index("name")
+    assert set(spans.index) == {"outer", "inner", "left open"}
+    assert spans.loc["inner", "end_ns"] <= spans.loc["outer", "end_ns"]
+    assert spans.loc["inner", "parent_id"] == spans.loc["outer", "span_id"]
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(TypeError, match=r"file path .* for trace_path, but received int"):
+        LightningProfiler(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-negative int for warmup_steps"):
+        LightningProfiler(warmup_steps=-1)
+    with pytest.raises(TypeError, match=r"profiler 0 \(object\) lacks setup"):
+        LightningProfiler(profilers=[object()])
