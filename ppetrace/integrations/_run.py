@@ -302,9 +302,11 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
 def _execute(kind: str, target: str, args: Sequence[str], err: IO[str]) -> tuple[int, int | None]:
     """Run the target as ``__main__``; return (exit code, signal that ended it or None)."""
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    main_thread = threading.current_thread() is threading.main_thread()
     old_term: Any = None
-    if main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    if threading.current_thread() is threading.main_thread():
+        # in front of ppetrace.tracing's own (which flushes and ends the process at once):
+        # the script unwinds, the open step ends, the trace is written, then the process
+        # ends by the signal (end_by)
         old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         if kind == "script":
