@@ -18,8 +18,9 @@ over). A batch without one is not a step: its forward calls under
 and a run of such batches between training steps becomes one
 ``trainer.validation`` span, left out of step time like the Trainer's. A
 forward under ``no_grad`` that turns out to be inside a training step (a
-teacher model's) loses its ``val`` tag when the step ends (a flush of the
-recorder in between keeps it: rare, documented).
+teacher model's, before the student's forward) is not tagged when its loader
+trained before; on a loader's first batch it is tagged, and loses the tag when
+the step ends, unless the recorder's scheduled flush took the span in between.
 
 Each thread has its own steps; the profilers (``step_begin``/``step_end``,
 counting batches handed over with gradients enabled) follow the thread that
@@ -272,9 +273,16 @@ class StepTracker:
 
     def is_val(self, st: ThreadState) -> bool:
         """Whether a forward with gradients disabled, starting now, is outside training: no
-        step is open, it has not trained yet, or its optimizer step is done."""
+        step is open, or its optimizer step is done, or it has not trained yet and its
+        batch does not come from a loader that trained before (whose batches are training
+        steps: a forward under no_grad there is a teacher's)."""
         cand = st.cand
-        return cand is None or not cand.train_seen or cand.opt_end > 0
+        if cand is None or cand.opt_end > 0:
+            return True
+        if cand.train_seen:
+            return False
+        iterator = cand.iterator
+        return iterator is None or iterator not in self._trained_iterators
 
     def val_forward(
         self, st: ThreadState, attrs: list[dict[str, Any]], start: int, end: int
