@@ -8,8 +8,11 @@
  * error texts, and every attribute key or value that is not an exact str, int,
  * float or bool. This module does the per-row arithmetic and concatenation:
  *
- *   prefix tid ,"ts": us ,"dur": us ,"args":{"span_id":"hex16","parent_id":"hex16"
- *   attrs ,"status": status [,"error": quoted-error] }}
+ *   prefix tid ,"ts": us ,"dur": us ,"span_id":"hex16","parent_id":"hex16","status": status
+ *   [,"attrs":{ attrs }] [,"args":{"error": quoted-error }] }
+ *
+ * (the attributes outside "args", where no viewer keys frames on them; the
+ * "attrs" object is left out when a span has none, "args" when it has no error)
  *
  * with ts = start_ns - origin_ns and dur = max(end_ns - start_ns, 0) written
  * as exact decimal microseconds (three fraction digits), and for frames it
@@ -647,11 +650,15 @@ encode_x_batch(PyObject *module, PyObject *args)
             buf_add_ll(&b, tid) < 0 || buf_add(&b, ",\"ts\":", 6) < 0 ||
             buf_add_diff_us(&b, start, origin) < 0 || buf_add(&b, ",\"dur\":", 7) < 0 ||
             buf_add_diff_us(&b, end > start ? end : start, start) < 0 ||
-            buf_add(&b, ",\"args\":{\"span_id\":\"", 20) < 0 || buf_add_hex16(&b, span_id) < 0 ||
+            buf_add(&b, ",\"span_id\":\"", 12) < 0 || buf_add_hex16(&b, span_id) < 0 ||
             buf_add(&b, "\",\"parent_id\":\"", 15) < 0 || buf_add_hex16(&b, parent_id) < 0 ||
-            buf_add(&b, "\"", 1) < 0) {
+            buf_add(&b, "\",\"status\":", 11) < 0 || buf_add_str(&b, status) < 0 ||
+            buf_add(&b, ",\"attrs\":", 9) < 0) {
             goto fail;
         }
+        /* the attributes are written as ',"key":value...'; the first comma becomes the
+         * object's '{', and without any attribute ',"attrs":' is taken back */
+        Py_ssize_t attrs_at = b.len;
         if (texts == NULL) {
             PyObject *d = Py_NewRef(PyTuple_GET_ITEM(row, 7));
             int rc = add_attrs(&b, d, &order, heads, strings, head_of, encode_value);
@@ -671,8 +678,14 @@ encode_x_batch(PyObject *module, PyObject *args)
             }
             Py_CLEAR(text);
         }
-        if (buf_add(&b, ",\"status\":", 10) < 0 || buf_add_str(&b, status) < 0) {
-            goto fail;
+        if (b.len == attrs_at) {
+            b.len -= 9;
+        }
+        else {
+            b.data[attrs_at] = '{';
+            if (buf_add(&b, "}", 1) < 0) {
+                goto fail;
+            }
         }
         error = PyTuple_GET_ITEM(row, 9);
         if (PyUnicode_Check(error) && PyUnicode_GET_LENGTH(error) > 0) {
@@ -680,13 +693,14 @@ encode_x_batch(PyObject *module, PyObject *args)
             if (quoted == NULL) {
                 goto fail;
             }
-            int rc = buf_add(&b, ",\"error\":", 9) < 0 || buf_add_str(&b, quoted) < 0;
+            int rc = buf_add(&b, ",\"args\":{\"error\":", 17) < 0 ||
+                     buf_add_str(&b, quoted) < 0 || buf_add(&b, "}", 1) < 0;
             Py_DECREF(quoted);
             if (rc) {
                 goto fail;
             }
         }
-        if (buf_add(&b, "}}", 2) < 0) {
+        if (buf_add(&b, "}", 1) < 0) {
             goto fail;
         }
         Py_CLEAR(prefix);

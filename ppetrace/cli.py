@@ -1,4 +1,4 @@
-"""The ``ppetrace`` command line: ``report``, ``compare`` and ``merge`` trace files.
+"""The ``ppetrace`` command line: ``report``, ``compare``, ``merge`` and ``repair`` trace files.
 
 Runs without torch: it imports only :mod:`exporters` (which needs pandas,
 scipy and the OpenTelemetry SDK) and :mod:`ppetrace._version`.
@@ -261,6 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     merge.add_argument("out", metavar="OUT", help="the merged trace to write")
     merge.add_argument("inputs", metavar="IN", nargs="+", help="traces to merge")
+
+    repair = sub.add_parser(
+        "repair", help="close a cut-off trace as strict JSON", description=_REPAIR_DOC
+    )
+    repair.add_argument("trace", metavar="TRACE", help="the cut-off trace (.json or .json.gz)")
+    repair.add_argument(
+        "out", metavar="OUT", nargs="?", help="where to write (default: TRACE.repaired.json)"
+    )
     return parser
 
 
@@ -290,6 +298,12 @@ Examples:
 _MERGE_DOC = (
     "Merge per-rank or per-process trace files into one timeline, keeping each "
     "process's pid and name and applying the clock offsets in their otherData."
+)
+
+_REPAIR_DOC = (
+    "Write a strict JSON copy of a trace that a killed run cut off, closed after its last "
+    "complete event, for viewers that need strict JSON (Perfetto UI, speedscope). The JSON "
+    "object form and its otherData are kept. OUT may be TRACE itself."
 )
 
 
@@ -508,10 +522,30 @@ def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
+def _repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    import exporters
+
+    try:
+        done = exporters.repair_chrome_trace(args.trace, args.out)
+    except FileNotFoundError as exc:
+        raise _BadInput(str(exc)) from None
+    except exporters.TraceError as exc:
+        raise _BadInput(_in_file(args.trace, str(exc))) from None
+    except OSError as exc:
+        raise _BadInput(
+            f"Expected to write the repaired copy of {args.trace}, but that failed: "
+            f"{exc.strerror or exc}. Pass an OUT path in a folder you can write to."
+        ) from None
+    state = "cut off; closed after its last complete event" if done.truncated else "complete"
+    out.write(f"Wrote {done.path}: {_count(done.events, 'event')} ({args.trace} was {state})\n")
+    return EXIT_OK
+
+
 _COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
     "report": _report,
     "compare": _compare,
     "merge": _merge,
+    "repair": _repair,
 }
 
 

@@ -9,15 +9,23 @@ from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any
 
+from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_for_writing, _us
 from ._reader import ChromeTrace, load_chrome_trace
 
 
-def _event_ns(value: Any) -> int:
-    """A ``ts`` read back from JSON (float or int µs) as integer ns."""
+def _event_ns(value: Any, path: str) -> int:
+    """A ``ts`` read back from JSON (float or int µs) as integer ns; a :class:`TraceError`
+    naming the file for a value that is not finite."""
     if isinstance(value, int):
         return value * 1000
-    return round(float(value) * 1000.0)
+    ns = float(value) * 1000.0
+    if ns != ns or abs(ns) == float("inf"):
+        raise TraceError(
+            f"Expected finite event 'ts' values (µs) in {path}, but an event has ts={value!r}. "
+            "Fix or drop that event before merging."
+        )
+    return round(ns)
 
 
 def _start_time(trace: ChromeTrace, base: int) -> int:
@@ -73,7 +81,7 @@ def merge_traces(
         rank = trace.metadata.get("rank")
         for pid in pids:
             if pid not in named:
-                label = f"{Path(trace.path).name} (pid {pid})"
+                label = Path(trace.path).name  # viewers add the pid themselves
                 merged.append(
                     f'{{"ph":"M","name":"process_name","pid":{remap[pid]},"tid":0,'
                     f'"args":{{"name":{_quote(label)}}}}}'
@@ -104,7 +112,7 @@ def merge_traces(
             if ts is not None and isinstance(ts, (int, float)):
                 body = (
                     '{"ts":'
-                    + _us(_event_ns(ts) + shift)
+                    + _us(_event_ns(ts, trace.path) + shift)
                     + ("," if len(body) > 2 else "")
                     + body[1:]
                 )

@@ -308,11 +308,8 @@ class ChromeTraceExporter(SpanExporter):
             res = batch.resource or {}
             service = str(res.get("service.name") or "ppetrace")
             rank = res.get("ppetrace.rank")
-            label = (
-                f"{service} rank {rank} (pid {pid})"
-                if isinstance(rank, int)
-                else f"{service} (pid {pid})"
-            )
+            # no "(pid N)": Perfetto and speedscope add the pid to the name themselves
+            label = f"{service} rank {rank}" if isinstance(rank, int) else service
             out.append(
                 f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,'
                 f'"args":{{"name":{_quote(label)}}}}}'

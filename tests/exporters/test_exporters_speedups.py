@@ -82,7 +82,7 @@ def test_c_and_python_attribute_encoders_agree(
     finally:
         exporter.shutdown()
     assert fast == slow
-    assert fast[0] == ',"a":"x","b":1,"attr.status":"clash"'
+    assert fast[0] == ',"a":"x","b":1,"status":"clash"'  # attrs is its own object
     assert fast[1] == "" and fast[5] == ""
 
 
