@@ -464,6 +464,10 @@ def _build(
             continue
         if col in _INHERITED:
             arr = _inherit(arr, ppos)
+        whole = arr[~np.isnan(arr)]
+        if not (np.all(np.abs(whole) < 2**63) and np.all(whole == np.floor(whole))):
+            columns[col] = arr  # not whole numbers (a step of 1.5): floats, as they are
+            continue
         columns[col] = pd.array(arr, dtype="Int64")
     columns["stage"] = standard.get("stage", np.full(n, None, dtype=object))
     columns["status"] = strings(statuses)
