@@ -15,7 +15,8 @@ the memory benchmark, which gets a fresh one (RSS is the whole process's):
   writing a Chrome trace against a hand-written loop, on the tiny and the MLP
   workload, with pytorch-pfn-extras (plain and profiling) and Lightning
   (simple profiler) beside it;
-- export (``bench_export``): a million spans into a Chrome trace and a frame;
+- export (``bench_export``): a million spans into a Chrome trace and a frame, and
+  that trace file back into a frame (time, and peak RSS over the file's size);
 - memory (``bench_memory``): RSS across a long traced run with streaming export;
 - profilers off (``bench_profilers_off``): deep profilers configured but
   outside their windows;
@@ -443,6 +444,32 @@ def export_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
                 unit="s",
             )
         )
+    read_s = float(res["read_chrome_trace_s"]) * scale
+    rows.append(
+        Row(
+            id="export.read",
+            what=f"read: 1,000,000-span trace file -> frame{scaled}",
+            measured=f"{read_s:.2f} s",
+            reference=f"{res['chrome_trace_bytes'] / 1e6 * scale:,.0f} MB file",
+            budget=f"<= {res['read_budget_s']:.1f} s",
+            status=PASS if res["read_pass"] else FAIL,
+            value=read_s,
+            unit="s",
+        )
+    )
+    rss = float(res["read_rss_over_file"])
+    rows.append(
+        Row(
+            id="export.read_rss",
+            what=f"read: its peak RSS over the file's size (fresh process){scaled}",
+            measured=f"{rss:.2f}x",
+            reference=f"{res['read_peak_rss_bytes'] / 1e6:,.0f} MB peak",
+            budget=f"<= {res['read_rss_budget']:.1f}x",
+            status=PASS if res["read_rss_pass"] else FAIL,
+            value=rss,
+            unit="x",
+        )
+    )
     return rows
 
 
@@ -652,7 +679,7 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
             "lightning",
         )
     ),
-    "export": ("export.chrome", "export.frame"),
+    "export": ("export.chrome", "export.frame", "export.read", "export.read_rss"),
     "memory": ("memory.steady", "memory.warmup"),
     "profilers off": ("profilers.off",),
     "delivery": ("delivery.simple", "delivery.batch_trainer"),

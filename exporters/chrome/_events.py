@@ -27,11 +27,12 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
 from .._pandas import Coded
 from ..frame import _attribute_columns, _build, empty_frame
 from ._encode import RANK_RE, RESERVED_ARGS
-from ._parse import Event
+from ._parse import Event, TypedEvent
 
 __all__ = ["SpanColumns", "frame_from_chrome_events"]
 
@@ -93,10 +94,10 @@ def _check_origin(origin_ns: Any) -> int:
     return int(origin_ns)
 
 
-def _ints(values: list[Any], key: str) -> np.ndarray:
-    """Integer process or thread ids; a value that is not an int becomes 0, an int
-    outside int64 is a :class:`TraceError`."""
-    if set(map(type, values)) <= {int}:
+def _ints(values: list[Any], key: str, typed: bool = False) -> np.ndarray:
+    """Integer process or thread ids (all ints when ``typed``); a value that is not an
+    int becomes 0, an int outside int64 is a :class:`TraceError`."""
+    if typed or set(map(type, values)) <= {int}:
         try:
             return np.array(values, dtype=np.int64)
         except OverflowError:
@@ -174,6 +175,14 @@ class _Interner:
 
     def codes(self, values: list[str]) -> np.ndarray:
         index = self.index
+        encoded = _speedups.dict_encode(values) if _speedups is not None else None
+        if encoded is not None:  # the chunk's own codes, in C, then mapped to ours
+            local, uniques = encoded
+            for v in set(uniques).difference(index):
+                index[v] = len(self.values)
+                self.values.append(v)
+            ours = np.fromiter(map(index.__getitem__, uniques), dtype=np.int32, count=len(uniques))
+            return ours[np.frombuffer(local, dtype=np.int32)]
         for v in set(values).difference(index):
             index[v] = len(self.values)
             self.values.append(v)
@@ -206,8 +215,10 @@ class SpanColumns:
         self._pairs: list[Event] = []  # "B"/"E" events, in file order
         self._names = _Interner()
         self._statuses = _Interner()
+        # each distinct attribute value: its raw JSON (decoded at the end; b"" for none)
         self._attr_index: dict[bytes, int] = {b"": 0}
-        self._attr_items: list[Any] = [b""]  # raw JSON (decoded at the end) or a dict
+        self._attr_items: list[bytes] = [b""]
+        self._attr_dicts: dict[int, dict[str, Any]] = {}  # code -> a value given as a dict
         self._id_key = "span_id"
         self._not_hex = False
         self._dicts = False
@@ -237,15 +248,16 @@ class SpanColumns:
         finally:
             self._dicts = False
 
-    def _add_x(self, xs: list[Event]) -> None:
+    def _add_x(self, xs: list[Any]) -> None:
+        typed = type(xs[0]) is TypedEvent  # values of ppetrace's types, checked by msgspec
         ts = list(map(_ts, xs))
-        if not set(map(type, ts)) <= _NUMBER:  # an event without a usable time is no span
-            keep = [type(t) in _NUMBER for t in ts]
+        if (typed and None in ts) or (not typed and not set(map(type, ts)) <= _NUMBER):
+            keep = [type(t) in _NUMBER for t in ts]  # an event without a time is no span
             xs, ts = list(compress(xs, keep)), list(compress(ts, keep))
             if not xs:
                 return
         durs = list(map(_dur, xs))
-        if not set(map(type, durs)) <= _NUMBER:
+        if not typed and not set(map(type, durs)) <= _NUMBER:
             durs = [d if type(d) in _NUMBER else 0 for d in durs]
         sids = list(map(_span_id, xs))
         if self._dicts:  # attrs are dicts already, not raw JSON
@@ -253,19 +265,20 @@ class SpanColumns:
             return
         if _UNSET in sids:  # ids in args (older files) or none (another tool's trace)
             own = [s is not _UNSET for s in sids]
-            if any(own):  # ppetrace's spans the fast way, the others one at a time
-                other = [not x for x in own]
-                self._add_slow(*(list(compress(c, other)) for c in (xs, ts, durs, sids)))
-                xs, ts, durs, sids = (list(compress(c, own)) for c in (xs, ts, durs, sids))
-            else:
+            if not any(own):
                 self._add_slow(xs, ts, durs, sids)
                 return
+            other = [not x for x in own]  # ppetrace's spans the fast way, others one by one
+            self._add_slow(*(list(compress(c, other)) for c in (xs, ts, durs, sids)))
+            xs, ts, durs, sids = (list(compress(c, own)) for c in (xs, ts, durs, sids))
         n = len(xs)
-        pars = list(map(_parent_id, xs))
         args = list(map(_args, xs))
         errors = None
         if args.count(None) != n:
             errors = _strs([a.get("error", "") if type(a) is dict else "" for a in args])
+        names, statuses = list(map(_name, xs)), list(map(_status, xs))
+        if not typed:
+            names, statuses = _strs(names), _strs(statuses)
         raws = list(map(bytes, map(_attrs, xs)))
         index, items = self._attr_index, self._attr_items
         for raw in set(raws).difference(index):
@@ -273,15 +286,15 @@ class SpanColumns:
             items.append(raw)
         self._parts.append(
             _Part(
-                self._names.codes(_strs(list(map(_name, xs)))),
+                self._names.codes(names),
                 _us_to_ns(ts, "ts"),
                 np.maximum(_us_to_ns(durs, "dur"), 0),
-                _ints(list(map(_pid, xs)), "pid"),
-                _ints(list(map(_tid, xs)), "tid"),
+                _ints(list(map(_pid, xs)), "pid", typed),
+                _ints(list(map(_tid, xs)), "tid", typed),
                 self._ids(sids, "span_id"),
-                self._ids(pars, "parent_id"),
+                self._ids(list(map(_parent_id, xs)), "parent_id"),
                 np.ones(n, dtype=np.bool_),
-                self._statuses.codes(_strs(list(map(_status, xs)))),
+                self._statuses.codes(statuses),
                 errors,
                 np.fromiter(map(index.__getitem__, raws), dtype=np.int64, count=n),
             )
@@ -322,7 +335,8 @@ class SpanColumns:
                     codes[i] = code
                 elif type(given) is dict and given:
                     codes[i] = len(items)
-                    items.append(given)
+                    self._attr_dicts[len(items)] = given
+                    items.append(b"")
                 continue
             if "span_id" in args:  # an older ppetrace file: all of it in args
                 has_id[i] = True
@@ -334,7 +348,8 @@ class SpanColumns:
             attrs = {k: v for k, v in args.items() if k not in RESERVED_ARGS}
             if attrs:
                 codes[i] = len(items)
-                items.append(attrs)
+                self._attr_dicts[len(items)] = attrs
+                items.append(b"")
         key = self._id_key if has_id.any() else "span_id"
         self._parts.append(
             _Part(
@@ -449,20 +464,24 @@ class SpanColumns:
     def _attr_columns(self, codes: np.ndarray) -> dict[Any, Any]:
         """Every attribute's typed column: typed once over the distinct attribute
         values, then spread over the rows by their codes."""
-        items = self._attr_items
-        self._attr_items, self._attr_index = [b""], {b"": 0}
+        items, given = self._attr_items, self._attr_dicts
+        self._attr_items, self._attr_index, self._attr_dicts = [b""], {b"": 0}, {}
         seen = np.zeros(len(items), dtype=np.bool_)
         seen[codes] = True  # only the values of rows still present (spans, not others)
-        used = np.flatnonzero(seen)
-        position = np.zeros(len(items), dtype=np.int64)
-        position[used] = np.arange(len(used))
-        values = [items[i] for i in used.tolist()]
-        raw = [i for i, x in enumerate(values) if type(x) is bytes and x]
-        dicts: list[Any] = [x if type(x) is dict else {} for x in values]
-        for i, value in zip(raw, _decode_all([values[i] for i in raw]), strict=True):
-            dicts[i] = value if type(value) is dict else {}
+        rows = codes
+        if not seen.all():
+            used = np.flatnonzero(seen)
+            position = np.zeros(len(items), dtype=np.int64)
+            position[used] = np.arange(len(used))
+            rows = position[codes]
+            given = {int(position[c]): d for c, d in given.items() if seen[c]}
+            items = [items[i] for i in used.tolist()]
+        dicts = _decode_all([x or b"{}" for x in items])
+        if set(map(type, dicts)) != {dict}:
+            dicts = [x if type(x) is dict else {} for x in dicts]
+        for code, value in given.items():
+            dicts[code] = value
         columns = _attribute_columns(dicts, frozenset())
-        rows = position[codes]
         return {key: _take(column, rows) for key, column in columns.items()}
 
 

@@ -29,7 +29,7 @@ import msgspec
 
 from .._errors import TraceError
 
-__all__ = ["Event", "Parsed", "document", "stream"]
+__all__ = ["Event", "Parsed", "TypedEvent", "document", "stream"]
 
 _BLOCK = 16 << 20  # bytes read (or decompressed) at a time: ~50,000 events
 _BOM = b"\xef\xbb\xbf"
@@ -59,6 +59,25 @@ class Event(msgspec.Struct, gc=False):
     args: Any = None
 
 
+class TypedEvent(msgspec.Struct, gc=False):
+    """:class:`Event` with the types ppetrace writes, checked while decoding: a block of
+    such events needs no check of its values in Python. A block whose values have
+    other types is decoded as :class:`Event` instead."""
+
+    ph: str = ""
+    name: str = ""
+    pid: int = 0
+    tid: int = 0
+    ts: float | None = None
+    dur: float = 0.0
+    span_id: str | msgspec.UnsetType = _UNSET
+    parent_id: str | None = None
+    status: str = "UNSET"
+    attrs: msgspec.Raw = msgspec.Raw()
+    args: dict[str, Any] | None = None
+
+
+_TYPED = msgspec.json.Decoder(list[TypedEvent])
 _EVENTS = msgspec.json.Decoder(list[Event])
 _ANY = msgspec.json.Decoder()
 
@@ -135,7 +154,7 @@ def _strip_bom(data: bytes) -> bytes:
     return data[len(_BOM) :] if data.startswith(_BOM) else data
 
 
-def stream(path: Path, parsed: Parsed) -> Iterator[list[Event]] | None:
+def stream(path: Path, parsed: Parsed) -> Iterator[list[Any]] | None:
     """The events of a file in ppetrace's one-event-per-line layout, a block at a time.
 
     Returns None when the file has another layout (then use :func:`document`).
@@ -171,18 +190,22 @@ class _Fallback(Exception):
     """A block of lines that did not decode as events: read the whole document instead."""
 
 
-def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[list[Event]]:
+def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[list[Any]]:
     pending = rest
     for block in blocks:
-        data = pending + block
-        cut = data.rfind(b"\n")
+        buf = bytearray(b"[")  # "[" + whole lines, decoded in place (one copy of the block)
+        buf += pending
+        buf += block
+        cut = buf.rfind(b"\n")
         if cut < 0:
-            pending = data
+            pending = bytes(buf[1:])
             continue
-        pending = data[cut + 1 :]
-        lines = data[: cut + 1]
-        events = _try_decode(lines)
+        pending = bytes(buf[cut + 1 :])
+        events = _decode_in_place(buf, cut)
+        if events is None:
+            events = _try_decode(bytes(buf[1 : cut + 1]))
         if events is None:  # the end of the events array may be in this block
+            lines = bytes(buf[1 : cut + 1])
             events = _until_end(lines, pending + b"".join(blocks), parsed)
             if events:
                 yield events
@@ -203,14 +226,47 @@ def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[lis
         yield events
 
 
-def _try_decode(data: bytes) -> list[Event] | None:
-    """The events of whole lines (``event,`` each), or None when they do not decode."""
+def _decode_in_place(buf: bytearray, end: int) -> list[Any] | None:
+    """The events of ``buf[1:end]`` (``buf`` starts with ``[``; lines of ``event,``):
+    the last comma becomes the array's ``]`` and the buffer is decoded as it is. None
+    when the lines do not end with a comma or do not decode."""
+    last = end - 1
+    while last > 0 and buf[last] in b" \t\r\n":
+        last -= 1
+    if last <= 0 or buf[last] != 0x2C:  # ","
+        return None
+    buf[last] = 0x5D  # "]"
+    view = memoryview(buf)[: last + 1]  # the events' raw attrs keep views of it alive
+    try:
+        return _TYPED.decode(view)
+    except msgspec.ValidationError:
+        try:
+            return _EVENTS.decode(view)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            pass
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    buf[last] = 0x2C  # as it was, for the caller's other ways of reading it
+    return None
+
+
+def _try_decode(data: bytes) -> list[Any] | None:
+    """The events of whole lines (``event,`` each), or None when they do not decode:
+    :class:`TypedEvent` structs where their values have ppetrace's types, else
+    :class:`Event` structs."""
     body = data.strip().rstrip(b",")
     if not body:
         return []
+    text = b"[" + body + b"]"
     try:
-        return _EVENTS.decode(b"[" + body + b"]")
+        return _TYPED.decode(text)
+    except msgspec.ValidationError:
+        pass
     except (msgspec.DecodeError, RecursionError):
+        return None
+    try:
+        return _EVENTS.decode(text)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 
 
@@ -222,7 +278,7 @@ def _array_end(data: bytes) -> int:
     return at + 1 if at >= 0 else -1
 
 
-def _until_end(data: bytes, more: bytes, parsed: Parsed) -> list[Event]:
+def _until_end(data: bytes, more: bytes, parsed: Parsed) -> list[Any]:
     """The events of ``data`` before the line that closes the array; what follows that
     line (with ``more``) are top-level keys. :class:`_Fallback` when there is no such
     line or the events before it do not decode."""
@@ -236,7 +292,7 @@ def _until_end(data: bytes, more: bytes, parsed: Parsed) -> list[Event]:
     return events
 
 
-def _complete_lines(data: bytes) -> list[Event]:
+def _complete_lines(data: bytes) -> list[Any]:
     """The events of the complete lines of a cut-off last block (its last few lines
     dropped until the rest decodes)."""
     lines = data.strip().split(b"\n")

@@ -25,6 +25,8 @@ BUDGETED = {
     "trainer.mlp.ppetrace",
     "export.chrome",
     "export.frame",
+    "export.read",
+    "export.read_rss",
     "memory.steady",
     "profilers.off",
     "delivery.simple",
