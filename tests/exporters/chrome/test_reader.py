@@ -27,7 +27,7 @@ from exporters import (
     read_chrome_trace,
     repair_chrome_trace,
 )
-from exporters.chrome import _parse
+from exporters.chrome import _events, _parse
 from ppetrace.cli import main
 
 RunBuilder = Any  # the builder from conftest.py's run_builder fixture
@@ -67,6 +67,22 @@ def test_the_line_reader_and_the_whole_document_reader_give_the_same_frame(
     assert failed["k"] == [1, "a"]
     assert lines[lines["name"] == "trainer.step"]["step"].tolist() == list(range(40))
     assert str(lines["step"].dtype) == "Int64"
+
+
+def test_the_c_columns_and_the_python_columns_agree(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_speedups.event_columns and its pure-Python twin (SpanColumns._add_x) give the
+    same frame, also for ids in capitals, big pids and a chunk the C path hands back."""
+    rb = run_builder(pid=2**40)
+    path = _run(tmp_path / "t.json", rb)
+    text = path.read_text().replace('"span_id":"0000', '"span_id":"0000'.upper())
+    text = text.replace('"parent_id":"000000000000', '"parent_id":"000000000000'.upper())
+    path.write_text(text.replace('"tid":11,', '"tid":-11,', 3))
+    fast = read_chrome_trace(path)
+    monkeypatch.setattr(_events, "_speedups", None)
+    _same(fast, read_chrome_trace(path))
+    assert (fast["tid"] == -11).sum() >= 2 and (fast["pid"] == 2**40).all()
 
 
 def test_files_of_the_older_layout_read_as_before(
