@@ -4,7 +4,9 @@ Takes in: :class:`exporters.SpanBatch` batches (or OpenTelemetry
 ``ReadableSpan``\ s) and raw events; hands on: trace files, and frames read
 back from them (:func:`read_chrome_trace`). The writer is in ``_writer``
 (encoding in ``_encode``, its pure-Python twin of the C helpers), the reader
-in ``_reader`` with ``_events`` (events to a frame), the merger in ``_merge``.
+in ``_reader`` (decoding in ``_parse``, events to a frame's columns in
+``_events`` with ``_fields``), the merger in ``_merge``, the repair of cut-off
+files in ``_repair``.
 
 The file format
 ---------------
