@@ -1,9 +1,10 @@
 /*
- * The exporters' per-row work in C: Chrome trace "X" events and frame columns.
+ * The exporters' per-row work in C: Chrome trace "X" events, frame columns, and
+ * the columns the trace reader takes from decoded events (event_columns).
  *
- * exporters/chrome/_encode.py and exporters/frame.py keep the reference
- * implementations and use this module when it was built (see setup.py; the
- * build is optional). Python still does everything that needs judgement: the
+ * exporters/chrome/_encode.py, exporters/frame.py and exporters/chrome/_events.py
+ * keep the reference implementations and use this module when it was built (see
+ * setup.py; the build is optional). Python still does everything that needs judgement: the
  * order of the rows, the per-name prefixes, the quoting of names, keys and
  * error texts, and every attribute key or value that is not an exact str, int,
  * float or bool. This module does the per-row arithmetic and concatenation:
