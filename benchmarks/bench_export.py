@@ -7,11 +7,13 @@ like a traced training run: per step a fetch, a step and eight hooks under it,
 with ppetrace's usual attributes, handed over in recorder-sized batches of
 65,536 rows, as ppetrace's recorder does.
 
-The read's peak RSS is measured in a fresh Python process (``ru_maxrss`` of a
-process that imports exporters and reads the file; the RSS after the imports
-alone is printed beside it). ``--parsers`` adds how long each JSON parser
-takes to decode 200,000 of the file's events (no frame): the stdlib, orjson
-(when installed) and msgspec, generic and into the reader's structs.
+The read's peak RSS is measured in a fresh Python process (its ``VmHWM``, the
+high-water mark of its own memory, on Linux; ``ru_maxrss`` elsewhere, which
+on Linux keeps the parent's figure across exec) that imports exporters and
+reads the file; its RSS after the imports alone is printed beside it.
+``--parsers`` adds how long each JSON parser takes to decode 200,000 of the
+file's events (no frame): the stdlib, orjson (when installed) and msgspec,
+generic and into the reader's structs.
 
 Run::
 
@@ -176,12 +178,23 @@ import resource, sys, time
 import exporters
 from exporters.chrome import _events, _parse  # noqa: F401 (the reader's imports)
 import pandas, numpy, msgspec  # noqa: F401
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def peak():
+    # VmHWM: this process's own high-water mark (ru_maxrss keeps the parent's across exec)
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+base = peak()
 cpu, wall = time.process_time(), time.perf_counter()
 frame = exporters.read_chrome_trace(sys.argv[1])
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(len(frame), base, peak, wall, cpu)
+print(len(frame), base, peak(), wall, cpu)
 """
 
 
