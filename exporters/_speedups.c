@@ -47,6 +47,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -1615,6 +1616,31 @@ hex16(PyObject *s, unsigned long long *out)
 enum { EV_NAME, EV_PID, EV_TID, EV_TS, EV_DUR, EV_SID, EV_PAR, EV_STATUS, EV_ATTRS, EV_ARGS };
 #define EV_FIELDS 10
 
+static int
+slot_offsets(PyTypeObject *type, PyObject *fields, Py_ssize_t *offsets)
+{
+    /* Where each field of the struct type lives in its instances: 1 when every field is a
+     * plain object slot (a member descriptor, as msgspec makes them), 0 when one is not
+     * (then the caller reads fields through getattr), -1 on error. Runs before any event
+     * is read. */
+    for (int f = 0; f < EV_FIELDS; f++) {
+        PyObject *d = PyObject_GetAttr((PyObject *)type, PyTuple_GET_ITEM(fields, f));
+        if (d == NULL) {
+            return -1;
+        }
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        if (ok) {
+            offsets[f] = ((PyMemberDescrObject *)d)->d_member->offset;
+        }
+        Py_DECREF(d);
+        if (!ok) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *
 event_columns(PyObject *module, PyObject *args)
 {
@@ -1664,13 +1690,34 @@ event_columns(PyObject *module, PyObject *args)
     unsigned long long *sid = (unsigned long long *)PyByteArray_AS_STRING(arrays[4]);
     unsigned long long *par = (unsigned long long *)PyByteArray_AS_STRING(arrays[5]);
     long long *attr = (long long *)PyByteArray_AS_STRING(arrays[6]);
+    /* the fields' slots in the first event's type: read straight from each event of
+     * exactly that type (a new reference each, as getattr would give) */
+    PyTypeObject *type = n ? Py_TYPE(PyList_GET_ITEM(events, 0)) : NULL;
+    Py_ssize_t offsets[EV_FIELDS];
+    int slots = type == NULL ? 0 : slot_offsets(type, fields, offsets);
+    if (slots < 0) {
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < n && shape_ok; i++) {
         PyObject *event = PyList_GET_ITEM(events, i); /* held by our copy */
         for (int f = 0; f < EV_FIELDS; f++) {
-            value[f] = PyObject_GetAttr(event, PyTuple_GET_ITEM(fields, f));
-            if (value[f] == NULL) {
-                goto done;
+            if (slots && Py_TYPE(event) == type) {
+                PyObject *v = *(PyObject **)((char *)event + offsets[f]);
+                value[f] = v == NULL ? NULL : Py_NewRef(v);
+                if (value[f] == NULL) { /* an unset slot: not an event of the fast shape */
+                    shape_ok = 0;
+                    break;
+                }
             }
+            else {
+                value[f] = PyObject_GetAttr(event, PyTuple_GET_ITEM(fields, f));
+                if (value[f] == NULL) {
+                    goto done;
+                }
+            }
+        }
+        if (!shape_ok) {
+            break;
         }
         int overflow_pid = 0, overflow_tid = 0;
         int32_t name_code = 0, status_code = 0;
