@@ -1626,7 +1626,11 @@ slot_offsets(PyTypeObject *type, PyObject *fields, Py_ssize_t *offsets)
     for (int f = 0; f < EV_FIELDS; f++) {
         PyObject *d = PyObject_GetAttr((PyObject *)type, PyTuple_GET_ITEM(fields, f));
         if (d == NULL) {
-            return -1;
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                return -1;
+            }
+            PyErr_Clear(); /* not a class attribute: the instances' getattr will tell */
+            return 0;
         }
         int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
                  ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
