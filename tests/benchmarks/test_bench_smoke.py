@@ -21,8 +21,10 @@ BUDGETED = {
     "hotpath.otel",
     "hotpath.floor",
     "hotpath.nullcontext",
-    "trainer.tiny.ppetrace",
-    "trainer.mlp.ppetrace",
+    *(f"trainer.{w}.ppetrace{k}" for w in ("tiny", "mlp") for k in ("", "_interface", "_network")),
+    *(f"trainer.tiny.ppetrace{k}_off" for k in ("", "_interface", "_network")),
+    "trainer.mlp.coverage_epoch",
+    "trainer.mlp.coverage_run",
     "export.chrome",
     "export.frame",
     "memory.steady",
@@ -84,8 +86,12 @@ def test_a_missing_peer_is_reported_not_skipped(monkeypatch: pytest.MonkeyPatch)
         "ppe_profile": "not installed",
         "lightning": "not installed",
     }
-    assert set(res.times_ns) == {"hand", "ppetrace", "ppetrace_nofile", "ppetrace_off"}
+    assert set(res.times_ns) == set(bench_trainer.VARIANTS) - set(res.missing)
     assert res.report_steps == 3
+    # every traced kind's file gave the coverage of trainer.epoch and trainer.run
+    assert set(res.coverage) == set(bench_trainer.TRACED.values())
+    for per in res.coverage.values():
+        assert all(0.0 < c <= 1.0 for c in per["epoch"] + per["run"]), per
 
     details: dict[str, object] = {}
     size = dict(run.SIZES["quick"], tiny_steps=3, mlp_steps=2, trainer_rounds=1)
@@ -106,6 +112,8 @@ def test_trainer_measure_rejects_bad_arguments() -> None:
         bench_trainer.measure("tiny", steps=1, rounds=1, variants=["ppetrace"])
     with pytest.raises(ValueError, match=r"Unknown variant 'keras'"):
         bench_trainer.measure("tiny", steps=1, rounds=1, variants=["hand", "keras"])
+    with pytest.raises(ValueError, match=r"Expected the reference 'hand_network' among"):
+        bench_trainer.measure("tiny", steps=1, rounds=1, variants=["hand", "ppetrace_network"])
 
 
 def test_trainer_result_ratios_pair_rounds() -> None:
@@ -116,6 +124,25 @@ def test_trainer_result_ratios_pair_rounds() -> None:
     assert res.us_per_step("hand") == pytest.approx(0.01)
     lo, hi = res.paired_ci("ppetrace")
     assert 1.1 <= lo <= 1.2 <= hi <= 1.5  # within the spread of the paired ratios
+    # µs per step above the hand loop: (110-100, 300-200, 120-100) ns over 10 steps
+    assert res.overhead_us("ppetrace") == pytest.approx(0.002)
+    olo, ohi = res.overhead_ci("ppetrace")
+    assert 0.001 <= olo <= 0.002 <= ohi <= 0.01
+
+
+def test_trainer_result_pairs_each_kind_with_its_own_hand_loop_in_both_clocks() -> None:
+    res = bench_trainer.TrainerResult("tiny", steps=2, rounds=2, threads=1)
+    res.times_ns = {"hand": [100, 100], "hand_network": [200, 200], "ppetrace_network": [220, 240]}
+    res.cpu_ns = {"hand": [90, 90], "hand_network": [100, 100], "ppetrace_network": [105, 105]}
+    assert res.paired_ratio("ppetrace_network") == pytest.approx(1.15)  # against hand_network
+    assert res.paired_ratio("ppetrace_network", clock="cpu") == pytest.approx(1.05)
+    assert res.paired_ratio("ppetrace_network", "hand") == pytest.approx(2.3)
+    assert res.overhead_us("ppetrace_network", clock="cpu") == pytest.approx(0.0025)
+    with pytest.raises(ValueError, match=r"Expected clock 'wall' or 'cpu', but received 'gpu'"):
+        res.paired_ratio("ppetrace_network", clock="gpu")
+    data = res.to_json()
+    assert data["reference"]["ppetrace_network"] == "hand_network"
+    assert data["cpu"]["ratio_paired_median"]["ppetrace_network"] == pytest.approx(1.05)
 
 
 def test_profile_export_names_the_exporter_functions() -> None:
