@@ -63,7 +63,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
     divisor = accum
     ended = False
     loss: Any = None
-    gs = self.global_step
+    done = self.global_step  # ppetrace.step of the last batch trained
     step_checks = (
         self.val_every_n_steps is not None
         or self.checkpoint_every_n_steps is not None
@@ -148,6 +148,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
         self._batches_seen = seen + 1
         i += 1
         self._batch_in_epoch = i
+        done = gs
         if bar is not None and bar.update(seen + 1, self.global_step, loss):
             watch.observe(bar.loss_value, gs, epoch, i - 1)
         if every_step:
@@ -159,7 +160,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
             break
     run.last_loss = loss
     if i > start:
-        watch.sample(loss, gs, epoch, i - 1)  # the epoch's last loss (resolved at flush)
+        watch.sample(loss, done, epoch, i - 1)  # the epoch's last loss (resolved at flush)
         watch.check()
     if ended:
         return

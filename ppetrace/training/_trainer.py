@@ -341,6 +341,7 @@ class Trainer:
                 self._fit(run, first_loader)
         finally:
             watch.uninstall()
+        watch.check()  # a flag resolved only by the session's final flush
 
     def _fit(self, run: Run, first_loader: Iterable[Any]) -> None:
         adapter = run.adapter

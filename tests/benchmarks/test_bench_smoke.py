@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_memory, bench_trainer, run  # noqa: E402
+from benchmarks import bench_instructions, bench_memory, bench_trainer, run  # noqa: E402
 
 BUDGETED = {
     "hotpath.otel",
@@ -212,3 +212,18 @@ def test_markdown_marks_budgets_and_escapes_pipes() -> None:
     text = run.render_table(rows).splitlines()
     assert text[0].split() == ["what", "measured", "reference", "ratio", "budget", "result"]
     assert text[2].startswith("x | y") and text[2].endswith("PASS")
+
+
+def test_instruction_counts_per_step_drop_what_a_run_costs_once(tmp_path: Path) -> None:
+    order = [["hand", 20], ["hand", 120], ["ppetrace", 20], ["ppetrace", 120]]
+    counts = [1_000 + 20 * 800, 1_000 + 120 * 800, 9_000 + 20 * 880, 9_000 + 120 * 880]
+    res = bench_instructions.per_step(order, counts)
+    assert res == {
+        "hand": {"per_step": 800.0, "once": 1_000.0},
+        "ppetrace": {"per_step": 880.0, "once": 9_000.0},
+    }
+    with pytest.raises(ValueError, match=r"Expected one callgrind dump per run \(4\), but found 3"):
+        bench_instructions.per_step(order, counts[:3])
+    for i, total in enumerate((123, 456), start=1):  # callgrind's dumps, in dump order
+        (tmp_path / f"cg.out.{i}").write_text(f"events: Ir\nfn=(1) f\n0 {total}\ntotals: {total}\n")
+    assert bench_instructions.totals(tmp_path) == [123, 456]

@@ -52,14 +52,18 @@ def nan_at(*batches: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     return loss_fn
 
 
-def fit(loss_fn: Any, **options: Any) -> ppetrace.Trainer:
+def batches() -> DataLoader[Any]:
+    ds = TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,)))
+    return DataLoader(ds, batch_size=4)
+
+
+def fit(loss_fn: Any, loader: Any = None, **options: Any) -> ppetrace.Trainer:
     torch.manual_seed(0)
     net = torch.nn.Linear(8, 4)
-    ds = TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,)))
     trainer = ppetrace.Trainer(progress=False, val_every_n_epochs=None, **options)
     trainer.fit(
         net,
-        DataLoader(ds, batch_size=4),
+        batches() if loader is None else loader,
         optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
         loss_fn=loss_fn,
     )
@@ -79,6 +83,15 @@ def test_warns_once_with_the_step_and_marks_the_epoch_span(rows: Rows) -> None:
     epochs = sorted((r for r in rows.rows if r.name == "trainer.epoch"), key=lambda r: r.start_ns)
     assert epochs[0].attributes[NONFINITE_ATTRIBUTE] == 3
     assert NONFINITE_ATTRIBUTE not in epochs[1].attributes  # reported once
+
+
+def test_a_loader_without_a_length_names_the_step_of_its_last_batch() -> None:
+    class Stream:
+        def __iter__(self) -> Iterator[Any]:
+            return iter(list(batches()))
+
+    with pytest.warns(RuntimeWarning, match=r"global step 3 \(epoch 0, batch 3\) is nan"):
+        fit(nan_at(3), Stream())
 
 
 def test_a_finite_run_warns_nothing() -> None:
