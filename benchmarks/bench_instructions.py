@@ -12,7 +12,11 @@ collecting only inside each run (``--toggle-collect`` on ``operator.call``, whic
 nothing else calls, and a dump after each). The difference of the two counts
 divided by the difference of the steps is the variant's instructions per step, so
 what a run costs once (building the Trainer, opening and closing the trace file)
-drops out. Every thread of the process counts (the trace writer's too).
+drops out. By default only the training thread counts (callgrind toggles
+collection per thread): what ppetrace does on its own threads (the flusher, the
+sink workers that encode the trace file) is not in those figures.
+``--all-threads`` counts every thread instead (the counters are zeroed when each
+run starts and dumped when it ends), which adds that work: the whole CPU cost.
 
 It prints, per variant, the instructions per step and, for each Trainer variant,
 those above the hand loop of its module kind and the ratio. Instructions are not
@@ -121,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="tiny", choices=("tiny", "mlp"))
     parser.add_argument("--steps", nargs=2, type=int, default=[20, 120], metavar=("A", "B"))
     parser.add_argument("--json", dest="json_path", help="also write the results here")
+    parser.add_argument(
+        "--all-threads", action="store_true", help="count every thread, not only the training one"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     steps = (args.steps[0], args.steps[1])
@@ -140,11 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         order_path = out / "order.json"
+        collect = (
+            ["--zero-before=_operator_call"]
+            if args.all_threads
+            else ["--collect-atstart=no", "--toggle-collect=_operator_call"]
+        )
         command = [
             valgrind,
             "--tool=callgrind",
-            "--collect-atstart=no",
-            "--toggle-collect=_operator_call",
+            *collect,
             "--dump-after=_operator_call",
             f"--callgrind-out-file={out / 'cg.out'}",
             sys.executable,
@@ -172,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         results = per_step(json.loads(order_path.read_text()), counts)
+    where = "in all threads" if args.all_threads else "on the training thread"
     print(
-        f"{args.workload}: instructions per step (callgrind, runs of {steps[0]} and {steps[1]} "
-        "steps, all threads), and above the hand loop of the same module kind"
+        f"{args.workload}: instructions per step {where} (callgrind, runs of {steps[0]} and "
+        f"{steps[1]} steps), and above the hand loop of the same module kind"
     )
     for name in variants:
         line = f"  {name:<24} {results[name]['per_step']:12,.0f} instr/step"
@@ -186,7 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.json_path:
         Path(args.json_path).write_text(
-            json.dumps({"workload": args.workload, "steps": steps, "results": results}, indent=2)
+            json.dumps(
+                {
+                    "workload": args.workload,
+                    "steps": steps,
+                    "all_threads": args.all_threads,
+                    "results": results,
+                },
+                indent=2,
+            )
             + "\n"
         )
     return 0

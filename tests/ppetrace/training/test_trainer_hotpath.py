@@ -217,13 +217,13 @@ def test_children_cover_the_epoch_and_the_run(tmp_path: Any) -> None:
     """No time inside an epoch or a run that no child span accounts for. Steps of a few ms
     make the loop's own gaps (a few µs) a small share, so 95% holds on a busy machine."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 4))
-    ds = TensorDataset(torch.randn(24 * 128, 512), torch.randint(0, 4, (24 * 128,)))
+    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 4))
+    ds = TensorDataset(torch.randn(16 * 64, 256), torch.randint(0, 4, (16 * 64,)))
     path = tmp_path / "trace.json"
     trainer = ppetrace.Trainer(progress=False, val_every_n_epochs=None, trace_path=path)
     trainer.fit(
         net,
-        DataLoader(ds, batch_size=128),
+        DataLoader(ds, batch_size=64),
         optimizer=torch.optim.SGD(net.parameters(), lr=0.01),
         loss_fn=F.cross_entropy,
     )
