@@ -17,7 +17,7 @@ optimizers (``Trainer.optimizers``, as ppe's trainer exposes them).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,12 +26,14 @@ from torch.utils.data import RandomSampler, SequentialSampler
 from ..interfaces.module_interface import CallbackInterface, ModuleInterface, Stage
 from ..interfaces.network import _ACTIVE_MOVE, _ACTIVE_SCALING, AbstractPyTorchNetwork
 from ..runtime._base import BaseRuntime
+from ..runtime._pytorch import PyTorchRuntime
 from ..tracing._recorder import trace
 from ._collate import as_outputs
 
 __all__ = ["Adapter", "InterfaceAdapter", "NetworkAdapter", "PlainAdapter", "make_adapter"]
 
 Loaders = dict[str, Iterable[Any]]
+_NO_SCOPE: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def named_loaders(loaders: Any, what: str) -> Loaders:
@@ -127,12 +129,19 @@ class Adapter:
 
     # -- steps -------------------------------------------------------------------------
 
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
+    def active(self, scaling: Any) -> contextlib.AbstractContextManager[Any]:
+        """What the steps of a fit (``scaling``: its loss scaling) or of an evaluation
+        (``None``) need set around them; nothing here (see :class:`NetworkAdapter`)."""
+        return _NO_SCOPE
+
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
         """One training step: ``(loss or None, outputs tuple, raw outputs)``."""
         raise NotImplementedError  # pragma: no cover
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
         """One validation or test step: ``(outputs tuple, raw outputs)``."""
         raise NotImplementedError  # pragma: no cover
@@ -201,7 +210,9 @@ class PlainAdapter(Adapter):
         opts = list(opt) if isinstance(opt, (list, tuple)) else [opt]
         return opts, self.schedulers
 
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
         inputs, targets = _plain_pair(batch, self.name)
         preds = self.module(inputs)
         loss = self.loss_fn(preds, targets)  # type: ignore[misc]
@@ -209,7 +220,7 @@ class PlainAdapter(Adapter):
         return loss, outs, outs
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
         if isinstance(batch, torch.Tensor):
             outs: tuple[Any, ...] = (self.module(batch),)
@@ -274,7 +285,9 @@ class InterfaceAdapter(Adapter):
             )
         return opts, scheds
 
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
         # PyMarlin passes the step this batch contributes to: completed + 1
         # (pymarlin/core/trainer_backend.py, SingleProcess._forward_backward)
         raw = self.module(Stage.TRAIN, global_step + 1, batch, device)
@@ -284,7 +297,7 @@ class InterfaceAdapter(Adapter):
         return (outs[0] if outs else raw), outs, raw
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
         raw = self.module(stage, global_step, batch, device)
         return as_outputs(raw), raw
@@ -404,16 +417,36 @@ class NetworkAdapter(Adapter):
 
     def use_runtime(self, runtime: BaseRuntime) -> None:
         """Move ``prepare_batch``'s tensors with ``runtime.move_tensor`` when they go to its
-        device."""
+        device (a CPU tensor bound for a ``PyTorchRuntime``'s CPU is not moved at all)."""
         spec = runtime.device_spec
         move_tensor = runtime.move_tensor
+        stays = (
+            isinstance(runtime, PyTorchRuntime)
+            and runtime.device_type == "cpu"
+            and type(runtime).move_tensor is PyTorchRuntime.move_tensor
+        )
 
         def move(tensor: torch.Tensor, device: Any) -> torch.Tensor:
             if device is spec or device == spec:
+                if stays and tensor.is_cpu:
+                    return tensor
                 return move_tensor(tensor)
             return tensor.to(device)
 
         self.move = move
+
+    @contextlib.contextmanager
+    def active(self, scaling: Any) -> Iterator[None]:
+        """Around the steps of a fit or an evaluation: ``scale_loss`` uses ``scaling`` (the
+        fit's ``network_backward``; ``None`` yields the loss unchanged) and
+        ``prepare_batch`` moves tensors through the runtime (:meth:`use_runtime`)."""
+        move = _ACTIVE_MOVE.set(self.move)
+        scale = _ACTIVE_SCALING.set(scaling)
+        try:
+            yield
+        finally:
+            _ACTIVE_SCALING.reset(scale)
+            _ACTIVE_MOVE.reset(move)
 
     def optimizers_schedulers(
         self, steps_per_epoch: int, epochs: int
@@ -433,43 +466,43 @@ class NetworkAdapter(Adapter):
     def named_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         return dict(self.optimizers)
 
-    def _prepare(self, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
-        with trace("network.prepare_batch", attrs):
-            token = _ACTIVE_MOVE.set(self.move)
-            try:
-                return self.module.prepare_batch(batch, device, device)
-            finally:
-                _ACTIVE_MOVE.reset(token)
-
-    def _closure(self, data: Any, optimizers: Any, attrs: dict[str, Any]) -> Any:
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
+        # inside active(): prepare_batch moves through the runtime, scale_loss is the
+        # Trainer's (set once per fit, not per step)
         net = self.module
-        # as delira's trainer calls it (delira/training/base_trainer.py, _train_single_epoch)
-        return net.closure(
-            net,
-            data,
-            optimizers=optimizers,
-            losses=self.losses,
-            metrics=self.metrics,
-            fold=self.fold,
-            batch_nr=attrs["ppetrace.batch_idx"],
-        )
-
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
-        data = self._prepare(batch, device, attrs)
+        with trace("network.prepare_batch", attrs):
+            data = net.prepare_batch(batch, device, device)
         with trace("network.closure", attrs):
-            token = _ACTIVE_SCALING.set(self.scaling)
-            try:
-                raw = self._closure(data, self._closure_optimizers, attrs)
-            finally:
-                _ACTIVE_SCALING.reset(token)
+            # as delira's trainer calls it (delira/training/base_trainer.py, _train_single_epoch)
+            raw = net.closure(
+                net,
+                data,
+                optimizers=self._closure_optimizers,
+                losses=self.losses,
+                metrics=self.metrics,
+                fold=self.fold,
+                batch_nr=attrs["ppetrace.batch_idx"],
+            )
         return None, as_outputs(raw[2]), raw
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
-        data = self._prepare(batch, device, attrs)
+        net = self.module
+        with trace("network.prepare_batch", attrs):
+            data = net.prepare_batch(batch, device, device)
         with trace("network.closure", attrs):
-            raw = self._closure(data, {}, attrs)
+            raw = net.closure(
+                net,
+                data,
+                optimizers={},
+                losses=self.losses,
+                metrics=self.metrics,
+                fold=self.fold,
+                batch_nr=attrs["ppetrace.batch_idx"],
+            )
         return as_outputs(raw[2]), raw
 
 
