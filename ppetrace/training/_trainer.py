@@ -63,6 +63,7 @@ from ._checkpoint import (
     save_atomic,
 )
 from ._collate import DEFAULT_MAX_COLLATED_BYTES
+from ._distributed import Distributed, check_mode, set_epoch
 from ._optim import SchedulerInterval, check_clip, check_positive_int
 from ._placement import call_module_hook
 from ._resume import begin_epoch, restore, start_iteration
@@ -119,6 +120,17 @@ class Trainer:
             steps (PyMarlin's option of that name).
         max_val_steps_per_epoch: validate on at most this many batches of
             each validation loader (PyMarlin's option of that name).
+        distributed: ``"auto"``: under torchrun (or in an existing process
+            group), train with DistributedDataParallel, distributed samplers,
+            rank-0 checkpoints and per-rank traces merged by rank 0 (see
+            ``_distributed``); ``None`` turns all of it off.
+        use_distributed_sampler: re-create DataLoaders that have the default
+            sampler with a DistributedSampler (training) or a ShardSampler
+            (evaluation); ``False`` leaves the loaders as they are.
+        gather_outputs: collated outputs of validation (``on_end_val_epoch``,
+            ``validate``/``test`` results) and of ``on_end_train_epoch`` are
+            gathered from every rank, in rank order; ``False`` keeps each
+            rank's own.
     """
 
     def __init__(
@@ -144,6 +156,9 @@ class Trainer:
         max_collated_bytes: int = DEFAULT_MAX_COLLATED_BYTES,
         max_train_steps_per_epoch: int | None = None,
         max_val_steps_per_epoch: int | None = None,
+        distributed: Literal["auto"] | None = "auto",
+        use_distributed_sampler: bool = True,
+        gather_outputs: bool = True,
     ) -> None:
         if not isinstance(device, (str, torch.device, BaseRuntime)):
             raise TypeError(
@@ -199,6 +214,11 @@ class Trainer:
         self.max_collated_bytes = max_collated_bytes
         self.max_train_steps_per_epoch = max_train_steps_per_epoch
         self.max_val_steps_per_epoch = max_val_steps_per_epoch
+        self.distributed = check_mode(distributed)
+        self.use_distributed_sampler = bool(use_distributed_sampler)
+        self.gather_outputs = bool(gather_outputs)
+        #: the process group of the current or last call (``distributed``), or None
+        self._dist: Distributed | None = None
         #: the runtime of the current or last run
         self.runtime: BaseRuntime | None = None
         #: the ChromeTraceExporter of the current or last run (``trace_path``), or None
@@ -315,6 +335,9 @@ class Trainer:
             fold=fold,
         )
         checkpoint = None if resume_from is None else load_checkpoint(resume_from)
+        self._dist = Distributed.resolve(self.distributed, self.device)
+        if checkpoint is not None and self._dist is not None:
+            checkpoint = self._dist.own_state(checkpoint)
         with trace_file_first(self, "fit"):
             run, first_loader, n = prepare_fit(self, adapter)
         if checkpoint is not None:
@@ -355,6 +378,7 @@ class Trainer:
         outputs}``; ``on_end_val_epoch`` callbacks run once per loader.
         ``max_val_steps_per_epoch`` caps the batches of each loader.
         """
+        self._dist = Distributed.resolve(self.distributed, self.device)
         with trace_file_first(self, "validate"):
             evaluator = evaluator_for(
                 self, module, Stage.VAL, loaders, loss_fn, metrics, batch_size
@@ -387,6 +411,7 @@ class Trainer:
         ``loaders``: one loader or a dict of named loaders (``None``: a
         ModuleInterface's ``get_test_dataloaders``).
         """
+        self._dist = Distributed.resolve(self.distributed, self.device)
         with trace_file_first(self, "test"):
             evaluator = evaluator_for(
                 self, module, Stage.TEST, loaders, loss_fn, metrics, batch_size
@@ -401,6 +426,7 @@ class Trainer:
         # steps of this epoch already done before a resume (checkpoints are at boundaries)
         run.epoch_first_step = self.global_step - self._batch_in_epoch // self.grad_accumulation
         attrs = run.attrs_now()
+        set_epoch(loader, self.epoch)  # DistributedSampler: this epoch's shuffle
         with trace("trainer.epoch", attrs):
             run.adapter.module.train()
             call_module_hook(run.placements, "train_epoch_begin", attrs)
@@ -420,6 +446,12 @@ class Trainer:
         dev = run.rt_attrs["ppetrace.device"]
         rt_name = run.rt_attrs["ppetrace.runtime"]
         train_step = adapter.train_step
+        # a batch that does not step accumulates without DDP's gradient all-reduce
+        quiet_step = (
+            train_step
+            if self._dist is None
+            else self._dist.unsynced(train_step, adapter.forward_module)
+        )
         check_loss = not adapter.backward_in_step
         autocast = runtime.autocast_context if runtime.autocast_enabled else None
         profilers = self.profilers
@@ -463,12 +495,13 @@ class Trainer:
                     call_hook(rt, "train_pre_step", attrs, self, sub, i, batch)
                 moved = call_hook(runtime, "convert_batch", attrs, batch)
                 run.attrs = attrs
+                step = train_step if boundary else quiet_step
                 with open_span("module.train_step", attrs):
                     if autocast is None:
-                        loss, outs, raw = train_step(gs, moved, device, attrs)
+                        loss, outs, raw = step(gs, moved, device, attrs)
                     else:
                         with autocast():
-                            loss, outs, raw = train_step(gs, moved, device, attrs)
+                            loss, outs, raw = step(gs, moved, device, attrs)
                 if check_loss:
                     if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
                         raise self._bad_loss(adapter, loss, gs, epoch, i)
@@ -498,6 +531,8 @@ class Trainer:
         if i == start and start == 0:
             raise empty_loader(adapter, epoch)
         if optim.pending:  # a partial last group of a loader without len()
+            if self._dist is not None:
+                self._dist.average_gradients(adapter.module)
             self._optimizer_step(run, run.attrs_now())
             self._after_optimizer_step(run)
 
@@ -545,6 +580,8 @@ class Trainer:
         if collector is not None:
             outputs = collector.collated()
             collector.clear()
+            if self._dist is not None and self.gather_outputs:
+                outputs = self._dist.gather(outputs)
             run.callbacks.call("on_end_train_epoch", attrs, self.global_step, *outputs)
         run.optim.end_epoch()
         self.epoch += 1
@@ -580,4 +617,7 @@ class Trainer:
                 "trainer": self.get_state(),
                 "rng": capture_rng(run.generators),
             }
-            save_atomic(state, path)
+            if self._dist is None:
+                save_atomic(state, path)
+            else:  # rank 0 writes, with every rank's RNG states; all wait for it
+                self._dist.save(state, path)
