@@ -28,7 +28,7 @@ from typing import Any
 from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
 from ._ranks import TraceHeader, _open_read, read_header, trace_files
-from ._reader import ChromeTrace, load_chrome_trace
+from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
 
 _SPAN_LINE = b'{"ph":"X","cat":'
 _PID_RE = re.compile(rb'"pid":(-?\d+)')
@@ -113,8 +113,7 @@ class _Input:
 
     @property
     def clock_offset_ns(self) -> int:
-        value = self.metadata.get("clock_offset_ns", 0)
-        return int(value) if isinstance(value, (int, float)) else 0
+        return _clock_offset(self.metadata, self.path)  # a TraceError when not a number
 
     @property
     def rank(self) -> int | None:
