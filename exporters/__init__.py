@@ -75,6 +75,9 @@ if TYPE_CHECKING:
         event_samples as event_samples,
     )
     from .comparison import (
+        group_runs as group_runs,
+    )
+    from .comparison import (
         render_comparison as render_comparison,
     )
     from .comparison import (
@@ -93,6 +96,9 @@ if TYPE_CHECKING:
     from .frame import spans_to_frame as spans_to_frame
     from .report import (
         REPORT_FORMATS as REPORT_FORMATS,
+    )
+    from .report import (
+        RankReport as RankReport,
     )
     from .report import (
         StepReport as StepReport,
@@ -134,6 +140,7 @@ _LAZY = {
     "spans_to_frame": ".frame",
     "REPORT_FORMATS": ".report",
     "StepReport": ".report",
+    "RankReport": ".report",
     "Throughput": ".report",
     "render": ".report",
     "render_csv": ".report",
@@ -145,6 +152,7 @@ _LAZY = {
     "DEFAULT_NOISE_FLOOR": ".comparison",
     "RunSummary": ".comparison",
     "summarize_run": ".comparison",
+    "group_runs": ".comparison",
     "Comparison": ".comparison",
     "Verdict": ".comparison",
     "compare": ".comparison",

@@ -249,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
     _add_warmup(comp)
     comp.add_argument(
+        "--rank",
+        type=_int_at_least(0, "--rank"),
+        default=None,
+        metavar="R",
+        help="compare one rank of multi-rank traces (default: every rank's steps are samples)",
+    )
+    comp.add_argument(
         "--min-samples",
         type=_int_at_least(1, "--min-samples"),
         default=5,
@@ -404,13 +411,23 @@ def _trace_paths(spec: str, label: str) -> list[str]:
     return found
 
 
-def _summaries(spec: str, label: str, warmup: int, err: IO[str]) -> list[Any]:
+def _summaries(
+    spec: str, label: str, warmup: int, err: IO[str], rank: int | None = None
+) -> list[Any]:
+    """One RunSummary per run: the files of one run (rank files sharing a trace id) count
+    as one."""
     import exporters
 
+    frames = [_read_frame(path, err) for path in _trace_paths(spec, label)]
     out = []
-    for path in _trace_paths(spec, label):
-        frame = _read_frame(path, err)
-        out.append(exporters.summarize_run(frame, warmup_steps=warmup, source=path))
+    for run in exporters.group_runs(frames):
+        try:
+            summary = exporters.summarize_run(
+                run, warmup_steps=warmup, source=run.attrs.get("path"), rank=rank
+            )
+        except ValueError as exc:
+            raise _BadInput(str(exc)) from None
+        out.append(summary)
     return out
 
 
@@ -436,8 +453,8 @@ def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             "Expected --noise-floor and --min-effect of at most 100%, but received "
             f"{args.noise_floor} and {args.min_effect}."
         )
-    base = _summaries(args.base, "BASE", args.warmup, err)
-    candidate = _summaries(args.candidate, "CAND", args.warmup, err)
+    base = _summaries(args.base, "BASE", args.warmup, err, args.rank)
+    candidate = _summaries(args.candidate, "CAND", args.warmup, err, args.rank)
     try:
         comparison = exporters.compare(
             base,
@@ -489,6 +506,12 @@ def _not_writable(out: str, exc: OSError) -> _BadInput:
     )
 
 
+def _events(merged: Any) -> int:
+    """The merged trace's event count, without parsing it when the merger counted them."""
+    count = getattr(merged, "event_count", None)
+    return count if isinstance(count, int) else len(merged.events)
+
+
 def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
@@ -516,7 +539,7 @@ def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             err.write(f"ppetrace: warning: {w.message}\n")
     processes = len(merged.metadata.get("processes", {}))
     out.write(
-        f"Merged {_count(len(args.inputs), 'trace')} ({_count(len(merged.events), 'event')}, "
+        f"Merged {_count(len(args.inputs), 'trace')} ({_count(_events(merged), 'event')}, "
         f"{_count(processes, 'process')}) into {args.out}\n"
     )
     return EXIT_OK

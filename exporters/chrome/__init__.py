@@ -36,7 +36,7 @@ A JSON object in the Chrome "JSON Object Format", which Perfetto UI
   to put them on a reference clock; :func:`merge_traces` applies it.
 - One ``X`` event per span: ``cat`` is the owner (the name's prefix before the
   first dot when it is ``trainer``, ``runtime``, ``module``, ``network``,
-  ``callback`` or ``evaluator``, else ``user``); ``span_id`` and
+  ``callback``, ``evaluator`` or ``dist``, else ``user``); ``span_id`` and
   ``parent_id`` (16 hex digits, all zeros for a root), ``status``
   (``UNSET``/``OK``/``ERROR``) and ``attrs`` (the span's attributes, left out
   when it has none) sit beside ``ts``; ``args`` is written only for a failed

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ._writer import ChromeTraceExporter
 
 
-OWNERS = frozenset({"trainer", "runtime", "module", "network", "callback", "evaluator"})
+OWNERS = frozenset({"trainer", "runtime", "module", "network", "callback", "evaluator", "dist"})
 #: ``args`` keys that are not attributes in files written before the attributes moved to
 #: ``attrs`` (there, an attribute of that name was written ``attr.<name>``).
 RESERVED_ARGS = frozenset({"span_id", "parent_id", "status", "error"})

@@ -6,4 +6,11 @@ workers run in other processes (fork or spawn) and gives out their spans
 ``collate_fn``) in the parent's trace, each worker on a track of its own:
 the workers forward rows to the parent, whose flusher hands them to its
 sinks.
+
+:mod:`ppetrace.integrations.distributed` takes a ``torch.distributed`` process
+group and gives out each rank's clock offset to rank 0 (NTP-style pings, with
+an error bound), ``dist.<name>`` spans for the collectives user code calls
+(with their byte counts), and one trace file per rank
+(``trace.ranks/rank<R>.json``, on rank 0's clock, with ``distributedInfo``)
+merged by rank 0 into one timeline.
 """

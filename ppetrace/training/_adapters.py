@@ -65,6 +65,10 @@ class Adapter:
     backward_in_step = False
     #: the optimizers step inside the step (a network's closure with several optimizers)
     steps_in_closure = False
+    #: the sampler classes a ModuleInterface builds its loaders with (PyMarlin's
+    #: ``get_*_dataloader(sampler, batch_size)``); distributed training replaces them
+    train_sampler: type = RandomSampler
+    eval_sampler: type = SequentialSampler
 
     def __init__(
         self,
@@ -77,6 +81,10 @@ class Adapter:
         val_batch_size: int | None = None,
     ) -> None:
         self.module = module
+        #: what the training step calls: the module, or its DistributedDataParallel wrapper
+        self.forward_module: torch.nn.Module = module
+        #: a DistributedDataParallel wrapper the user passed to fit(), else None
+        self.ddp: torch.nn.Module | None = None
         self.name = type(module).__name__
         self._train_loader = train_loader
         self._val_loaders = val_loaders
@@ -214,7 +222,7 @@ class PlainAdapter(Adapter):
         self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> Any:
         inputs, targets = _plain_pair(batch, self.name)
-        preds = self.module(inputs)
+        preds = self.forward_module(inputs)
         loss = self.loss_fn(preds, targets)  # type: ignore[misc]
         outs = (loss, preds)
         return loss, outs, outs
@@ -239,7 +247,7 @@ class InterfaceAdapter(Adapter):
     def train_loader(self) -> Iterable[Any]:
         if self._train_loader is not None:
             return self._train_loader
-        loader = self.module.get_train_dataloader(RandomSampler, self.batch_size)
+        loader = self.module.get_train_dataloader(self.train_sampler, self.batch_size)
         if loader is None:
             raise ValueError(
                 f"Expected {self.name}.get_train_dataloader to return a loader, but it returned "
@@ -251,7 +259,7 @@ class InterfaceAdapter(Adapter):
         if self._val_loaders is not None:
             return named_loaders(self._val_loaders, "val_loaders")
         return named_loaders(
-            self.module.get_val_dataloaders(SequentialSampler, self.val_batch_size),
+            self.module.get_val_dataloaders(self.eval_sampler, self.val_batch_size),
             f"{self.name}.get_val_dataloaders()",
         )
 
@@ -259,7 +267,7 @@ class InterfaceAdapter(Adapter):
         if self._test_loaders is not None:
             return named_loaders(self._test_loaders, "loaders")
         return named_loaders(
-            self.module.get_test_dataloaders(SequentialSampler, self.val_batch_size),
+            self.module.get_test_dataloaders(self.eval_sampler, self.val_batch_size),
             f"{self.name}.get_test_dataloaders()",
         )
 
@@ -290,7 +298,7 @@ class InterfaceAdapter(Adapter):
     ) -> Any:
         # PyMarlin passes the step this batch contributes to: completed + 1
         # (pymarlin/core/trainer_backend.py, SingleProcess._forward_backward)
-        raw = self.module(Stage.TRAIN, global_step + 1, batch, device)
+        raw = self.forward_module(Stage.TRAIN, global_step + 1, batch, device)
         if isinstance(raw, torch.Tensor):
             return raw, (raw,), raw
         outs = as_outputs(raw)
@@ -476,8 +484,10 @@ class NetworkAdapter(Adapter):
             data = net.prepare_batch(batch, device, device)
         with trace("network.closure", attrs):
             # as delira's trainer calls it (delira/training/base_trainer.py, _train_single_epoch)
+            # under DDP the closure gets the wrapper, whose forward all-reduces gradients
+            model: Any = self.forward_module
             raw = net.closure(
-                net,
+                model,
                 data,
                 optimizers=self._closure_optimizers,
                 losses=self.losses,
@@ -507,7 +517,15 @@ class NetworkAdapter(Adapter):
 
 
 def make_adapter(module: Any, **kwargs: Any) -> Adapter:
-    """The adapter for ``module``'s kind; keyword arguments that do not apply are rejected."""
+    """The adapter for ``module``'s kind; keyword arguments that do not apply are rejected.
+
+    A ``DistributedDataParallel`` wrapper is seen through: the adapter is the wrapped
+    module's, and the training step calls the wrapper (``adapter.ddp``).
+    """
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        adapter = make_adapter(module.module, **kwargs)
+        adapter.ddp = adapter.forward_module = module
+        return adapter
     if isinstance(module, ModuleInterface):
         for key in ("optimizer", "loss_fn", "metrics"):
             if kwargs.pop(key, None) is not None:

@@ -138,6 +138,8 @@ class Evaluator:
         #: opens the ``evaluator.step`` spans; a profiler may replace it with a drop-in for
         #: ``ppetrace.trace`` (e.g. to add device time)
         self.open_span: Callable[[str, Any], AbstractContextManager[Any]] = trace
+        #: joins every rank's collated outputs of a loader (distributed training), or None
+        self.gather: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -196,6 +198,8 @@ class Evaluator:
                         "ppetrace.loader": name,
                     }
                     outputs = self._run_one(name, loader, attrs, global_step, epoch, keep)
+                    if keep and self.gather is not None:
+                        outputs = self.gather(outputs)
                     results[name] = outputs if collect else ()
                     if self._val_hook:
                         self.callbacks.call(

@@ -52,6 +52,9 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
     device = run.runtime.device_spec
     dev, rt_name = run.rt_attrs[DEVICE], run.rt_attrs[RUNTIME]
     train_step, backward, optimizer_step = adapter.train_step, optim.backward, optim.stepper()
+    # a batch that does not step accumulates without DDP's gradient all-reduce
+    dist = self._dist
+    quiet_step = train_step if dist is None else dist.unsynced(train_step, adapter.forward_module)
     check_loss = not adapter.backward_in_step
     autocast = run.runtime.autocast_context if run.runtime.autocast_enabled else None
     profilers, bar, open_span = self.profilers, run.progress, run.open_span
@@ -113,12 +116,13 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
             with convert_open("runtime.convert_batch", attrs):
                 moved = convert(batch)
             run.attrs = attrs
+            step = train_step if boundary else quiet_step
             with open_span("module.train_step", attrs):
                 if autocast is None:
-                    loss, outs, raw = train_step(gs, moved, device, attrs)
+                    loss, outs, raw = step(gs, moved, device, attrs)
                 else:
                     with autocast():
-                        loss, outs, raw = train_step(gs, moved, device, attrs)
+                        loss, outs, raw = step(gs, moved, device, attrs)
             if check_loss:
                 if (type(loss) is not _Tensor and not isinstance(loss, _Tensor)) or loss.ndim:
                     raise bad_loss(adapter, loss, gs, epoch, i)
@@ -167,6 +171,8 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
     if i == start and start == 0:
         raise empty_loader(adapter, epoch)
     if optim.pending:  # a partial last group of a loader without len()
+        if dist is not None:
+            dist.average_gradients(adapter.module)
         self._optimizer_step(run, run.attrs_now())
         self._after_optimizer_step(run)
 

@@ -21,6 +21,7 @@ from ..runtime._base import BaseRuntime
 from ..runtime._pytorch import PyTorchRuntime
 from ..runtime._registry import make_runtime
 from ._adapters import Adapter, NetworkAdapter, make_adapter
+from ._distributed import Distributed
 from ._evaluator import Evaluator, _callbacks_for
 from ._optim import (
     Optimization,
@@ -57,6 +58,9 @@ class TrainerSettings(TrainerView, Protocol):
     max_val_steps_per_epoch: int | None
     on_nonfinite_loss: Any
     runtime: BaseRuntime | None
+    use_distributed_sampler: bool
+    gather_outputs: bool
+    _dist: Distributed | None
     _models: dict[str, torch.nn.Module]
     _optimizers: dict[str, Any]
 
@@ -69,12 +73,18 @@ def prepare_fit(self: TrainerSettings, adapter: Adapter) -> tuple[Run, Iterable[
     runtime = trainer_runtime(self)
     self.runtime = runtime
     adapter.module, placements = place(adapter.module, runtime)
+    dist = self._dist
+    adapter.forward_module = adapter.module if adapter.ddp is None else adapter.ddp
+    if dist is not None:
+        if self.use_distributed_sampler:
+            dist.shard(adapter)
+        adapter.forward_module = dist.wrap(adapter, runtime)
     first_loader = adapter.train_loader()
     n = len_or_none(first_loader)
     if n == 0:
         raise empty_loader(adapter)
     estimate = estimated_global_steps_per_epoch(
-        n,
+        n if dist is None else dist.full_batches(adapter, first_loader),
         self.grad_accumulation,
         world_size=world_size(),
         max_train_steps_per_epoch=self.max_train_steps_per_epoch,
@@ -102,6 +112,8 @@ def prepare_fit(self: TrainerSettings, adapter: Adapter) -> tuple[Run, Iterable[
         self.on_nonfinite_loss,
     )
     run.evaluator.max_batches = self.max_val_steps_per_epoch
+    if dist is not None and self.gather_outputs:
+        run.evaluator.gather = dist.gather
     if isinstance(adapter, NetworkAdapter):
         adapter.bind(run.network_backward, runtime.grad_scaler)
     self._models = {"main": adapter.module}
@@ -201,7 +213,7 @@ def _check_closure_steps(self: TrainerSettings, adapter: Adapter, count: int) ->
 def trainer_runtime(self: TrainerSettings) -> BaseRuntime:
     """The runtime of a call: the ``device`` instance, or one built from the device string
     with ``runtime_options`` (and autocast plus a GradScaler for ``amp``)."""
-    device = self.device
+    device = self.device if self._dist is None else self._dist.local_device(self.device)
     if isinstance(device, BaseRuntime):
         if self.runtime_options:
             raise ValueError(
@@ -240,9 +252,16 @@ def evaluator_for(
     adapter.module, placements = place(adapter.module, runtime)
     self._models = {"main": adapter.module}
     callbacks = _callbacks_for(adapter, self.callbacks)
-    return Evaluator._for_run(
+    evaluator = Evaluator._for_run(
         adapter, runtime, stage, callbacks, self.max_collated_bytes, placements
     )
+    dist = self._dist
+    if dist is not None:
+        if self.use_distributed_sampler:
+            dist.shard(adapter)
+        if self.gather_outputs:
+            evaluator.gather = dist.gather
+    return evaluator
 
 
 def empty_loader(adapter: Adapter, epoch: int | None = None) -> ValueError:

@@ -65,6 +65,7 @@ from ._checkpoint import (
     save_atomic,
 )
 from ._collate import DEFAULT_MAX_COLLATED_BYTES
+from ._distributed import Distributed, check_mode, set_epoch
 from ._loop import train_batches
 from ._nonfinite import NonfiniteMode, check_nonfinite_mode
 from ._optim import SchedulerInterval, check_clip, check_positive_int
@@ -128,6 +129,17 @@ class Trainer:
             ``FloatingPointError`` there and check after every step. The loss is
             looked at only where it reaches the host anyway (no device sync in a
             step; see ``ppetrace.training._nonfinite``).
+        distributed: ``"auto"``: under torchrun (or in an existing process
+            group), train with DistributedDataParallel, distributed samplers,
+            rank-0 checkpoints and per-rank traces merged by rank 0 (see
+            ``_distributed``); ``None`` turns all of it off.
+        use_distributed_sampler: re-create DataLoaders that have the default
+            sampler with a DistributedSampler (training) or a ShardSampler
+            (evaluation); ``False`` leaves the loaders as they are.
+        gather_outputs: collated outputs of validation (``on_end_val_epoch``,
+            ``validate``/``test`` results) and of ``on_end_train_epoch`` are
+            gathered from every rank, in rank order; ``False`` keeps each
+            rank's own.
     """
 
     def __init__(
@@ -154,6 +166,9 @@ class Trainer:
         max_train_steps_per_epoch: int | None = None,
         max_val_steps_per_epoch: int | None = None,
         on_nonfinite_loss: NonfiniteMode | Literal["warn", "raise"] = "warn",
+        distributed: Literal["auto"] | None = "auto",
+        use_distributed_sampler: bool = True,
+        gather_outputs: bool = True,
     ) -> None:
         if not isinstance(device, (str, torch.device, BaseRuntime)):
             raise TypeError(
@@ -212,6 +227,11 @@ class Trainer:
         self.max_collated_bytes = max_collated_bytes
         self.max_train_steps_per_epoch = max_train_steps_per_epoch
         self.max_val_steps_per_epoch = max_val_steps_per_epoch
+        self.distributed = check_mode(distributed)
+        self.use_distributed_sampler = bool(use_distributed_sampler)
+        self.gather_outputs = bool(gather_outputs)
+        #: the process group of the current or last call (``distributed``), or None
+        self._dist: Distributed | None = None
         #: the runtime of the current or last run
         self.runtime: BaseRuntime | None = None
         #: the ChromeTraceExporter of the current or last run (``trace_path``), or None
@@ -328,6 +348,9 @@ class Trainer:
             fold=fold,
         )
         checkpoint = None if resume_from is None else load_checkpoint(resume_from)
+        self._dist = Distributed.resolve(self.distributed, self.device)
+        if checkpoint is not None and self._dist is not None:
+            checkpoint = self._dist.own_state(checkpoint)
         with trace_file_first(self, "fit"):
             run, first_loader, n = prepare_fit(self, adapter)
         if checkpoint is not None:
@@ -381,6 +404,7 @@ class Trainer:
         outputs}``; ``on_end_val_epoch`` callbacks run once per loader.
         ``max_val_steps_per_epoch`` caps the batches of each loader.
         """
+        self._dist = Distributed.resolve(self.distributed, self.device)
         with trace_file_first(self, "validate"):
             evaluator = evaluator_for(
                 self, module, Stage.VAL, loaders, loss_fn, metrics, batch_size
@@ -413,6 +437,7 @@ class Trainer:
         ``loaders``: one loader or a dict of named loaders (``None``: a
         ModuleInterface's ``get_test_dataloaders``).
         """
+        self._dist = Distributed.resolve(self.distributed, self.device)
         with trace_file_first(self, "test"):
             evaluator = evaluator_for(
                 self, module, Stage.TEST, loaders, loss_fn, metrics, batch_size
@@ -427,6 +452,7 @@ class Trainer:
         # steps of this epoch already done before a resume (checkpoints are at boundaries)
         run.epoch_first_step = self.global_step - self._batch_in_epoch // self.grad_accumulation
         attrs = run.attrs_now()
+        set_epoch(loader, self.epoch)  # DistributedSampler: this epoch's shuffle
         with trace("trainer.epoch", attrs) as span:
             run.watch.epoch_attrs = span_attributes(span)
             run.adapter.module.train()
@@ -475,6 +501,8 @@ class Trainer:
         if collector is not None:
             outputs = collector.collated()
             collector.clear()
+            if self._dist is not None and self.gather_outputs:
+                outputs = self._dist.gather(outputs)
             run.callbacks.call("on_end_train_epoch", attrs, self.global_step, *outputs)
         run.optim.end_epoch()
         self.epoch += 1
@@ -510,4 +538,7 @@ class Trainer:
                 "trainer": self.get_state(),
                 "rng": capture_rng(run.generators),
             }
-            save_atomic(state, path)
+            if self._dist is None:
+                save_atomic(state, path)
+            else:  # rank 0 writes, with every rank's RNG states; all wait for it
+                self._dist.save(state, path)
