@@ -1,13 +1,23 @@
-"""How fast spans become a Chrome trace and a frame.
+"""How fast spans become a Chrome trace and a frame, and a trace file a frame again.
 
-Budgets (DESIGN.md): 1,000,000 spans -> Chrome trace in <= 3 s, -> frame in
-<= 2 s. The spans look like a traced training run: per step a fetch, a step
-and eight hooks under it, with ppetrace's usual attributes, handed over in
-recorder-sized batches of 65,536 rows, as ppetrace's recorder does.
+Budgets (DESIGN.md, issue 16): 1,000,000 spans -> Chrome trace in <= 3 s,
+-> frame in <= 2 s; the 1M-span trace file -> frame (``read_chrome_trace``)
+in <= 2 s, with a peak RSS of at most 2.5x the file's size. The spans look
+like a traced training run: per step a fetch, a step and eight hooks under it,
+with ppetrace's usual attributes, handed over in recorder-sized batches of
+65,536 rows, as ppetrace's recorder does.
+
+The read's peak RSS is measured in a fresh Python process (its ``VmHWM``, the
+high-water mark of its own memory, on Linux; ``ru_maxrss`` elsewhere, which
+on Linux keeps the parent's figure across exec) that imports exporters and
+reads the file; its RSS after the imports alone is printed beside it.
+``--parsers`` adds how long each JSON parser takes to decode 200,000 of the
+file's events (no frame): the stdlib, orjson (when installed) and msgspec,
+generic and into the reader's structs.
 
 Run::
 
-    python benchmarks/bench_export.py [--spans 1000000] [--json results.json]
+    python benchmarks/bench_export.py [--spans 1000000] [--json results.json] [--parsers]
 
 It prints each figure and PASS/FAIL, writes the figures as JSON with
 ``--json`` and exits with 1 when a budget is missed.
@@ -20,16 +30,20 @@ import gc
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from exporters import ChromeTraceExporter, read_chrome_trace, spans_to_frame
 from exporters._spans import SpanBatch, SpanRow
 
 BUDGET_TRACE_S = 3.0
 BUDGET_FRAME_S = 2.0
+BUDGET_READ_S = 2.0
+BUDGET_READ_RSS = 2.5  # peak RSS over the file's size
 BATCH = 65_536
 _HOOKS = (
     "runtime.train_pre_step",
@@ -159,11 +173,93 @@ def _time(fn: object, label: str = "") -> float:
     return wall
 
 
+_READ_RSS = """
+import resource, sys, time
+import exporters
+from exporters.chrome import _events, _parse  # noqa: F401 (the reader's imports)
+import pandas, numpy, msgspec  # noqa: F401
+
+def peak():
+    # VmHWM: this process's own high-water mark (ru_maxrss keeps the parent's across exec)
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+base = peak()
+cpu, wall = time.process_time(), time.perf_counter()
+frame = exporters.read_chrome_trace(sys.argv[1])
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+print(len(frame), base, peak(), wall, cpu)
+"""
+
+
+def read_in_fresh_process(path: Path) -> dict[str, float]:
+    """``read_chrome_trace(path)`` in a new Python: its peak RSS, the RSS after the
+    imports alone, and the read's wall and CPU seconds there."""
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_RSS, str(path)], capture_output=True, text=True, check=True
+    )
+    rows, base, peak, wall, cpu = done.stdout.split()
+    return {
+        "rows": int(rows),
+        "base_rss": int(base),
+        "peak_rss": int(peak),
+        "wall_s": float(wall),
+        "cpu_s": float(cpu),
+    }
+
+
+def parser_figures(path: Path, events: int = 200_000) -> dict[str, float]:
+    """µs (CPU) per event to decode ``events`` of the file's event lines with each parser."""
+    from exporters.chrome._parse import _EVENTS, _TYPED
+
+    lines = []
+    with open(path, "rb") as f:
+        f.readline()  # the header
+        for line in f:
+            if line.startswith(b"{"):
+                lines.append(line.rstrip().rstrip(b","))
+            if len(lines) == events:
+                break
+    data = b"[" + b",\n".join(lines) + b"]"
+    del lines
+    parsers: dict[str, Any] = {"json": json.loads}
+    try:
+        import orjson
+
+        parsers["orjson"] = orjson.loads
+    except ImportError:
+        pass
+    import msgspec
+
+    parsers["msgspec"] = msgspec.json.decode
+    parsers["msgspec_structs_any"] = _EVENTS.decode
+    parsers["msgspec_structs_typed"] = _TYPED.decode
+    out = {}
+    for name, decode in parsers.items():
+        best = float("inf")
+        for _ in range(3):
+            gc.collect()
+            cpu = time.process_time()
+            decode(data)
+            best = min(best, time.process_time() - cpu)
+        out[name] = round(best / events * 1e6, 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--json", dest="json_path", default=None, help="write results here")
     parser.add_argument("--dir", default=None, help="where to write the trace (default: tmp)")
+    parser.add_argument(
+        "--parsers", action="store_true", help="also time each JSON parser on 200,000 events"
+    )
     args = parser.parse_args(argv)
     n = args.spans
     batches = make_batches(n)
@@ -190,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         trace_s = _time(write, "trace")
         size = path.stat().st_size
         frame_s = _time(frame, "frame")
-        read_s = _time(lambda: read_chrome_trace(path))
+        read_s = _time(lambda: read_chrome_trace(path), "read")
+        fresh = read_in_fresh_process(path)
+        parsers = parser_figures(path, min(200_000, n)) if args.parsers else {}
         gz_s = _time(write_gz)
     ref_after = reference_json_dumps_us(batches)
     ref = (ref_before + ref_after) / 2
@@ -212,11 +310,22 @@ def main(argv: list[str] | None = None) -> int:
         "frame_budget_s": BUDGET_FRAME_S,
         "frame_pass": frame_s * scale <= BUDGET_FRAME_S,
         "read_chrome_trace_s": round(read_s, 4),
+        "read_chrome_trace_cpu_s": round(_cpu["read"], 4),
+        "read_budget_s": BUDGET_READ_S,
+        "read_pass": read_s * scale <= BUDGET_READ_S,
+        "read_fresh_process_s": round(fresh["wall_s"], 4),
+        "read_peak_rss_bytes": fresh["peak_rss"],
+        "read_base_rss_bytes": fresh["base_rss"],
+        "read_rss_over_file": round(fresh["peak_rss"] / size, 3),
+        "read_rss_budget": BUDGET_READ_RSS,
+        "read_rss_pass": fresh["peak_rss"] / size <= BUDGET_READ_RSS,
+        "parser_us_per_event": parsers,
         "chrome_trace_gz_s": round(gz_s, 4),
         "reference_json_dumps_us": round(ref, 3),
         "machine_speed_vs_design": round(speed, 3),
         "chrome_trace_s_at_design_speed": round(trace_s * speed, 4),
         "frame_s_at_design_speed": round(frame_s * speed, 4),
+        "read_s_at_design_speed": round(read_s * speed, 4),
         "chrome_trace_vs_json_dumps": round(trace_s / n * 1e6 / ref, 3),
     }
 
@@ -236,7 +345,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{results['frame_us_per_span']} µs/span)"
         f"  budget {BUDGET_FRAME_S:.1f} s  {verdict(bool(results['frame_pass']))}"
     )
-    print(f"  Chrome trace -> frame : {read_s:7.3f} s  (read_chrome_trace, no budget)")
+    print(
+        f"  Chrome trace -> frame : {read_s:7.3f} s  (cpu {_cpu['read']:.3f} s; read_chrome_trace; "
+        f"{fresh['wall_s']:.3f} s in a fresh process)  budget {BUDGET_READ_S:.1f} s  "
+        f"{verdict(bool(results['read_pass']))}"
+    )
+    print(
+        f"  its peak RSS          : {fresh['peak_rss'] / 1e6:7.0f} MB = "
+        f"{results['read_rss_over_file']:.2f}x the file ({size / 1e6:.0f} MB; "
+        f"{fresh['base_rss'] / 1e6:.0f} MB after the imports)  budget {BUDGET_READ_RSS:.1f}x  "
+        f"{verdict(bool(results['read_rss_pass']))}"
+    )
+    for name, us in parsers.items():
+        print(f"  decode only, {name:22s}: {us:6.2f} µs/event (cpu)")
     print(f"  spans -> .json.gz     : {gz_s:7.3f} s  (gzip, no budget)")
     print(
         f"  reference: json.dumps of one event takes {ref:.2f} µs now "
@@ -245,11 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  at DESIGN.md's machine speed: Chrome trace {trace_s * speed:.2f} s, "
-        f"frame {frame_s * speed:.2f} s"
+        f"frame {frame_s * speed:.2f} s, read {read_s * speed:.2f} s"
     )
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if results["chrome_trace_pass"] and results["frame_pass"] else 1
+    passed = ("chrome_trace_pass", "frame_pass", "read_pass", "read_rss_pass")
+    return 0 if all(results[k] for k in passed) else 1
 
 
 if __name__ == "__main__":

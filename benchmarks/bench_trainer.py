@@ -1,4 +1,4 @@
-"""A traced ``ppetrace.Trainer`` end to end, against a hand-written loop and against peers.
+"""A traced ``ppetrace.Trainer`` end to end, against hand-written loops and against peers.
 
 Run: ``python benchmarks/bench_trainer.py [--steps-tiny N] [--steps-mlp N] [--rounds R]
 [--json PATH]`` (``python -m benchmarks.run`` runs it with the whole suite).
@@ -6,33 +6,45 @@ Run: ``python benchmarks/bench_trainer.py [--steps-tiny N] [--steps-mlp N] [--ro
 Two workloads (DESIGN.md, Budgets): *tiny* (Linear 16->4, batch 8) and *mlp*
 (784-256-10, batch 64), cross-entropy loss, plain SGD, CPU, one torch thread.
 Every variant trains the same architecture (the same initial weights) on the
-same ``DataLoader`` object for the same number of steps:
+same ``DataLoader`` object for the same number of steps, in one of the three
+module kinds the Trainer takes, each against a hand-written loop of its own
+kind doing the same math:
 
-- ``hand``: the reference, a hand-written loop (forward, loss, backward,
-  ``opt.step()``, ``opt.zero_grad(set_to_none=True)``);
-- ``ppetrace``: ``ppetrace.Trainer(trace_path=...)``, every hook a span, the
-  spans streamed into a Chrome trace file. The timed region is building the
-  Trainer plus ``fit`` (which closes the trace file). Building the step
-  report from the file afterwards (``step_report(read_chrome_trace(path))``)
-  is **not** in the timed region: it is timed on its own and shown beside;
-- ``ppetrace_nofile`` and ``ppetrace_off``: the same Trainer with tracing on
-  but no exporter, and with tracing disabled: they split the traced run's
-  cost into the loop itself, recording the spans, and writing the trace;
-- ``ppe``: pytorch-pfn-extras ``ppe.engine.create_trainer(...).run(loader)``;
-- ``ppe_profile``: the same with its profiling on (``enable_profile=True,
-  enable_trace=True``, which wraps each iteration, data fetch and train step
-  in ``ppe.profiler.record``, plus the ``TimelineTrace`` extension that writes
-  its Chrome trace);
-- ``lightning``: ``lightning.Trainer(profiler="simple")`` with logger,
-  checkpointing, progress bar and model summary off.
+- plain ``nn.Module``: ``hand`` (forward, loss, backward, ``opt.step()``,
+  ``opt.zero_grad(set_to_none=True)``); ``ppetrace``
+  (``ppetrace.Trainer(trace_path=...)``: every hook a span, streamed into a
+  Chrome trace file), ``ppetrace_nofile`` (tracing on, no exporter) and
+  ``ppetrace_off`` (tracing disabled: the loop alone);
+- PyMarlin ``ModuleInterface``: ``hand_interface`` (``module(Stage.TRAIN,
+  step + 1, batch, device)`` as PyMarlin calls it, then the same backward and
+  step), ``ppetrace_interface`` and ``ppetrace_interface_off``;
+- delira ``AbstractPyTorchNetwork``: ``hand_network`` (``prepare_batch`` and
+  ``closure`` with the real optimizer, as a delira loop calls them),
+  ``ppetrace_network`` and ``ppetrace_network_off``;
+- peers on the plain module: ``ppe`` (pytorch-pfn-extras
+  ``ppe.engine.create_trainer(...).run(loader)``), ``ppe_profile`` (the same with
+  ``enable_profile=True, enable_trace=True`` and the ``TimelineTrace``
+  extension writing its Chrome trace) and ``lightning``
+  (``lightning.Trainer(profiler="simple")``, logger, checkpointing, progress
+  bar and model summary off). A peer that is not installed is reported as
+  "not installed".
 
-For the peers, too, the timed region is building their trainer plus the run.
-A peer that is not installed is reported as "not installed".
+The timed region of a Trainer is building it plus ``fit`` (which closes the
+trace file). Building the step report from the traced run's file
+(``step_report(read_chrome_trace(path))``) is **not** in it: it is timed on
+its own and shown beside. Each traced run's file also gives the *coverage*
+of ``trainer.epoch`` and ``trainer.run``: the share of each span's time that
+its direct children cover (1 - self time / duration), the time no span
+accounts for.
 
 Each variant runs once untimed (warm-up), then ``rounds`` interleaved rounds,
-the order rotating every round so that machine noise hits all alike. The
-gated figure for a variant is the median over rounds of its paired ratio to
-the hand loop of the same round; the ratio of the fastest runs is reported too.
+the order rotating every round so that machine noise hits all alike. Each run
+is timed twice: wall time (``perf_counter_ns``) and CPU time of the whole
+process (``process_time_ns``, all threads: the trace writer's too), which a
+busy machine disturbs less. A variant's figures are paired with its own
+kind's hand loop in the same round: the ratio (median over rounds, with a
+bootstrap 95% interval) and the loop's own cost in µs per step above the hand
+loop (median of the per-round differences, with its interval).
 """
 
 from __future__ import annotations
@@ -40,35 +52,60 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import io
 import json
-import logging
 import os
 import platform
 import statistics
 import sys
 import tempfile
-import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import ppetrace
 
+try:
+    from benchmarks.trainer_variants import (
+        CLASSES,
+        PEERS,
+        WORKLOADS,
+        Workload,
+        _Hand,
+        _Ppetrace,
+        _Variant,
+        coverage,
+        peer_available,
+    )
+except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    from trainer_variants import (  # type: ignore[no-redef]
+        CLASSES,
+        PEERS,
+        WORKLOADS,
+        Workload,
+        _Hand,
+        _Ppetrace,
+        _Variant,
+        coverage,
+        peer_available,
+    )
+
 __all__ = [
     "BUDGETS",
+    "BUDGETS_OFF",
+    "CI_BUDGETS",
+    "COVERAGE_BUDGET",
+    "KINDS",
     "PEERS",
+    "REFERENCE",
+    "TRACED",
     "VARIANTS",
+    "WORKLOADS",
     "TrainerResult",
     "Workload",
-    "WORKLOADS",
+    "coverage",
     "main",
     "measure",
     "peer_available",
@@ -76,355 +113,204 @@ __all__ = [
     "sampled_self_times",
 ]
 
-#: traced Trainer / hand loop, per workload (DESIGN.md, Budgets)
+#: traced Trainer / its hand loop, per workload, for every module kind (DESIGN.md, Budgets)
 BUDGETS: dict[str, float] = {"tiny": 1.10, "mlp": 1.02}
-#: every variant, the reference first
+#: the upper bound of the 95% interval of that ratio, where the budget asks for one
+CI_BUDGETS: dict[str, float] = {"mlp": 1.05}
+#: the Trainer with tracing disabled / its hand loop, per workload
+BUDGETS_OFF: dict[str, float] = {"tiny": 1.05}
+#: the share of trainer.epoch and trainer.run that their direct children cover
+COVERAGE_BUDGET = 0.99
+#: the module kinds the Trainer takes
+KINDS: tuple[str, ...] = ("plain", "interface", "network")
+#: every variant: hand loops first, then the Trainer per kind, then the peers
 VARIANTS: tuple[str, ...] = (
     "hand",
     "ppetrace",
     "ppetrace_nofile",
     "ppetrace_off",
+    "hand_interface",
+    "ppetrace_interface",
+    "ppetrace_interface_off",
+    "hand_network",
+    "ppetrace_network",
+    "ppetrace_network_off",
     "ppe",
     "ppe_profile",
     "lightning",
 )
-#: variant -> the module it needs (absent: "not installed")
-PEERS: dict[str, str] = {
-    "ppe": "pytorch_pfn_extras",
-    "ppe_profile": "pytorch_pfn_extras",
-    "lightning": "lightning",
+#: each variant's reference: the hand loop of its module kind (the peers: the plain one)
+REFERENCE: dict[str, str] = {
+    v: ("hand_interface" if "interface" in v else "hand_network" if "network" in v else "hand")
+    for v in VARIANTS
 }
-LR = 0.01
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A model shape and batch size; ``hidden`` ``None`` means one Linear layer."""
-
-    name: str
-    in_features: int
-    hidden: int | None
-    classes: int
-    batch_size: int
-
-    def model(self) -> nn.Module:
-        """A freshly initialized model (seeded: every call gives the same weights)."""
-        torch.manual_seed(0)
-        if self.hidden is None:
-            return nn.Linear(self.in_features, self.classes)
-        return nn.Sequential(
-            nn.Linear(self.in_features, self.hidden),
-            nn.ReLU(),
-            nn.Linear(self.hidden, self.classes),
-        )
-
-    def loader(self, steps: int) -> DataLoader[Any]:
-        """A loader of exactly ``steps`` batches of synthetic ``(inputs, labels)``."""
-        gen = torch.Generator().manual_seed(1)
-        n = steps * self.batch_size
-        x = torch.randn(n, self.in_features, generator=gen)
-        y = torch.randint(0, self.classes, (n,), generator=gen)
-        return DataLoader(TensorDataset(x, y), batch_size=self.batch_size, shuffle=False)
-
-
-WORKLOADS: dict[str, Workload] = {
-    "tiny": Workload("tiny", 16, None, 4, 8),
-    "mlp": Workload("mlp", 784, 256, 10, 64),
-}
-
-
-def peer_available(variant: str) -> bool:
-    """Whether the package that ``variant`` needs can be imported (``True`` for ours)."""
-    module = PEERS.get(variant)
-    if module is None:
-        return True
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
-
-
-# -- the variants ---------------------------------------------------------------------
-
-
-class _Variant:
-    """One way to train: ``run()`` trains once over the loader and returns ns taken."""
-
-    def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
-        self.workload = workload
-        self.loader = loader
-        self.tmp = tmp
-        self.model = workload.model()
-
-    def run(self) -> int:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release what the variant holds (files, global state)."""
-
-
-class _Hand(_Variant):
-    def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
-        super().__init__(workload, loader, tmp)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR)
-
-    def run(self) -> int:
-        model, opt, loader = self.model, self.opt, self.loader
-        t0 = time.perf_counter_ns()
-        model.train()
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return time.perf_counter_ns() - t0
-
-
-class _Ppetrace(_Variant):
-    def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
-        super().__init__(workload, loader, tmp)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR)
-        self.trace_path = tmp / f"ppetrace-{workload.name}.json"
-        self.report_ns: list[int] = []
-        self.steps_in_report = 0
-
-    def run(self) -> int:
-        t0 = time.perf_counter_ns()
-        trainer = ppetrace.Trainer(
-            device="cpu",
-            max_epochs=1,
-            val_every_n_epochs=None,
-            progress=False,
-            trace_path=self.trace_path,
-        )
-        trainer.fit(self.model, self.loader, optimizer=self.opt, loss_fn=F.cross_entropy)
-        return time.perf_counter_ns() - t0
-
-    def build_report(self) -> int:
-        """Build the step report from the last trace; returns ns taken (outside ``run``)."""
-        from exporters import read_chrome_trace, step_report
-
-        t0 = time.perf_counter_ns()
-        report = step_report(read_chrome_trace(self.trace_path), warmup_steps=1)
-        ns = time.perf_counter_ns() - t0
-        self.steps_in_report = int(report.total_steps)
-        self.report_ns.append(ns)
-        return ns
-
-
-class _PpetraceNoFile(_Variant):
-    """The Trainer with tracing on but no exporter: the loop plus recording the spans."""
-
-    def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
-        super().__init__(workload, loader, tmp)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR)
-
-    def run(self) -> int:
-        t0 = time.perf_counter_ns()
-        trainer = ppetrace.Trainer(
-            device="cpu", max_epochs=1, val_every_n_epochs=None, progress=False
-        )
-        trainer.fit(self.model, self.loader, optimizer=self.opt, loss_fn=F.cross_entropy)
-        return time.perf_counter_ns() - t0
-
-
-class _PpetraceOff(_PpetraceNoFile):
-    """The Trainer with tracing disabled (``configure(enabled=False)``): the loop alone."""
-
-    def run(self) -> int:
-        ppetrace.configure(enabled=False)
-        try:
-            return super().run()
-        finally:
-            ppetrace.configure()
-
-
-class _LossModel(nn.Module):
-    """``forward(x, y) -> loss``: ppe's default logic back-propagates a scalar output."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.model(x), y)
-
-
-class _Ppe(_Variant):
-    profile = False
-
-    def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
-        super().__init__(workload, loader, tmp)
-        import pytorch_pfn_extras as ppe
-
-        self.loss_model = ppe.to(_LossModel(self.model), "cpu")
-        self.opt = torch.optim.SGD(self.loss_model.parameters(), lr=LR)
-        self.out_dir = tmp / f"ppe-{workload.name}-{'profile' if self.profile else 'plain'}"
-
-    def run(self) -> int:
-        import pytorch_pfn_extras as ppe
-
-        t0 = time.perf_counter_ns()
-        if self.profile:
-            trainer = ppe.engine.create_trainer(
-                self.loss_model,
-                self.opt,
-                max_epochs=1,
-                device="cpu",
-                out_dir=str(self.out_dir),
-                extensions=[ppe.training.extensions.TimelineTrace()],
-                enable_profile=True,
-                enable_trace=True,
-            )
-        else:
-            trainer = ppe.engine.create_trainer(
-                self.loss_model, self.opt, max_epochs=1, device="cpu", out_dir=str(self.out_dir)
-            )
-        trainer.run(self.loader)
-        return time.perf_counter_ns() - t0
-
-
-class _PpeProfile(_Ppe):
-    profile = True
-
-
-class _Lightning(_Variant):
-    def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
-        super().__init__(workload, loader, tmp)
-        import lightning
-
-        for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-        model = self.model
-
-        class LitModel(lightning.LightningModule):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-                x, y = batch
-                return F.cross_entropy(self.model(x), y)
-
-            def configure_optimizers(self) -> torch.optim.Optimizer:
-                return torch.optim.SGD(self.parameters(), lr=LR)
-
-        self.lightning = lightning
-        self.lit = LitModel()
-        self.out_dir = tmp / f"lightning-{workload.name}"
-
-    def run(self) -> int:
-        lightning = self.lightning
-        threads = torch.get_num_threads()
-        sink = io.StringIO()  # the simple profiler prints its summary at the end of fit
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
-            warnings.simplefilter("ignore")
-            t0 = time.perf_counter_ns()
-            trainer = lightning.Trainer(
-                max_epochs=1,
-                accelerator="cpu",
-                devices=1,
-                profiler="simple",
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                num_sanity_val_steps=0,
-                default_root_dir=str(self.out_dir),
-            )
-            trainer.fit(self.lit, train_dataloaders=self.loader)
-            ns = time.perf_counter_ns() - t0
-        if torch.get_num_threads() != threads:  # keep "same threads for all" true
-            torch.set_num_threads(threads)
-        return ns
-
-
-_CLASSES: dict[str, type[_Variant]] = {
-    "hand": _Hand,
-    "ppetrace": _Ppetrace,
-    "ppetrace_nofile": _PpetraceNoFile,
-    "ppetrace_off": _PpetraceOff,
-    "ppe": _Ppe,
-    "ppe_profile": _PpeProfile,
-    "lightning": _Lightning,
+#: the variants that write a trace file (their coverage is measured), by kind
+TRACED: dict[str, str] = {
+    "plain": "ppetrace",
+    "interface": "ppetrace_interface",
+    "network": "ppetrace_network",
 }
 
 
 # -- measuring ----------------------------------------------------------------------
 
 
+def _bootstrap_median(values: Sequence[float], level: float, resamples: int) -> tuple[float, float]:
+    """A seeded (repeatable) bootstrap interval of the median of ``values``."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(data), size=(resamples, len(data)))
+    medians = np.median(data[picks], axis=1)
+    tail = (1.0 - level) / 2 * 100
+    lo, hi = np.percentile(medians, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
 @dataclass
 class TrainerResult:
-    """The timings of one workload: ns per run, per variant, in round order."""
+    """The timings of one workload: ns per run, per variant, in round order.
+
+    ``times_ns`` is wall time and ``cpu_ns`` the process's CPU time of the same
+    runs; every figure takes ``clock="wall"`` or ``"cpu"``. A variant is paired
+    with its :data:`REFERENCE` (its kind's hand loop) unless ``reference`` is given.
+    """
 
     workload: str
     steps: int
     rounds: int
     threads: int
     times_ns: dict[str, list[int]] = field(default_factory=dict)
+    cpu_ns: dict[str, list[int]] = field(default_factory=dict)
     #: variants that could not run, with the reason ("not installed")
     missing: dict[str, str] = field(default_factory=dict)
     #: ns to build the step report from each round's trace (outside the timed region)
     report_ns: list[int] = field(default_factory=list)
     #: trainer.step rows that the report found (a sanity check of the trace)
     report_steps: int = 0
+    #: per traced variant, ``{"epoch": [...], "run": [...]}``: coverage in each round
+    coverage: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
-    def best_ns(self, variant: str) -> int:
+    def _times(self, variant: str, clock: str) -> list[int]:
+        if clock not in ("wall", "cpu"):
+            raise ValueError(f"Expected clock 'wall' or 'cpu', but received {clock!r}.")
+        return (self.times_ns if clock == "wall" else self.cpu_ns)[variant]
+
+    def _reference(self, variant: str, reference: str | None) -> str:
+        return reference if reference is not None else REFERENCE.get(variant, "hand")
+
+    def ratios(
+        self, variant: str, reference: str | None = None, *, clock: str = "wall"
+    ) -> list[float]:
+        """``variant`` / its reference, round by round."""
+        ref = self._reference(variant, reference)
+        pairs = zip(self._times(variant, clock), self._times(ref, clock), strict=True)
+        return [v / r for v, r in pairs]
+
+    def best_ns(self, variant: str, *, clock: str = "wall") -> int:
         """The fastest run of ``variant``."""
-        return min(self.times_ns[variant])
+        return min(self._times(variant, clock))
 
-    def paired_ratio(self, variant: str, reference: str = "hand") -> float:
-        """Median over rounds of ``variant`` / ``reference`` of the same round."""
-        pairs = zip(self.times_ns[variant], self.times_ns[reference], strict=True)
-        return statistics.median(v / r for v, r in pairs)
+    def paired_ratio(
+        self, variant: str, reference: str | None = None, *, clock: str = "wall"
+    ) -> float:
+        """Median over rounds of ``variant`` / reference of the same round."""
+        return statistics.median(self.ratios(variant, reference, clock=clock))
 
     def paired_ci(
-        self, variant: str, reference: str = "hand", *, level: float = 0.95, resamples: int = 2000
+        self,
+        variant: str,
+        reference: str | None = None,
+        *,
+        clock: str = "wall",
+        level: float = 0.95,
+        resamples: int = 2000,
     ) -> tuple[float, float]:
         """A bootstrap confidence interval of :meth:`paired_ratio` (seeded, so repeatable).
 
         On a shared machine the runs of one variant spread by tens of percent;
         the interval says whether a ratio differs from its budget beyond that noise.
         """
-        import numpy as np
+        return _bootstrap_median(self.ratios(variant, reference, clock=clock), level, resamples)
 
-        pairs = zip(self.times_ns[variant], self.times_ns[reference], strict=True)
-        ratios = np.array([v / r for v, r in pairs], dtype=float)
-        rng = np.random.default_rng(0)
-        picks = rng.integers(0, len(ratios), size=(resamples, len(ratios)))
-        medians = np.median(ratios[picks], axis=1)
-        tail = (1.0 - level) / 2 * 100
-        lo, hi = np.percentile(medians, [tail, 100 - tail])
-        return float(lo), float(hi)
+    def overheads_us(
+        self, variant: str, reference: str | None = None, *, clock: str = "wall"
+    ) -> list[float]:
+        """µs per step that ``variant`` takes above its reference, round by round."""
+        ref = self._reference(variant, reference)
+        pairs = zip(self._times(variant, clock), self._times(ref, clock), strict=True)
+        return [(v - r) / self.steps / 1e3 for v, r in pairs]
 
-    def best_ratio(self, variant: str, reference: str = "hand") -> float:
-        """Fastest run of ``variant`` / fastest run of ``reference``."""
-        return self.best_ns(variant) / self.best_ns(reference)
+    def overhead_us(
+        self, variant: str, reference: str | None = None, *, clock: str = "wall"
+    ) -> float:
+        """Median over rounds of the µs per step above the reference of the same round."""
+        return statistics.median(self.overheads_us(variant, reference, clock=clock))
 
-    def us_per_step(self, variant: str) -> float:
+    def overhead_ci(
+        self,
+        variant: str,
+        reference: str | None = None,
+        *,
+        clock: str = "wall",
+        level: float = 0.95,
+        resamples: int = 2000,
+    ) -> tuple[float, float]:
+        """A bootstrap confidence interval of :meth:`overhead_us`."""
+        values = self.overheads_us(variant, reference, clock=clock)
+        return _bootstrap_median(values, level, resamples)
+
+    def best_ratio(
+        self, variant: str, reference: str | None = None, *, clock: str = "wall"
+    ) -> float:
+        """Fastest run of ``variant`` / fastest run of its reference."""
+        ref = self._reference(variant, reference)
+        return self.best_ns(variant, clock=clock) / self.best_ns(ref, clock=clock)
+
+    def us_per_step(self, variant: str, *, clock: str = "wall") -> float:
         """µs per training step of the fastest run of ``variant``."""
-        return self.best_ns(variant) / self.steps / 1e3
+        return self.best_ns(variant, clock=clock) / self.steps / 1e3
 
-    def median_us_per_step(self, variant: str) -> float:
+    def median_us_per_step(self, variant: str, *, clock: str = "wall") -> float:
         """µs per training step of the median run of ``variant``."""
-        return statistics.median(self.times_ns[variant]) / self.steps / 1e3
+        return statistics.median(self._times(variant, clock)) / self.steps / 1e3
+
+    def min_coverage(self, span: str, variants: Sequence[str] | None = None) -> float | None:
+        """The lowest coverage of ``trainer.<span>`` over the traced variants and rounds."""
+        chosen = self.coverage if variants is None else {v: self.coverage[v] for v in variants}
+        values = [c for per in chosen.values() for c in per.get(span, [])]
+        return min(values) if values else None
 
     def to_json(self) -> dict[str, Any]:
-        """Everything, plus the derived ratios, as JSON-ready data."""
+        """Everything, plus the derived figures, as JSON-ready data."""
         ran = [v for v in VARIANTS if v in self.times_ns]
+        timed = [v for v in ran if REFERENCE[v] in self.times_ns]
+        derived: dict[str, Any] = {}
+        for clock in ("wall", "cpu"):
+            if clock == "cpu" and not self.cpu_ns:
+                continue
+            derived[clock] = {
+                "us_per_step_best": {v: self.us_per_step(v, clock=clock) for v in ran},
+                "us_per_step_median": {v: self.median_us_per_step(v, clock=clock) for v in ran},
+                "ratio_paired_median": {v: self.paired_ratio(v, clock=clock) for v in timed},
+                "ratio_paired_ci95": {v: self.paired_ci(v, clock=clock) for v in timed},
+                "ratio_best": {v: self.best_ratio(v, clock=clock) for v in timed},
+                "overhead_us_per_step": {v: self.overhead_us(v, clock=clock) for v in timed},
+                "overhead_us_per_step_ci95": {v: self.overhead_ci(v, clock=clock) for v in timed},
+            }
         return {
             "workload": self.workload,
             "steps": self.steps,
             "rounds": self.rounds,
             "threads": self.threads,
             "times_ns": self.times_ns,
+            "cpu_ns": self.cpu_ns,
             "missing": self.missing,
-            "us_per_step_best": {v: self.us_per_step(v) for v in ran},
-            "us_per_step_median": {v: self.median_us_per_step(v) for v in ran},
-            "ratio_paired_median": {v: self.paired_ratio(v) for v in ran},
-            "ratio_paired_ci95": {v: self.paired_ci(v) for v in ran},
-            "ratio_best": {v: self.best_ratio(v) for v in ran},
+            "reference": {v: REFERENCE[v] for v in ran},
+            **derived.get("wall", {}),
+            "cpu": derived.get("cpu", {}),
+            "coverage": self.coverage,
             "report_ns": self.report_ns,
             "report_steps": self.report_steps,
         }
@@ -473,7 +359,8 @@ def measure(
 ) -> TrainerResult:
     """Time every variant on ``workload``: one warm-up each, then interleaved rounds.
 
-    A peer variant whose package is missing is recorded in
+    Each variant's reference (its kind's hand loop, :data:`REFERENCE`) must be
+    among ``variants``. A peer variant whose package is missing is recorded in
     ``TrainerResult.missing`` as ``"not installed"`` and not timed.
     """
     if isinstance(workload, str):
@@ -482,13 +369,19 @@ def measure(
                 f"Unknown workload {workload!r}; expected one of {', '.join(WORKLOADS)}."
             )
         workload = WORKLOADS[workload]
-    unknown = [v for v in variants if v not in _CLASSES]
+    unknown = [v for v in variants if v not in CLASSES]
     if unknown:
         raise ValueError(f"Unknown variant {unknown[0]!r}; expected some of {', '.join(VARIANTS)}.")
     if "hand" not in variants:
         raise ValueError(
             f"Expected 'hand' among the variants (it is the reference), but received "
             f"{list(variants)}."
+        )
+    lacking = sorted({REFERENCE[v] for v in variants} - set(variants))
+    if lacking:
+        raise ValueError(
+            f"Expected the reference {lacking[0]!r} among the variants (the hand loop of the "
+            f"same module kind), but received {list(variants)}."
         )
     for name, value in (("steps", steps), ("rounds", rounds), ("threads", threads)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -506,22 +399,30 @@ def measure(
             if not peer_available(name):
                 result.missing[name] = "not installed"
                 continue
-            runners[name] = _CLASSES[name](workload, loader, tmp)
+            runners[name] = CLASSES[name](workload, loader, tmp)
             stack.callback(runners[name].close)
         for name, runner in runners.items():  # warm-up: imports, allocator, first calls
             say(f"{workload.name}: warm-up {name}")
             runner.run()
         order = list(runners)
         result.times_ns = {name: [] for name in order}
-        traced = runners.get("ppetrace")
+        result.cpu_ns = {name: [] for name in order}
         for r in range(rounds):
             shift = r % len(order)
             for name in order[shift:] + order[:shift]:
                 gc.collect()
-                result.times_ns[name].append(runners[name].run())
-                if name == "ppetrace" and isinstance(traced, _Ppetrace):
-                    result.report_ns.append(traced.build_report())
-                    result.report_steps = traced.steps_in_report
+                runner = runners[name]
+                wall, cpu = runner.run()
+                result.times_ns[name].append(wall)
+                result.cpu_ns[name].append(cpu)
+                if isinstance(runner, _Ppetrace) and runner.trace_path is not None:
+                    per = result.coverage.setdefault(name, {"epoch": [], "run": []})
+                    for span, value in runner.coverage().items():
+                        if value is not None:
+                            per[span].append(value)
+                    if name == "ppetrace":
+                        result.report_ns.append(runner.build_report())
+                        result.report_steps = runner.steps_in_report
             say(f"{workload.name}: round {r + 1}/{rounds}")
     ppetrace.configure()
     return result
@@ -620,22 +521,41 @@ _LIBRARY_PREFIXES = ("ppetrace/", "exporters/", "opentelemetry/")
 
 
 def render_results(results: Sequence[TrainerResult]) -> str:
-    """A plain-text table: µs/step and both ratios per variant, per workload."""
+    """A plain-text table per workload: per variant µs/step, the paired ratio to its kind's
+    hand loop with its interval, and µs/step above that hand loop, in wall and CPU time;
+    then the coverage of trainer.epoch and trainer.run."""
     lines = []
     for res in results:
         lines.append(
             f"{res.workload}: {res.steps} steps per run, {res.rounds} interleaved rounds, "
-            f"{res.threads} torch thread(s)"
+            f"{res.threads} torch thread(s); ratios and µs/step above the hand loop of the "
+            "same module kind, median of paired rounds [95% CI]"
         )
         for variant in VARIANTS:
             if variant in res.missing:
-                lines.append(f"  {variant:<16} {res.missing[variant]}")
-            elif variant in res.times_ns:
-                lines.append(
-                    f"  {variant:<16} {res.us_per_step(variant):9.1f} µs/step   "
-                    f"{res.paired_ratio(variant):6.3f}x paired median   "
-                    f"{res.best_ratio(variant):6.3f}x best"
-                )
+                lines.append(f"  {variant:<24} {res.missing[variant]}")
+                continue
+            if variant not in res.times_ns:
+                continue
+            line = f"  {variant:<24} {res.median_us_per_step(variant):9.1f} µs/step"
+            if variant != REFERENCE[variant]:
+                parts = []
+                for clock in ("wall", "cpu"):
+                    lo, hi = res.paired_ci(variant, clock=clock)
+                    olo, ohi = res.overhead_ci(variant, clock=clock)
+                    parts.append(
+                        f"{clock} {res.paired_ratio(variant, clock=clock):.3f}x [{lo:.3f}-{hi:.3f}]"
+                        f" {res.overhead_us(variant, clock=clock):+.1f} µs [{olo:+.1f},{ohi:+.1f}]"
+                    )
+                line += "   " + "   ".join(parts)
+            lines.append(line)
+        for variant, per in res.coverage.items():
+            shown = ", ".join(
+                f"trainer.{span} {min(values):.2%} (median {statistics.median(values):.2%})"
+                for span, values in per.items()
+                if values
+            )
+            lines.append(f"  coverage by direct children, {variant}: {shown} (lowest round)")
         if res.report_ns:
             lines.append(
                 f"  step report from the trace (not in the timed region): "
@@ -644,11 +564,39 @@ def render_results(results: Sequence[TrainerResult]) -> str:
     return "\n".join(lines)
 
 
+def budget_lines(res: TrainerResult) -> list[tuple[str, bool]]:
+    """Each budget of one workload as ``(line, passed)``."""
+    out = []
+    for kind, variant in TRACED.items():
+        if variant not in res.times_ns:
+            continue
+        ratio = res.paired_ratio(variant)
+        ok = ratio <= BUDGETS[res.workload]
+        text = f"traced Trainer ({kind}) / hand loop, {res.workload}: {ratio:.3f}x"
+        text += f" (budget <= {BUDGETS[res.workload]:.2f}x"
+        if res.workload in CI_BUDGETS:
+            hi = res.paired_ci(variant)[1]
+            ok = ok and hi <= CI_BUDGETS[res.workload]
+            text += f", 95% CI upper {hi:.3f}x <= {CI_BUDGETS[res.workload]:.2f}x"
+        out.append((text + ")", ok))
+        off = variant + "_off" if variant != "ppetrace" else "ppetrace_off"
+        if res.workload in BUDGETS_OFF and off in res.times_ns:
+            ratio = res.paired_ratio(off)
+            out.append(
+                (
+                    f"Trainer ({kind}), tracing disabled / hand loop, {res.workload}: "
+                    f"{ratio:.3f}x (budget <= {BUDGETS_OFF[res.workload]:.2f}x)",
+                    ratio <= BUDGETS_OFF[res.workload],
+                )
+            )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps-tiny", type=int, default=500, help="steps per run, tiny")
     parser.add_argument("--steps-mlp", type=int, default=200, help="steps per run, MLP")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=21, help="interleaved rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for all")
     parser.add_argument("--json", dest="json_path", help="also write the results here")
     args = parser.parse_args(argv)
@@ -659,13 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     print(render_results(results))
     failed = False
     for res in results:
-        ratio = res.paired_ratio("ppetrace")
-        ok = ratio <= BUDGETS[res.workload]
-        failed |= not ok
-        print(
-            f"traced Trainer / hand loop, {res.workload}: {ratio:.3f}x, budget <= "
-            f"{BUDGETS[res.workload]:.2f}x: {'PASS' if ok else 'FAIL'}"
-        )
+        for text, ok in budget_lines(res):
+            failed |= not ok
+            print(f"{text}: {'PASS' if ok else 'FAIL'}")
     if args.json_path:
         Path(args.json_path).write_text(
             json.dumps(

@@ -13,9 +13,13 @@ the memory benchmark, which gets a fresh one (RSS is the whole process's):
   ``ppe.profiler.record``;
 - Trainer end to end (``bench_trainer``): a traced ``ppetrace.Trainer``
   writing a Chrome trace against a hand-written loop, on the tiny and the MLP
-  workload, with pytorch-pfn-extras (plain and profiling) and Lightning
-  (simple profiler) beside it;
-- export (``bench_export``): a million spans into a Chrome trace and a frame;
+  workload, for each module kind (plain ``nn.Module``, PyMarlin
+  ``ModuleInterface``, delira network, each against a hand loop of its own
+  kind) with tracing on and off, the coverage of ``trainer.epoch`` and
+  ``trainer.run`` by their children, and pytorch-pfn-extras (plain and
+  profiling) and Lightning (simple profiler) beside it;
+- export (``bench_export``): a million spans into a Chrome trace and a frame, and
+  that trace file back into a frame (time, and peak RSS over the file's size);
 - memory (``bench_memory``): RSS across a long traced run with streaming export;
 - profilers off (``bench_profilers_off``): deep profilers configured but
   outside their windows;
@@ -26,8 +30,11 @@ the memory benchmark, which gets a fresh one (RSS is the whole process's):
 Every figure is a ratio of two measurements from the same run, with
 interleaved repetitions, except the export budgets (seconds, DESIGN.md) and
 the memory budget (MB). A Trainer row's µs/step are the median runs; its
-ratio is the median over rounds of the paired ratio to the hand loop of the
-same round (the notes add a bootstrap 95% interval and the fastest runs).
+ratio is the median over rounds of the paired ratio to the hand loop (of
+the same module kind) of the same round, in wall time; its note adds the
+bootstrap 95% interval, the µs per step above the hand loop with its
+interval, the same two figures in CPU time (the process's, which a busy
+machine disturbs less) and the fastest runs.
 It prints one table (what, measured, reference,
 ratio, budget, result) and writes the same rows to JSON. ``--quick`` runs
 every benchmark at a tiny size in a few seconds: the table is complete, its
@@ -80,7 +87,7 @@ SIZES: dict[str, dict[str, int]] = {
         "hot_rounds": 15,
         "tiny_steps": 500,
         "mlp_steps": 200,
-        "trainer_rounds": 15,
+        "trainer_rounds": 21,
         "export_spans": 1_000_000,
         "memory_spans": 1_000_000,
         "memory_checkpoint": 100_000,
@@ -304,15 +311,107 @@ _PEER_LABELS = {
     "ppe_profile": "pytorch-pfn-extras, profiling on",
     "lightning": 'Lightning Trainer(profiler="simple")',
 }
+#: module kind -> how the rows name it
+_KIND_LABELS = {
+    "plain": "plain nn.Module",
+    "interface": "PyMarlin ModuleInterface",
+    "network": "delira network",
+}
 
 
 def _trainer_note(res: Any, variant: str) -> str:
-    lo, hi = res.paired_ci(variant)
-    return (
-        f"median of {res.rounds} paired rounds of {res.steps} steps, 95% CI {lo:.3f}-{hi:.3f}x; "
-        f"fastest runs {res.us_per_step(variant):,.1f} µs/step, "
-        f"{res.best_ratio(variant):.3f}x"
+    """Paired ratio and µs/step above the hand loop, wall and CPU time, with intervals."""
+    parts = [f"median of {res.rounds} paired rounds of {res.steps} steps against "]
+    parts.append(f"{bench_reference(variant)}; ")
+    for clock, label in (("wall", "wall time"), ("cpu", "CPU time (process)")):
+        if clock == "cpu" and not res.cpu_ns:
+            continue
+        lo, hi = res.paired_ci(variant, clock=clock)
+        olo, ohi = res.overhead_ci(variant, clock=clock)
+        parts.append(
+            f"{label} {res.paired_ratio(variant, clock=clock):.3f}x (95% CI {lo:.3f}-{hi:.3f}x), "
+            f"{res.overhead_us(variant, clock=clock):+,.1f} µs/step above the hand loop "
+            f"(95% CI {olo:+,.1f} to {ohi:+,.1f}); "
+        )
+    parts.append(
+        f"fastest runs {res.us_per_step(variant):,.1f} µs/step, {res.best_ratio(variant):.3f}x"
     )
+    return "".join(parts)
+
+
+def bench_reference(variant: str) -> str:
+    """The hand loop that ``variant`` is paired with."""
+    from benchmarks import bench_trainer
+
+    return bench_trainer.REFERENCE[variant]
+
+
+def _timed_row(
+    res: Any, row_id: str, what: str, variant: str, budget: float | None, ci_budget: float | None
+) -> Row:
+    ref = bench_reference(variant)
+    ratio = res.paired_ratio(variant)
+    status = INFO
+    budget_text = "–"
+    if budget is not None:
+        ok = ratio <= budget
+        budget_text = f"<= {budget:.2f}x"
+        if ci_budget is not None:
+            ok = ok and res.paired_ci(variant)[1] <= ci_budget
+            budget_text += f", CI <= {ci_budget:.2f}x"
+        status = PASS if ok else FAIL
+    return Row(
+        id=row_id,
+        what=what,
+        measured=f"{res.median_us_per_step(variant):,.1f} µs/step",
+        reference=f"{res.median_us_per_step(ref):,.1f} µs/step ({ref})",
+        ratio=ratio,
+        budget=budget_text,
+        status=status,
+        value=res.median_us_per_step(variant),
+        reference_value=res.median_us_per_step(ref),
+        unit="µs/step",
+        note=_trainer_note(res, variant),
+    )
+
+
+def _coverage_rows(res: Any, name: str, gated: bool) -> list[Row]:
+    from benchmarks import bench_trainer
+
+    rows = []
+    budget = bench_trainer.COVERAGE_BUDGET
+    for span in ("epoch", "run"):
+        low = res.min_coverage(span)
+        row_id = f"trainer.{name}.coverage_{span}"
+        what = f"Trainer {name}: children of trainer.{span} / trainer.{span} (lowest)"
+        if low is None:
+            rows.append(Row(id=row_id, what=what, status=ERROR, note="no traced run"))
+            continue
+        per = "; ".join(
+            f"{variant} {min(values):.2%} (median {statistics.median(values):.2%})"
+            for variant, by_span in res.coverage.items()
+            if (values := by_span.get(span))
+        )
+        rows.append(
+            Row(
+                id=row_id,
+                what=what,
+                measured=f"{low:.2%}",
+                reference="100% (no time outside a child)",
+                ratio=low,
+                budget=f">= {budget:.0%}" if gated else "–",
+                status=(PASS if low >= budget else FAIL) if gated else INFO,
+                value=low * 100,
+                reference_value=100.0,
+                unit="%",
+                note=(
+                    f"the share of trainer.{span}'s time covered by its direct children "
+                    f"(1 - self time / duration), lowest over the traced module kinds and "
+                    f"{res.rounds} rounds: {per}"
+                ),
+            )
+        )
+    return rows
 
 
 def trainer_rows(
@@ -336,26 +435,22 @@ def trainer_rows(
             on_progress=_say,
         )
         details[f"trainer_{name}"] = res.to_json()
-        hand = f"{res.median_us_per_step('hand'):,.1f} µs/step (hand loop)"
         budget = bench_trainer.BUDGETS[name]
-        if "ppetrace" in res.times_ns:
-            ratio = res.paired_ratio("ppetrace")
-            rows.append(
-                Row(
-                    id=f"trainer.{name}.ppetrace",
-                    what=f"Trainer {name} ({label}): traced ppetrace.Trainer + Chrome trace",
-                    measured=f"{res.median_us_per_step('ppetrace'):,.1f} µs/step",
-                    reference=hand,
-                    ratio=ratio,
-                    budget=f"<= {budget:.2f}x",
-                    status=_gate(ratio, budget),
-                    value=res.median_us_per_step("ppetrace"),
-                    reference_value=res.median_us_per_step("hand"),
-                    unit="µs/step",
-                    note=_trainer_note(res, "ppetrace"),
+        ci_budget = bench_trainer.CI_BUDGETS.get(name)
+        off_budget = bench_trainer.BUDGETS_OFF.get(name)
+        for kind, traced in bench_trainer.TRACED.items():
+            kind_label = _KIND_LABELS[kind]
+            if traced in res.times_ns:
+                what = (
+                    f"Trainer {name} ({label}): traced ppetrace.Trainer + Chrome trace"
+                    if kind == "plain"
+                    else f"Trainer {name}, {kind_label}: traced + Chrome trace"
                 )
-            )
-            if res.report_ns:
+                rows.append(
+                    _timed_row(res, f"trainer.{name}.{traced}", what, traced, budget, ci_budget)
+                )
+            if kind == "plain" and res.report_ns:
+                hand = f"{res.median_us_per_step('hand'):,.1f} µs/step (hand)"
                 with_report = statistics.median(
                     (t + rep) / h
                     for t, rep, h in zip(
@@ -377,43 +472,26 @@ def trainer_rows(
                         ),
                     )
                 )
-        for variant, what in (
-            ("ppetrace_nofile", "ppetrace.Trainer, tracing on, no exporter"),
-            ("ppetrace_off", "ppetrace.Trainer, tracing disabled (the loop alone)"),
-        ):
-            if variant in res.times_ns:
+            if kind == "plain" and "ppetrace_nofile" in res.times_ns:
+                what = f"Trainer {name}: {kind_label}, tracing on, no exporter"
                 rows.append(
-                    Row(
-                        id=f"trainer.{name}.{variant}",
-                        what=f"Trainer {name}: {what}",
-                        measured=f"{res.median_us_per_step(variant):,.1f} µs/step",
-                        reference=hand,
-                        ratio=res.paired_ratio(variant),
-                        value=res.median_us_per_step(variant),
-                        reference_value=res.median_us_per_step("hand"),
-                        unit="µs/step",
-                        note=_trainer_note(res, variant),
+                    _timed_row(
+                        res, f"trainer.{name}.ppetrace_nofile", what, "ppetrace_nofile", None, None
                     )
                 )
+            off = "ppetrace_off" if kind == "plain" else f"{traced}_off"
+            if off in res.times_ns:
+                what = f"Trainer {name}: {kind_label}, tracing disabled (the loop alone)"
+                rows.append(_timed_row(res, f"trainer.{name}.{off}", what, off, off_budget, None))
+        rows += _coverage_rows(res, name, gated=name == "mlp")
+        hand = f"{res.median_us_per_step('hand'):,.1f} µs/step (hand)"
         for variant in ("ppe", "ppe_profile", "lightning"):
             row_id = f"trainer.{name}.{variant}"
             what = f"Trainer {name}: {_PEER_LABELS[variant]}"
             if variant in res.missing:
                 rows.append(Row(id=row_id, what=what, status=MISSING, note=res.missing[variant]))
             elif variant in res.times_ns:
-                rows.append(
-                    Row(
-                        id=row_id,
-                        what=what,
-                        measured=f"{res.median_us_per_step(variant):,.1f} µs/step",
-                        reference=hand,
-                        ratio=res.paired_ratio(variant),
-                        value=res.median_us_per_step(variant),
-                        reference_value=res.median_us_per_step("hand"),
-                        unit="µs/step",
-                        note=_trainer_note(res, variant),
-                    )
-                )
+                rows.append(_timed_row(res, row_id, what, variant, None, None))
     return rows
 
 
@@ -457,6 +535,32 @@ def export_rows(size: dict[str, int], details: dict[str, Any]) -> list[Row]:
                 unit="s",
             )
         )
+    read_s = float(res["read_chrome_trace_s"]) * scale
+    rows.append(
+        Row(
+            id="export.read",
+            what=f"read: 1,000,000-span trace file -> frame{scaled}",
+            measured=f"{read_s:.2f} s",
+            reference=f"{res['chrome_trace_bytes'] / 1e6 * scale:,.0f} MB file",
+            budget=f"<= {res['read_budget_s']:.1f} s",
+            status=PASS if res["read_pass"] else FAIL,
+            value=read_s,
+            unit="s",
+        )
+    )
+    rss = float(res["read_rss_over_file"])
+    rows.append(
+        Row(
+            id="export.read_rss",
+            what=f"read: its peak RSS over the file's size (fresh process){scaled}",
+            measured=f"{rss:.2f}x",
+            reference=f"{res['read_peak_rss_bytes'] / 1e6:,.0f} MB peak",
+            budget=f"<= {res['read_rss_budget']:.1f}x",
+            status=PASS if res["read_rss_pass"] else FAIL,
+            value=rss,
+            unit="x",
+        )
+    )
     return rows
 
 
@@ -670,12 +774,18 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
             "report",
             "ppetrace_nofile",
             "ppetrace_off",
+            "ppetrace_interface",
+            "ppetrace_interface_off",
+            "ppetrace_network",
+            "ppetrace_network_off",
+            "coverage_epoch",
+            "coverage_run",
             "ppe",
             "ppe_profile",
             "lightning",
         )
     ),
-    "export": ("export.chrome", "export.frame"),
+    "export": ("export.chrome", "export.frame", "export.read", "export.read_rss"),
     "memory": ("memory.steady", "memory.warmup"),
     "profilers off": ("profilers.off",),
     "delivery": ("delivery.simple", "delivery.batch_trainer"),

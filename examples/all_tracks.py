@@ -104,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("Files:")
     for path in files:
         print(f"  {path}")
-    print(f"\nOpen {trace_path} in https://ui.perfetto.dev or chrome://tracing.")
+    print(
+        f"\nOpen {trace_path} in Perfetto UI (https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
+    )
     return 0
 
 

@@ -140,7 +140,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"  {name:<32} {count:6d}")
     frame = read_chrome_trace(args.trace)
     tagged = frame[frame["name"].str.startswith("runtime.")]
-    print(f"{len(tagged)} runtime spans in {args.trace}; open it in https://ui.perfetto.dev")
+    print(
+        f"{len(tagged)} runtime spans in {args.trace}; open it in Perfetto UI "
+        "(https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
+    )
     return {"calls": dict(MyDeviceRuntime.calls), "val_mse": val_mse.history}
 
 

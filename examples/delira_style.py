@@ -130,7 +130,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         schedulers=[torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)],
     )
     if args.trace:
-        print(f"Wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing.")
+        print(
+            f"Wrote {args.trace}: open it in Perfetto UI (https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
+        )
     return {"val_mse": history.val_mse, "init_kwargs": net.init_kwargs}
 
 

@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[Any]]:
     for epoch, loss in enumerate(module.history["train_loss"]):
         print(f"epoch {epoch}: mean train loss {loss:.4f}")
     if args.trace:
-        print(f"Wrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing.")
+        print(
+            f"Wrote {args.trace}: open it in Perfetto UI (https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
+        )
     return module.history
 
 

@@ -3,8 +3,8 @@
     python examples/quickstart.py [--epochs 3] [--samples 4096] [--trace trace.json]
 
 The data is generated here (a fixed random linear teacher labels Gaussian
-inputs), so nothing is downloaded. Open the trace in https://ui.perfetto.dev or
-chrome://tracing.
+inputs), so nothing is downloaded. Open the trace in Perfetto UI
+(https://ui.perfetto.dev) or speedscope (https://www.speedscope.app).
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report = step_report(read_chrome_trace(args.trace), warmup_steps=1)
     print(render(report, args.format))
-    print(f"\nWrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing.")
+    print(
+        f"\nWrote {args.trace}: open it in Perfetto UI (https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
+    )
     return 0
 
 

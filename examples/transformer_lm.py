@@ -224,7 +224,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
 
     print()
     print(render(step_report(read_chrome_trace(args.trace), warmup_steps=1), top=12))
-    print(f"\nWrote {args.trace}: open it in https://ui.perfetto.dev or chrome://tracing.")
+    print(
+        f"\nWrote {args.trace}: open it in Perfetto UI (https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
+    )
     return model.history
 
 

@@ -6,8 +6,8 @@ without torch. The data flows along the modules:
 
 - :mod:`exporters.chrome`: :class:`ChromeTraceExporter` (an OpenTelemetry
   ``SpanExporter`` that streams a Chrome trace), :func:`read_chrome_trace`,
-  :func:`load_chrome_trace` and :func:`merge_traces` (writer, reader and
-  merger in modules of their own);
+  :func:`load_chrome_trace`, :func:`merge_traces` and :func:`repair_chrome_trace`
+  (writer, reader, merger and repair in modules of their own);
 - :mod:`exporters.frame`: :func:`spans_to_frame`, one row per span;
 - :mod:`exporters.report`: :func:`step_report` and its renderers;
 - :mod:`exporters.comparison`: :func:`compare` (runs as samples, a gate, a noise
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
         ChromeTraceExporter as ChromeTraceExporter,
     )
     from .chrome import (
+        Repaired as Repaired,
+    )
+    from .chrome import (
         TraceTruncatedWarning as TraceTruncatedWarning,
     )
     from .chrome import (
@@ -46,6 +49,9 @@ if TYPE_CHECKING:
     )
     from .chrome import (
         read_chrome_trace as read_chrome_trace,
+    )
+    from .chrome import (
+        repair_chrome_trace as repair_chrome_trace,
     )
     from .comparison import (
         COMPARE_FORMATS as COMPARE_FORMATS,
@@ -69,6 +75,9 @@ if TYPE_CHECKING:
         event_samples as event_samples,
     )
     from .comparison import (
+        group_runs as group_runs,
+    )
+    from .comparison import (
         render_comparison as render_comparison,
     )
     from .comparison import (
@@ -87,6 +96,9 @@ if TYPE_CHECKING:
     from .frame import spans_to_frame as spans_to_frame
     from .report import (
         REPORT_FORMATS as REPORT_FORMATS,
+    )
+    from .report import (
+        RankReport as RankReport,
     )
     from .report import (
         StepReport as StepReport,
@@ -122,10 +134,13 @@ _LAZY = {
     "merge_traces": ".chrome",
     "owner_of": ".chrome",
     "read_chrome_trace": ".chrome",
+    "Repaired": ".chrome",
+    "repair_chrome_trace": ".chrome",
     "COLUMNS": ".frame",
     "spans_to_frame": ".frame",
     "REPORT_FORMATS": ".report",
     "StepReport": ".report",
+    "RankReport": ".report",
     "Throughput": ".report",
     "render": ".report",
     "render_csv": ".report",
@@ -137,6 +152,7 @@ _LAZY = {
     "DEFAULT_NOISE_FLOOR": ".comparison",
     "RunSummary": ".comparison",
     "summarize_run": ".comparison",
+    "group_runs": ".comparison",
     "Comparison": ".comparison",
     "Verdict": ".comparison",
     "compare": ".comparison",

@@ -5,6 +5,11 @@ The samples of an event are *per step*: the event's total time inside each
 counted (non-warmup) training step (a ``trainer.step``, its
 ``trainer.fetch_batch`` and everything under them; see :mod:`exporters._steps`).
 An event outside steps contributes one sample per span.
+
+Runs of several ranks: a merged trace is one run whose samples are every
+rank's steps (over all ranks), or one rank's (``rank=R``). Separate rank files
+of one run share its trace id (``otherData.trace_id``): :func:`group_runs`
+joins them into one frame per run, so a folder of rank files counts as one run.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import pandas as pd
 from ._compare_stats import log_median_se
 from ._steps import assign_steps
 
-__all__ = ["EventStat", "RunSummary", "event_samples", "summarize_run"]
+__all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
 
 
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
@@ -107,20 +112,38 @@ def _stat(samples: np.ndarray) -> EventStat:
 
 
 def summarize_run(
-    frame: pd.DataFrame, *, warmup_steps: int = 1, source: str | None = None
+    frame: pd.DataFrame,
+    *,
+    warmup_steps: int = 1,
+    source: str | None = None,
+    rank: int | None = None,
 ) -> RunSummary:
     """Reduce one run's span frame to a :class:`RunSummary` (see the module doc).
 
     ``warmup_steps`` steps at the start of each process are left out. The
     environment comes from ``frame.attrs["metadata"]["environment"]``, which
     :func:`exporters.read_chrome_trace` fills from the file's ``otherData``;
-    ``source`` defaults to ``frame.attrs["path"]``.
+    ``source`` defaults to ``frame.attrs["path"]``. ``rank`` keeps one rank's
+    spans (of a merged trace); by default every rank's steps are samples.
     """
     if not isinstance(frame, pd.DataFrame) or "dur_ns" not in frame.columns:
         raise TypeError(
             "Expected a span frame (from exporters.spans_to_frame or read_chrome_trace), "
             f"but received {type(frame).__name__}."
         )
+    if rank is not None:
+        ranks = pd.to_numeric(frame["rank"], errors="coerce")
+        mine = frame.loc[(ranks == rank).to_numpy()]
+        if not len(mine):
+            found = sorted(int(r) for r in ranks.dropna().unique())
+            raise ValueError(
+                f"Expected spans of rank {rank} in "
+                f"{frame.attrs.get('path') or 'the run'}, but it has "
+                f"{'ranks ' + ', '.join(map(str, found)) if found else 'no rank'}. Pass one "
+                "of those, or leave rank out to use every rank."
+            )
+        mine.attrs = dict(frame.attrs)
+        frame = mine
     samples = event_samples(frame, warmup_steps=warmup_steps)
     metadata = frame.attrs.get("metadata")
     environment = metadata.get("environment") if isinstance(metadata, Mapping) else None
@@ -129,3 +152,44 @@ def summarize_run(
     if source is None and frame.attrs.get("path") is not None:
         source = str(frame.attrs["path"])
     return RunSummary.from_samples(samples, environment=environment, source=source)
+
+
+def _rank_of(frame: pd.DataFrame) -> int | None:
+    meta = frame.attrs.get("metadata")
+    rank = meta.get("rank") if isinstance(meta, Mapping) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
+def group_runs(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
+    """Join the rank files of one run into one frame each, in first-seen order: frames
+    that share ``otherData.trace_id`` and each have a different ``otherData.rank`` (what
+    the ranks of a torchrun run write). Any other frame is a run of its own (files of
+    one process, such as two fits, share a trace id and a rank). Pids that two joined
+    frames share are moved apart."""
+    groups: dict[object, list[pd.DataFrame]] = {}
+    for i, frame in enumerate(frames):
+        meta = frame.attrs.get("metadata")
+        tid = meta.get("trace_id") if isinstance(meta, Mapping) else None
+        groups.setdefault(tid if isinstance(tid, str) and tid else ("file", i), []).append(frame)
+    out: list[pd.DataFrame] = []
+    for members in groups.values():
+        ranks = [_rank_of(f) for f in members]
+        if len(members) == 1 or None in ranks or len(set(ranks)) != len(ranks):
+            out.extend(members)
+            continue
+        parts: list[pd.DataFrame] = []
+        used: set[int] = set()
+        for frame in members:
+            pids = set(frame["pid"].unique().tolist())
+            if pids & used:
+                shift = max(used | pids) + 1 - min(pids)
+                frame = frame.assign(pid=frame["pid"] + shift)
+                pids = {p + shift for p in pids}
+            used |= pids
+            parts.append(frame)
+        joined = pd.concat(parts, ignore_index=True)
+        joined.attrs = dict(members[0].attrs)
+        paths = [str(f.attrs.get("path")) for f in members if f.attrs.get("path")]
+        joined.attrs["path"] = " + ".join(paths) if paths else None
+        out.append(joined)
+    return out

@@ -1,15 +1,19 @@
 /*
- * The exporters' per-row work in C: Chrome trace "X" events and frame columns.
+ * The exporters' per-row work in C: Chrome trace "X" events, frame columns, and
+ * the columns the trace reader takes from decoded events (event_columns).
  *
- * exporters/chrome/_encode.py and exporters/frame.py keep the reference
- * implementations and use this module when it was built (see setup.py; the
- * build is optional). Python still does everything that needs judgement: the
+ * exporters/chrome/_encode.py, exporters/frame.py and exporters/chrome/_events.py
+ * keep the reference implementations and use this module when it was built (see
+ * setup.py; the build is optional). Python still does everything that needs judgement: the
  * order of the rows, the per-name prefixes, the quoting of names, keys and
  * error texts, and every attribute key or value that is not an exact str, int,
  * float or bool. This module does the per-row arithmetic and concatenation:
  *
- *   prefix tid ,"ts": us ,"dur": us ,"args":{"span_id":"hex16","parent_id":"hex16"
- *   attrs ,"status": status [,"error": quoted-error] }}
+ *   prefix tid ,"ts": us ,"dur": us ,"span_id":"hex16","parent_id":"hex16","status": status
+ *   [,"attrs":{ attrs }] [,"args":{"error": quoted-error }] }
+ *
+ * (the attributes outside "args", where no viewer keys frames on them; the
+ * "attrs" object is left out when a span has none, "args" when it has no error)
  *
  * with ts = start_ns - origin_ns and dur = max(end_ns - start_ns, 0) written
  * as exact decimal microseconds (three fraction digits), and for frames it
@@ -43,6 +47,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -647,11 +652,15 @@ encode_x_batch(PyObject *module, PyObject *args)
             buf_add_ll(&b, tid) < 0 || buf_add(&b, ",\"ts\":", 6) < 0 ||
             buf_add_diff_us(&b, start, origin) < 0 || buf_add(&b, ",\"dur\":", 7) < 0 ||
             buf_add_diff_us(&b, end > start ? end : start, start) < 0 ||
-            buf_add(&b, ",\"args\":{\"span_id\":\"", 20) < 0 || buf_add_hex16(&b, span_id) < 0 ||
+            buf_add(&b, ",\"span_id\":\"", 12) < 0 || buf_add_hex16(&b, span_id) < 0 ||
             buf_add(&b, "\",\"parent_id\":\"", 15) < 0 || buf_add_hex16(&b, parent_id) < 0 ||
-            buf_add(&b, "\"", 1) < 0) {
+            buf_add(&b, "\",\"status\":", 11) < 0 || buf_add_str(&b, status) < 0 ||
+            buf_add(&b, ",\"attrs\":", 9) < 0) {
             goto fail;
         }
+        /* the attributes are written as ',"key":value...'; the first comma becomes the
+         * object's '{', and without any attribute ',"attrs":' is taken back */
+        Py_ssize_t attrs_at = b.len;
         if (texts == NULL) {
             PyObject *d = Py_NewRef(PyTuple_GET_ITEM(row, 7));
             int rc = add_attrs(&b, d, &order, heads, strings, head_of, encode_value);
@@ -671,8 +680,14 @@ encode_x_batch(PyObject *module, PyObject *args)
             }
             Py_CLEAR(text);
         }
-        if (buf_add(&b, ",\"status\":", 10) < 0 || buf_add_str(&b, status) < 0) {
-            goto fail;
+        if (b.len == attrs_at) {
+            b.len -= 9;
+        }
+        else {
+            b.data[attrs_at] = '{';
+            if (buf_add(&b, "}", 1) < 0) {
+                goto fail;
+            }
         }
         error = PyTuple_GET_ITEM(row, 9);
         if (PyUnicode_Check(error) && PyUnicode_GET_LENGTH(error) > 0) {
@@ -680,13 +695,14 @@ encode_x_batch(PyObject *module, PyObject *args)
             if (quoted == NULL) {
                 goto fail;
             }
-            int rc = buf_add(&b, ",\"error\":", 9) < 0 || buf_add_str(&b, quoted) < 0;
+            int rc = buf_add(&b, ",\"args\":{\"error\":", 17) < 0 ||
+                     buf_add_str(&b, quoted) < 0 || buf_add(&b, "}", 1) < 0;
             Py_DECREF(quoted);
             if (rc) {
                 goto fail;
             }
         }
-        if (buf_add(&b, "}}", 2) < 0) {
+        if (buf_add(&b, "}", 1) < 0) {
             goto fail;
         }
         Py_CLEAR(prefix);
@@ -1547,6 +1563,249 @@ done:
     return result;
 }
 
+/* event_columns(events, fields, attr_index, attr_items) -> tuple | None
+ *
+ * The columns of a chunk of decoded trace events (exporters/chrome/_parse.TypedEvent
+ * structs) for the trace reader: what SpanColumns._add_x (exporters/chrome/_events.py)
+ * builds in Python, in one pass. fields are the attribute names to read, in this
+ * order: name, pid, tid, ts, dur, span_id, parent_id, status, attrs, args. Returns
+ * (names, statuses, ts, dur, pids, tids, span_ids, parent_ids, attr_codes): names and
+ * statuses as (int32 codes, uniques) like dict_encode, ts and dur as float64, the
+ * others as int64 (ids uint64), in bytearrays for numpy.frombuffer. Each event's raw
+ * attrs (any buffer) is looked up as bytes in attr_index (bytes -> int code); a new
+ * one gets the next code and is appended to attr_items (codes of events of a chunk
+ * that then goes the Python way stay unused, and are dropped at the end).
+ *
+ * Returns None when an event has another shape (ts or dur not an exact float, pid or
+ * tid not an exact int within int64, an id that is not a str of 16 hex digits, a name
+ * or status that is not an exact str, args not None): the caller's Python path,
+ * which gives the same columns, then takes the whole chunk. Every field is read as a
+ * new reference and released after use; nothing read runs Python code (exact
+ * float/int/str, bytes hashing, a buffer of msgspec.Raw).
+ */
+static int
+hex16(PyObject *s, unsigned long long *out)
+{
+    /* an exact str of 16 hex digits (either case) as its value; 0 when it is not one */
+    if (!PyUnicode_CheckExact(s) || PyUnicode_GET_LENGTH(s) != 16 ||
+        PyUnicode_KIND(s) != PyUnicode_1BYTE_KIND) {
+        return 0;
+    }
+    const Py_UCS1 *c = PyUnicode_1BYTE_DATA(s);
+    unsigned long long v = 0;
+    for (int i = 0; i < 16; i++) {
+        int d;
+        if (c[i] >= '0' && c[i] <= '9') {
+            d = c[i] - '0';
+        }
+        else if (c[i] >= 'a' && c[i] <= 'f') {
+            d = c[i] - 'a' + 10;
+        }
+        else if (c[i] >= 'A' && c[i] <= 'F') {
+            d = c[i] - 'A' + 10;
+        }
+        else {
+            return 0;
+        }
+        v = (v << 4) | (unsigned long long)d;
+    }
+    *out = v;
+    return 1;
+}
+
+enum { EV_NAME, EV_PID, EV_TID, EV_TS, EV_DUR, EV_SID, EV_PAR, EV_STATUS, EV_ATTRS, EV_ARGS };
+#define EV_FIELDS 10
+
+static int
+slot_offsets(PyTypeObject *type, PyObject *fields, Py_ssize_t *offsets)
+{
+    /* Where each field of the struct type lives in its instances: 1 when every field is a
+     * plain object slot (a member descriptor, as msgspec makes them), 0 when one is not
+     * (then the caller reads fields through getattr), -1 on error. Runs before any event
+     * is read. */
+    for (int f = 0; f < EV_FIELDS; f++) {
+        PyObject *d = PyObject_GetAttr((PyObject *)type, PyTuple_GET_ITEM(fields, f));
+        if (d == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                return -1;
+            }
+            PyErr_Clear(); /* not a class attribute: the instances' getattr will tell */
+            return 0;
+        }
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        if (ok) {
+            offsets[f] = ((PyMemberDescrObject *)d)->d_member->offset;
+        }
+        Py_DECREF(d);
+        if (!ok) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *
+event_columns(PyObject *module, PyObject *args)
+{
+    PyObject *events_in, *fields, *attr_index, *attr_items;
+    PyObject *events = NULL, *result = NULL, *value[EV_FIELDS];
+    PyObject *arrays[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    PyObject *codes[2] = {NULL, NULL}, *coded[2] = {NULL, NULL};
+    Encoder enc[2];
+    int shape_ok = 1;
+    memset(enc, 0, sizeof(enc));
+    for (int f = 0; f < EV_FIELDS; f++) {
+        value[f] = NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OO!O!O!:event_columns", &events_in, &PyTuple_Type, &fields,
+                          &PyDict_Type, &attr_index, &PyList_Type, &attr_items)) {
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(fields) != EV_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "Expected the names of the 10 event fields.");
+        return NULL;
+    }
+    events = copy_list(events_in, "trace events");
+    if (events == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    if (n > PY_SSIZE_T_MAX / 8) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int c = 0; c < 7; c++) {
+        arrays[c] = PyByteArray_FromStringAndSize(NULL, n * 8);
+        if (arrays[c] == NULL) {
+            goto done;
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        codes[c] = PyByteArray_FromStringAndSize(NULL, n * 4);
+        if (codes[c] == NULL || encoder_init(&enc[c]) < 0) {
+            goto done;
+        }
+    }
+    double *ts = (double *)PyByteArray_AS_STRING(arrays[0]);
+    double *dur = (double *)PyByteArray_AS_STRING(arrays[1]);
+    long long *pid = (long long *)PyByteArray_AS_STRING(arrays[2]);
+    long long *tid = (long long *)PyByteArray_AS_STRING(arrays[3]);
+    unsigned long long *sid = (unsigned long long *)PyByteArray_AS_STRING(arrays[4]);
+    unsigned long long *par = (unsigned long long *)PyByteArray_AS_STRING(arrays[5]);
+    long long *attr = (long long *)PyByteArray_AS_STRING(arrays[6]);
+    /* the fields' slots in the first event's type: read straight from each event of
+     * exactly that type (a new reference each, as getattr would give) */
+    PyTypeObject *type = n ? Py_TYPE(PyList_GET_ITEM(events, 0)) : NULL;
+    Py_ssize_t offsets[EV_FIELDS];
+    int slots = type == NULL ? 0 : slot_offsets(type, fields, offsets);
+    if (slots < 0) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n && shape_ok; i++) {
+        PyObject *event = PyList_GET_ITEM(events, i); /* held by our copy */
+        for (int f = 0; f < EV_FIELDS; f++) {
+            if (slots && Py_TYPE(event) == type) {
+                PyObject *v = *(PyObject **)((char *)event + offsets[f]);
+                value[f] = v == NULL ? NULL : Py_NewRef(v);
+                if (value[f] == NULL) { /* an unset slot: not an event of the fast shape */
+                    shape_ok = 0;
+                    break;
+                }
+            }
+            else {
+                value[f] = PyObject_GetAttr(event, PyTuple_GET_ITEM(fields, f));
+                if (value[f] == NULL) {
+                    goto done;
+                }
+            }
+        }
+        if (!shape_ok) {
+            break;
+        }
+        int overflow_pid = 0, overflow_tid = 0;
+        int32_t name_code = 0, status_code = 0;
+        shape_ok = PyFloat_CheckExact(value[EV_TS]) && PyFloat_CheckExact(value[EV_DUR]) &&
+                   PyLong_CheckExact(value[EV_PID]) && PyLong_CheckExact(value[EV_TID]) &&
+                   PyUnicode_CheckExact(value[EV_NAME]) &&
+                   PyUnicode_CheckExact(value[EV_STATUS]) && value[EV_ARGS] == Py_None &&
+                   hex16(value[EV_SID], &sid[i]) && hex16(value[EV_PAR], &par[i]);
+        if (shape_ok) {
+            pid[i] = PyLong_AsLongLongAndOverflow(value[EV_PID], &overflow_pid);
+            tid[i] = PyLong_AsLongLongAndOverflow(value[EV_TID], &overflow_tid);
+            shape_ok = !overflow_pid && !overflow_tid && !PyErr_Occurred();
+        }
+        if (shape_ok) {
+            ts[i] = PyFloat_AS_DOUBLE(value[EV_TS]);
+            dur[i] = PyFloat_AS_DOUBLE(value[EV_DUR]);
+            if (encoder_code(&enc[0], value[EV_NAME], &name_code) < 0 ||
+                encoder_code(&enc[1], value[EV_STATUS], &status_code) < 0) {
+                goto done;
+            }
+            memcpy(PyByteArray_AS_STRING(codes[0]) + i * 4, &name_code, 4);
+            memcpy(PyByteArray_AS_STRING(codes[1]) + i * 4, &status_code, 4);
+            Py_buffer view;
+            if (PyObject_GetBuffer(value[EV_ATTRS], &view, PyBUF_SIMPLE) < 0) {
+                goto done;
+            }
+            PyObject *key = PyBytes_FromStringAndSize(view.buf, view.len);
+            PyBuffer_Release(&view);
+            if (key == NULL) {
+                goto done;
+            }
+            PyObject *found = PyDict_GetItemWithError(attr_index, key); /* bytes: no code */
+            if (found != NULL) {
+                attr[i] = PyLong_AsLongLong(found);
+            }
+            else if (!PyErr_Occurred()) {
+                Py_ssize_t next = PyList_GET_SIZE(attr_items);
+                PyObject *boxed = PyLong_FromSsize_t(next);
+                int failed = boxed == NULL || PyDict_SetItem(attr_index, key, boxed) < 0 ||
+                             PyList_Append(attr_items, key) < 0;
+                Py_XDECREF(boxed);
+                attr[i] = (long long)next;
+                if (failed) {
+                    Py_DECREF(key);
+                    goto done;
+                }
+            }
+            Py_DECREF(key);
+            if (PyErr_Occurred()) {
+                goto done;
+            }
+        }
+        for (int f = 0; f < EV_FIELDS; f++) {
+            Py_CLEAR(value[f]);
+        }
+    }
+    if (!shape_ok) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    for (int c = 0; c < 2; c++) {
+        coded[c] = PyTuple_Pack(2, codes[c], enc[c].uniques);
+        if (coded[c] == NULL) {
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(9, coded[0], coded[1], arrays[0], arrays[1], arrays[2], arrays[3],
+                          arrays[4], arrays[5], arrays[6]);
+done:
+    for (int f = 0; f < EV_FIELDS; f++) {
+        Py_XDECREF(value[f]);
+    }
+    for (int c = 0; c < 7; c++) {
+        Py_XDECREF(arrays[c]);
+    }
+    for (int c = 0; c < 2; c++) {
+        Py_XDECREF(codes[c]);
+        Py_XDECREF(coded[c]);
+        encoder_clear(&enc[c]);
+    }
+    Py_XDECREF(events);
+    return result;
+}
+
 static PyObject *
 register_frozen_type(PyObject *module, PyObject *type)
 {
@@ -1564,6 +1823,8 @@ static PyMethodDef module_methods[] = {
      "Every attribute key across rows (but those in skip), typed, in one pass."},
     {"span_columns", span_columns, METH_O, "The columns of a list of span rows, strings encoded."},
     {"dict_encode", dict_encode, METH_O, "A list of str or None as int32 codes and uniques."},
+    {"event_columns", event_columns, METH_VARARGS,
+     "The span columns of a chunk of decoded trace events (the reader's fast path)."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_batch", encode_x_batch, METH_VARARGS,

@@ -49,7 +49,7 @@ from ._compare_render import (
     render_comparison_table,
 )
 from ._compare_result import _ORDER, Comparison, Verdict
-from ._compare_runs import EventStat, RunSummary, event_samples, summarize_run
+from ._compare_runs import EventStat, RunSummary, event_samples, group_runs, summarize_run
 from ._compare_stats import holm, run_level_test
 from ._defaults import (
     DEFAULT_ALPHA,
@@ -82,6 +82,7 @@ __all__ = [
     "render_comparison_markdown",
     "render_comparison_table",
     "summarize_run",
+    "group_runs",
 ]
 
 Run = pd.DataFrame | RunSummary
@@ -143,7 +144,9 @@ def _check(
         )
 
 
-def _runs(side: Run | Sequence[Run], label: str, warmup_steps: int) -> list[RunSummary]:
+def _runs(
+    side: Run | Sequence[Run], label: str, warmup_steps: int, rank: int | None = None
+) -> list[RunSummary]:
     items: Sequence[object]
     if isinstance(side, (pd.DataFrame, RunSummary)):
         items = [side]
@@ -158,7 +161,7 @@ def _runs(side: Run | Sequence[Run], label: str, warmup_steps: int) -> list[RunS
         if isinstance(item, RunSummary):
             out.append(item)
         elif isinstance(item, pd.DataFrame) and "dur_ns" in item.columns:
-            out.append(summarize_run(item, warmup_steps=warmup_steps))
+            out.append(summarize_run(item, warmup_steps=warmup_steps, rank=rank))
         else:
             which = label if len(items) == 1 else f"{label} run {i + 1}"
             raise TypeError(
@@ -234,6 +237,7 @@ def compare(
     min_samples: int = 5,
     warmup_steps: int = 1,
     confidence: float = 0.95,
+    rank: int | None = None,
 ) -> Comparison:
     """Compare the base run(s) with the candidate run(s) (see the module doc).
 
@@ -246,12 +250,14 @@ def compare(
     fail the comparison (default ``trainer.step`` when present, ``"all"``, or
     names); ``min_effect`` (a fraction of the base's median step) and
     ``min_effect_ns`` the minimum absolute effect; ``min_samples`` the fewest
-    samples a run needs to count for an event. Raises :class:`TraceError` when
-    the sides have no event in common or a named gated event is missing.
+    samples a run needs to count for an event. ``rank`` compares one rank of
+    multi-rank frames (merged torchrun traces); by default every rank's steps
+    are samples of its run. Raises :class:`TraceError` when the sides have no
+    event in common or a named gated event is missing.
     """
     _check(threshold, alpha, min_samples, confidence, noise_floor, min_effect, min_effect_ns)
-    b_runs = _runs(base, "base", warmup_steps)
-    c_runs = _runs(candidate, "candidate", warmup_steps)
+    b_runs = _runs(base, "base", warmup_steps, rank)
+    c_runs = _runs(candidate, "candidate", warmup_steps, rank)
     b_names = {e for r in b_runs for e in r.events}
     c_names = {e for r in c_runs for e in r.events}
     common = sorted(b_names & c_names)

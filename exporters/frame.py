@@ -392,11 +392,14 @@ def _build(
     errors: Sequence[str] | Coded,
     *,
     skip: frozenset[str] = frozenset(),
+    attr_columns: Mapping[Any, Any] | None = None,
 ) -> pd.DataFrame:
     """The frame from column-wise inputs (shared by the span and the file readers).
 
     The string columns come as sequences or dictionary-encoded (:class:`Coded`).
     Attribute keys in ``skip`` are ignored (the reserved ``args`` of a Chrome event).
+    ``attr_columns`` (key -> typed column, as :func:`_attribute_columns` makes
+    them) stands for ``attrs`` when the caller typed the columns itself.
     """
     n = len(names)
     sid = np.asarray(span_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
@@ -427,7 +430,9 @@ def _build(
     }
     extra: dict[str, Any] = {}
     standard: dict[str, Any] = {}
-    for key, col in _attribute_columns(attrs, skip).items():
+    if attr_columns is None:
+        attr_columns = _attribute_columns(attrs, skip)
+    for key, col in attr_columns.items():
         target = RENAMED_ATTRIBUTES.get(key)
         if target is None:
             extra[key] = col
@@ -459,6 +464,10 @@ def _build(
             continue
         if col in _INHERITED:
             arr = _inherit(arr, ppos)
+        whole = arr[~np.isnan(arr)]
+        if not (np.all(np.abs(whole) < 2**63) and np.all(whole == np.floor(whole))):
+            columns[col] = arr  # not whole numbers (a step of 1.5): floats, as they are
+            continue
         columns[col] = pd.array(arr, dtype="Int64")
     columns["stage"] = standard.get("stage", np.full(n, None, dtype=object))
     columns["status"] = strings(statuses)

@@ -12,7 +12,8 @@ that is a sibling just before the step or a span inside it. Spans recorded
 after the fact (``ppetrace.instrument()``'s steps) get their children by
 time on the thread, for the step assignment and for self times. The first
 ``warmup_steps`` steps of each process, and every span inside them, are left
-out of all tables.
+out of all tables. A trace of several ranks (a merged torchrun trace) also
+gets a per-rank table and a straggler verdict (:mod:`exporters._stragglers`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import pandas as pd
 from ._pandas import series
 from ._render import fmt_count, fmt_ns, fmt_pct, json_records, json_value, markdown, text_table
 from ._steps import assign_steps
+from ._stragglers import DEFAULT_STRAGGLER_MARGIN, RankReport, rank_report
 
 __all__ = [
     "REPORT_FORMATS",
+    "RankReport",
     "StepReport",
     "Throughput",
     "render",
@@ -97,6 +100,9 @@ class StepReport:
     - ``tables``: extra named tables: those stored in the trace file (the
       Pyinstrument profiler stores ``top_functions``) and any that other code
       adds; the renderers print them last.
+    - ``ranks``: for steps of two ranks or more, a :class:`RankReport` (per-rank
+      step times, which rank arrived last at each step's gradient sync, and the
+      straggler verdict); ``None`` otherwise.
     """
 
     events: pd.DataFrame
@@ -107,6 +113,7 @@ class StepReport:
     total_steps: int
     spans: int
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    ranks: RankReport | None = None
 
     @property
     def step_summary(self) -> pd.DataFrame:
@@ -129,12 +136,29 @@ class StepReport:
         return pd.DataFrame(rows)
 
 
-def step_report(frame: pd.DataFrame, *, warmup_steps: int = 1) -> StepReport:
+def step_report(
+    frame: pd.DataFrame,
+    *,
+    warmup_steps: int = 1,
+    straggler_margin: float = DEFAULT_STRAGGLER_MARGIN,
+) -> StepReport:
     """Summarise a frame of spans per event and per step (see :class:`StepReport`).
 
     The first ``warmup_steps`` ``trainer.step`` spans of each process, with
-    their data wait and all spans inside them, are excluded.
+    their data wait and all spans inside them, are excluded. A frame with the
+    steps of several ranks also gets ``ranks``; a rank is named a straggler
+    when it arrives last at more than half of the steps by more than
+    ``straggler_margin`` of the step (see :mod:`exporters._stragglers`).
     """
+    if (
+        isinstance(straggler_margin, bool)
+        or not isinstance(straggler_margin, (int, float))
+        or not 0 <= straggler_margin < 10
+    ):
+        raise ValueError(
+            "Expected a share of the step such as 0.05 for straggler_margin, but received "
+            f"{straggler_margin!r}."
+        )
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ValueError(
             f"Expected a non-negative int for warmup_steps, but received {warmup_steps!r}."
@@ -171,6 +195,7 @@ def step_report(frame: pd.DataFrame, *, warmup_steps: int = 1) -> StepReport:
         total_steps=len(steps),
         spans=len(counted),
         tables=_stored_tables(frame),
+        ranks=rank_report(frame, assignment, kept_steps, margin=float(straggler_margin)),
     )
 
 
@@ -353,6 +378,38 @@ def _generic_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _rank_rows(ranks: RankReport) -> tuple[list[str], list[list[str]]]:
+    header = ["rank", "steps", "mean", "p90", "data wait", "compute", "slowest", "lead"]
+    rows = [
+        [
+            str(r.rank),
+            fmt_count(r.steps),
+            fmt_ns(r.mean_ns),
+            fmt_ns(r.p90_ns),
+            fmt_ns(r.data_wait_mean_ns),
+            fmt_ns(r.compute_mean_ns),
+            f"{r.slowest} ({fmt_pct(r.slowest_share)})",
+            fmt_ns(r.lead_mean_ns),
+        ]
+        for r in ranks.table.itertuples(index=False)
+    ]
+    return header, rows
+
+
+def _rank_lines(ranks: RankReport) -> list[str]:
+    spread = ranks.steps["spread_ns"] if len(ranks.steps) else pd.Series(dtype=float)
+    lines = [
+        f"Per rank: {len(ranks.table)} ranks, {ranks.matched_steps} steps matched; slowest = "
+        f"last to reach {ranks.sync_event}, lead = its arrival after the others' median"
+    ]
+    if len(spread):
+        lines.append(
+            f"Spread per step (last - first arrival): median {fmt_ns(spread.median())}, "
+            f"p90 {fmt_ns(spread.quantile(0.9))}, max {fmt_ns(spread.max())}"
+        )
+    return lines
+
+
 def _top(report: StepReport, top: int | None) -> pd.DataFrame:
     if top is None:
         return report.events
@@ -367,6 +424,9 @@ def render_table(report: StepReport, *, top: int | None = None) -> str:
     parts = ["ppetrace step report", *_headline(report), ""]
     if report.throughput.steps:
         parts += [text_table(_SUMMARY_HEADER, _summary_rows(report)), ""]
+    if report.ranks is not None:
+        h, r = _rank_rows(report.ranks)
+        parts += [*_rank_lines(report.ranks), text_table(h, r), report.ranks.verdict, ""]
     header, rows = _event_rows(events)
     parts.append(text_table(header, rows))
     if top is not None and len(report.events) > len(events):
@@ -385,6 +445,10 @@ def render_markdown(report: StepReport, *, top: int | None = None) -> str:
     parts.append("")
     if report.throughput.steps:
         parts += [markdown(_SUMMARY_HEADER, _summary_rows(report)), ""]
+    if report.ranks is not None:
+        h, r = _rank_rows(report.ranks)
+        parts += [f"- {line}" for line in _rank_lines(report.ranks)]
+        parts += ["", markdown(h, r), "", f"**{report.ranks.verdict}**", ""]
     header, rows = _event_rows(events)
     parts.append(markdown(header, rows))
     if top is not None and len(report.events) > len(events):
@@ -397,8 +461,12 @@ def render_markdown(report: StepReport, *, top: int | None = None) -> str:
 
 def render_csv(report: StepReport, *, top: int | None = None, table: str = "events") -> str:
     """One table as CSV with raw numbers (ns): ``events`` (default), ``steps``,
-    ``summary`` or the name of an extra table."""
+    ``summary``, ``ranks`` and ``rank_steps`` (multi-rank traces) or the name of an
+    extra table."""
     tables = {"events": _top(report, top), "steps": report.steps, "summary": report.step_summary}
+    if report.ranks is not None:
+        tables["ranks"] = report.ranks.table
+        tables["rank_steps"] = report.ranks.steps
     tables.update(report.tables)
     frame = tables.get(table)
     if frame is None:
@@ -429,6 +497,17 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
         "steps": json_records(report.steps),
         "tables": {name: json_records(tab) for name, tab in report.tables.items()},
     }
+    ranks = report.ranks
+    if ranks is not None:
+        doc["ranks"] = {
+            "straggler": ranks.straggler,
+            "margin": ranks.margin,
+            "matched_steps": ranks.matched_steps,
+            "sync_event": ranks.sync_event,
+            "verdict": ranks.verdict,
+            "table": json_records(ranks.table),
+            "steps": json_records(ranks.steps),
+        }
     return json.dumps(doc, indent=2) + "\n"
 
 

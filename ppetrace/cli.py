@@ -1,5 +1,5 @@
-"""The ``ppetrace`` command line: ``run`` a script traced; ``report``, ``compare`` and
-``merge`` trace files.
+"""The ``ppetrace`` command line: ``run`` a script traced; ``report``, ``compare``,
+``merge`` and ``repair`` trace files.
 
 ``report``, ``compare`` and ``merge`` run without torch: they import only
 :mod:`exporters` (which needs pandas, scipy and the OpenTelemetry SDK) and
@@ -253,6 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
     _add_warmup(comp)
     comp.add_argument(
+        "--rank",
+        type=_int_at_least(0, "--rank"),
+        default=None,
+        metavar="R",
+        help="compare one rank of multi-rank traces (default: every rank's steps are samples)",
+    )
+    comp.add_argument(
         "--min-samples",
         type=_int_at_least(1, "--min-samples"),
         default=5,
@@ -265,6 +272,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     merge.add_argument("out", metavar="OUT", help="the merged trace to write")
     merge.add_argument("inputs", metavar="IN", nargs="+", help="traces to merge")
+
+    repair = sub.add_parser(
+        "repair", help="close a cut-off trace as strict JSON", description=_REPAIR_DOC
+    )
+    repair.add_argument("trace", metavar="TRACE", help="the cut-off trace (.json or .json.gz)")
+    repair.add_argument(
+        "out", metavar="OUT", nargs="?", help="where to write (default: TRACE.repaired.json)"
+    )
     return parser
 
 
@@ -300,6 +315,12 @@ Examples:
 _MERGE_DOC = (
     "Merge per-rank or per-process trace files into one timeline, keeping each "
     "process's pid and name and applying the clock offsets in their otherData."
+)
+
+_REPAIR_DOC = (
+    "Write a strict JSON copy of a trace that a killed run cut off, closed after its last "
+    "complete event, for viewers that need strict JSON (Perfetto UI, speedscope). The JSON "
+    "object form and its otherData are kept. OUT may be TRACE itself."
 )
 
 
@@ -400,13 +421,23 @@ def _trace_paths(spec: str, label: str) -> list[str]:
     return found
 
 
-def _summaries(spec: str, label: str, warmup: int, err: IO[str]) -> list[Any]:
+def _summaries(
+    spec: str, label: str, warmup: int, err: IO[str], rank: int | None = None
+) -> list[Any]:
+    """One RunSummary per run: the files of one run (rank files sharing a trace id) count
+    as one."""
     import exporters
 
+    frames = [_read_frame(path, err) for path in _trace_paths(spec, label)]
     out = []
-    for path in _trace_paths(spec, label):
-        frame = _read_frame(path, err)
-        out.append(exporters.summarize_run(frame, warmup_steps=warmup, source=path))
+    for run in exporters.group_runs(frames):
+        try:
+            summary = exporters.summarize_run(
+                run, warmup_steps=warmup, source=run.attrs.get("path"), rank=rank
+            )
+        except ValueError as exc:
+            raise _BadInput(str(exc)) from None
+        out.append(summary)
     return out
 
 
@@ -432,8 +463,8 @@ def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             "Expected --noise-floor and --min-effect of at most 100%, but received "
             f"{args.noise_floor} and {args.min_effect}."
         )
-    base = _summaries(args.base, "BASE", args.warmup, err)
-    candidate = _summaries(args.candidate, "CAND", args.warmup, err)
+    base = _summaries(args.base, "BASE", args.warmup, err, args.rank)
+    candidate = _summaries(args.candidate, "CAND", args.warmup, err, args.rank)
     try:
         comparison = exporters.compare(
             base,
@@ -495,6 +526,12 @@ def _not_writable(out: str, exc: OSError) -> _BadInput:
     )
 
 
+def _events(merged: Any) -> int:
+    """The merged trace's event count, without parsing it when the merger counted them."""
+    count = getattr(merged, "event_count", None)
+    return count if isinstance(count, int) else len(merged.events)
+
+
 def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
@@ -522,9 +559,28 @@ def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             err.write(f"ppetrace: warning: {w.message}\n")
     processes = len(merged.metadata.get("processes", {}))
     out.write(
-        f"Merged {_count(len(args.inputs), 'trace')} ({_count(len(merged.events), 'event')}, "
+        f"Merged {_count(len(args.inputs), 'trace')} ({_count(_events(merged), 'event')}, "
         f"{_count(processes, 'process')}) into {args.out}\n"
     )
+    return EXIT_OK
+
+
+def _repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    import exporters
+
+    try:
+        done = exporters.repair_chrome_trace(args.trace, args.out)
+    except FileNotFoundError as exc:
+        raise _BadInput(str(exc)) from None
+    except exporters.TraceError as exc:
+        raise _BadInput(_in_file(args.trace, str(exc))) from None
+    except OSError as exc:
+        raise _BadInput(
+            f"Expected to write the repaired copy of {args.trace}, but that failed: "
+            f"{exc.strerror or exc}. Pass an OUT path in a folder you can write to."
+        ) from None
+    state = "cut off; closed after its last complete event" if done.truncated else "complete"
+    out.write(f"Wrote {done.path}: {_count(done.events, 'event')} ({args.trace} was {state})\n")
     return EXIT_OK
 
 
@@ -533,6 +589,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
     "report": _report,
     "compare": _compare,
     "merge": _merge,
+    "repair": _repair,
 }
 
 

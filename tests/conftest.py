@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -37,3 +42,50 @@ def _recorder_left_clean() -> Iterator[None]:
     )
     if not RECORDER.enabled:
         ppetrace.configure()
+
+
+#: Seconds the shared torchrun run may take before it counts as hung.
+TORCHRUN_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="session")
+def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-process torchrun run (gloo, CPU, loopback only) of
+    tests/ppetrace/training/ddp_worker.py, shared by the distributed tests; returns its
+    output folder (``result_rank<R>.json``, traces, checkpoints)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path_factory.mktemp("torchrun")
+    worker = Path(__file__).parent / "ppetrace" / "training" / "ddp_worker.py"
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "MASTER_ADDR": "127.0.0.1",
+    }
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc_per_node", "2", str(worker), str(out),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # torchrun and its workers: one process group to end
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the torchrun run did not end in {TORCHRUN_TIMEOUT_S} s:\n{stderr[-6000:]}")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"the torchrun run failed with exit code {proc.returncode}:\n"
+            f"{stdout[-3000:]}\n{stderr[-6000:]}"
+        )
+    return out

@@ -4,19 +4,20 @@ Takes in: :class:`exporters.SpanBatch` batches (or OpenTelemetry
 ``ReadableSpan``\ s) and raw events; hands on: trace files, and frames read
 back from them (:func:`read_chrome_trace`). The writer is in ``_writer``
 (encoding in ``_encode``, its pure-Python twin of the C helpers), the reader
-in ``_reader`` with ``_events`` (events to a frame), the merger in ``_merge``.
+in ``_reader`` (decoding in ``_parse``, events to a frame's columns in
+``_events`` with ``_fields``), the merger in ``_merge``, the repair of cut-off
+files in ``_repair``.
 
 The file format
 ---------------
 
-A JSON object in the Chrome "JSON Object Format", which Perfetto and the
-``chrome://tracing`` viewer load::
+A JSON object in the Chrome "JSON Object Format", which Perfetto UI
+(https://ui.perfetto.dev), speedscope and HolisticTraceAnalysis load::
 
     {"displayTimeUnit":"ns","otherData":{...},"traceEvents":[
-    {"ph":"M","name":"process_name","pid":4242,"tid":0,
-     "args":{"name":"ppetrace rank 0 (pid 4242)"}},
-    {"ph":"X","cat":"trainer","name":"trainer.step","pid":4242,"tid":4242,"ts":1.500,"dur":2.250,
-     "args":{"span_id":"...","parent_id":"...","ppetrace.step":3,"status":"UNSET"}},
+    {"ph":"M","name":"process_name","pid":4242,"tid":0,"args":{"name":"ppetrace rank 0"}},
+    {"ph":"X","cat":"trainer","name":"trainer.step","pid":4242,"tid":4242,"ts":1.500,
+     "dur":2.250,"span_id":"...","parent_id":"...","status":"UNSET","attrs":{"ppetrace.step":3}},
     ...
     ]}
 
@@ -35,17 +36,40 @@ A JSON object in the Chrome "JSON Object Format", which Perfetto and the
   to put them on a reference clock; :func:`merge_traces` applies it.
 - One ``X`` event per span: ``cat`` is the owner (the name's prefix before the
   first dot when it is ``trainer``, ``runtime``, ``module``, ``network``,
-  ``callback`` or ``evaluator``, else ``user``), ``args`` holds the span's
-  attributes plus ``span_id`` and ``parent_id`` (16 hex digits, all zeros for
-  a root), ``status`` (``UNSET``/``OK``/``ERROR``) and, on failure, ``error``.
-  Those four ``args`` keys are reserved: an attribute with one of these names
-  is written as ``attr.<name>``.
+  ``callback``, ``evaluator`` or ``dist``, else ``user``); ``span_id`` and
+  ``parent_id`` (16 hex digits, all zeros for a root), ``status``
+  (``UNSET``/``OK``/``ERROR``) and ``attrs`` (the span's attributes, left out
+  when it has none) sit beside ``ts``; ``args`` is written only for a failed
+  span and holds its ``error``. Nothing unique to a span is in ``args``,
+  because speedscope keys its frames by name plus ``args``: so its Sandwich
+  view adds up every ``trainer.step``, and Perfetto shows the error of a span
+  that failed. (Perfetto does not show keys outside ``args``; the attributes
+  are in the frame that :func:`read_chrome_trace` gives.) Files written
+  before this layout kept ids, status and attributes in ``args``; the reader
+  takes both.
 - ``M`` events name each process (``process_name``, with the rank, and
-  ``process_sort_index``) and each thread (``thread_name``).
+  ``process_sort_index``; no pid, which viewers add themselves) and each
+  thread (``thread_name``).
 - Each event is on its own line, so a file cut off by a killed process loses
   at most the event being written; :func:`read_chrome_trace` reads such a
-  file and warns. A path ending in ``.gz`` is written as gzip, flushed after
-  every batch so that a cut-off ``.json.gz`` is readable as well.
+  file and warns, and :func:`repair_chrome_trace` (``ppetrace repair``)
+  writes a closed copy for other viewers. A path ending in ``.gz`` is
+  written as gzip, flushed after every batch so that a cut-off ``.json.gz``
+  is readable as well.
+
+Viewers
+-------
+
+- Perfetto UI reads ``ts``/``dur`` to the nanosecond (it rounds each
+  ``value * 1000`` to an integer) and nests spans exactly.
+- speedscope adds ``ts + dur`` in float64; spans nest there too, and frames
+  of the sampled-Python track touch without overlapping (their times are
+  whole µs).
+- HolisticTraceAnalysis rounds each start up and each end down to a whole µs
+  whenever ``ts`` is fractional, so a span shorter than a µs gets ``dur`` 0
+  or -1. Set ``HTA_DISABLE_NS_ROUNDING=1`` before loading a ppetrace trace
+  with HTA to keep the exact durations (benchmarks/check_hta.py checks both).
+- ``chrome://tracing`` is disabled in current Chromium; use Perfetto UI.
 """
 
 from __future__ import annotations
@@ -53,6 +77,7 @@ from __future__ import annotations
 from ._encode import OWNERS, owner_of
 from ._merge import merge_traces
 from ._reader import ChromeTrace, TraceTruncatedWarning, load_chrome_trace, read_chrome_trace
+from ._repair import Repaired, repair_chrome_trace
 from ._writer import ChromeTraceExporter
 
 __all__ = [
@@ -64,4 +89,6 @@ __all__ = [
     "merge_traces",
     "owner_of",
     "read_chrome_trace",
+    "Repaired",
+    "repair_chrome_trace",
 ]

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from ._writer import ChromeTraceExporter
 
 
-OWNERS = frozenset({"trainer", "runtime", "module", "network", "callback", "evaluator"})
-#: ``args`` keys that are not attributes (an attribute of that name is written ``attr.<name>``).
+OWNERS = frozenset({"trainer", "runtime", "module", "network", "callback", "evaluator", "dist"})
+#: ``args`` keys that are not attributes in files written before the attributes moved to
+#: ``attrs`` (there, an attribute of that name was written ``attr.<name>``).
 RESERVED_ARGS = frozenset({"span_id", "parent_id", "status", "error"})
 #: A process name that carries a rank (``"ppetrace rank 3"``).
 RANK_RE = re.compile(r"\brank (\d+)\b")
@@ -197,11 +198,11 @@ def _split_us(ns: np.ndarray) -> tuple[list[str], list[str]]:
 
 
 def _head_of(key: Any) -> str:
-    """``,"key":`` for an attribute key (keys that clash with ppetrace's args get ``attr.``).
+    """``,"key":`` for an attribute key.
 
-    A key whose ``str()`` or comparison raises is written ``"<unencodable: TypeName>"``."""
+    A key whose ``str()`` raises is written ``"<unencodable: TypeName>"``."""
     try:
-        return "," + _quote(f"attr.{key}" if key in RESERVED_ARGS else str(key)) + ":"
+        return "," + _quote(str(key)) + ":"
     except Exception:
         return "," + _unencodable(key) + ":"
 
@@ -373,13 +374,16 @@ def _encode_columns(
     names = list(map(_get_name, rows))
     statuses = list(map(_get_status, rows))
     _add_prefixes(exporter, prefixes, pid, set(names), strs, set(statuses))
-    attrs = _attribute_strings(exporter, list(map(_get_attrs, rows)))
-    errors = [',"error":' + _quote(e) if e else "" for e in map(_get_error, rows)]
+    attrs = [
+        ',"attrs":{' + a[1:] + "}" if a else ""
+        for a in _attribute_strings(exporter, list(map(_get_attrs, rows)))
+    ]
+    errors = [',"args":{"error":' + _quote(e) + "}" if e else "" for e in map(_get_error, rows)]
     ts_whole, ts_frac = _diff_us(start, origin)
     dur_whole, dur_frac = _diff_us(np.maximum(end, start), start)
     events = [
-        f'{pre}{tid},"ts":{tw}.{tf},"dur":{dw}.{df},"args":{{"span_id":"{sid}",'
-        f'"parent_id":"{par}"{attrs},"status":{st}{err}}}}}'
+        f'{pre}{tid},"ts":{tw}.{tf},"dur":{dw}.{df},"span_id":"{sid}",'
+        f'"parent_id":"{par}","status":{st}{attrs}{err}}}'
         for pre, tid, tw, tf, dw, df, sid, par, attrs, st, err in zip(
             map(prefixes.__getitem__, names),
             np.fromiter(map(_get_tid, rows), dtype=np.int64, count=n).tolist(),

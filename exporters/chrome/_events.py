@@ -1,280 +1,443 @@
 """Chrome trace events as a span frame (the schema of :mod:`exporters.frame`).
 
-Span ids come from ``args`` where present; events without them get ids from
-their nesting on each thread. ``B``/``E`` pairs count as complete events.
+Takes in: events in chunks (:class:`~._parse.Event` structs from the reader,
+or plain dicts); hands on: the frame. :class:`SpanColumns` turns each chunk
+into columns at once (numbers in numpy arrays, names and statuses as codes,
+each span's raw ``attrs`` JSON as a code into the distinct ones), so no
+dict per event outlives its chunk; attributes are decoded and typed once per
+distinct value, at the end.
+
+Spans are the ``X`` events (and ``B``/``E`` pairs) with a ``span_id``:
+ppetrace's own, whose ``span_id``, ``parent_id``, ``status`` and ``attrs`` sit
+beside ``ts`` (``args`` holds only an ``error``), or those of older files,
+which keep them all in ``args``. A trace without ids at all (another tool's)
+has ids given from nesting on each thread, and its ``args`` as attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import compress
-from operator import methodcaller
+from operator import attrgetter
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
-from numpy.typing import ArrayLike
 
+from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
-from ..frame import _build, empty_frame
+from .._pandas import Coded
+from ..frame import _attribute_columns, _build, empty_frame
 from ._encode import RANK_RE, RESERVED_ARGS
+from ._fields import (
+    _I64_MAX,
+    _I64_MIN,
+    _UNSET,
+    _check_origin,
+    _decode_all,
+    _hex_ids,
+    _infer_parents,
+    _Interner,
+    _ints,
+    _key,
+    _NotHex,
+    _strs,
+    _take,
+    _text,
+    _us_to_ns,
+)
+from ._parse import Event, TypedEvent
 
-__all__ = ["frame_from_chrome_events"]
+__all__ = ["SpanColumns", "frame_from_chrome_events"]
+
+_NUMBER = frozenset({int, float})
+
+#: The fields _speedups.event_columns reads, in its order.
+_FIELDS = ("name", "pid", "tid", "ts", "dur", "span_id", "parent_id", "status", "attrs", "args")
+_ph = attrgetter("ph")
+_name = attrgetter("name")
+_pid = attrgetter("pid")
+_tid = attrgetter("tid")
+_ts = attrgetter("ts")
+_dur = attrgetter("dur")
+_span_id = attrgetter("span_id")
+_parent_id = attrgetter("parent_id")
+_status = attrgetter("status")
+_attrs = attrgetter("attrs")
+_args = attrgetter("args")
 
 
-def _rank_by_pid(
-    events: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any]
-) -> dict[int, int]:
+@dataclass
+class _Part:
+    """The columns of one chunk's candidate spans."""
+
+    names: np.ndarray
+    start: np.ndarray  # ns after the origin
+    dur: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    span_id: np.ndarray
+    parent_id: np.ndarray
+    has_id: np.ndarray
+    status: np.ndarray
+    errors: list[str] | None  # None: no error in the chunk
+    attrs: np.ndarray  # codes into SpanColumns._attr_items
+
+
+class SpanColumns:
+    """The spans of a trace, gathered chunk by chunk, then made a frame (module doc)."""
+
+    def __init__(self) -> None:
+        self._parts: list[_Part] = []
+        self.meta: list[Event] = []  # "M" events: process names (ranks) and tables
+        self._pairs: list[Event] = []  # "B"/"E" events, in file order
+        self._names = _Interner()
+        self._statuses = _Interner()
+        # each distinct attribute value: its raw JSON (decoded at the end; b"" for none)
+        self._attr_index: dict[bytes, int] = {b"": 0}
+        self._attr_items: list[bytes] = [b""]
+        self._attr_dicts: dict[int, dict[str, Any]] = {}  # code -> a value given as a dict
+        self._id_key = "span_id"
+        self._not_hex = False
+        self._dicts = False
+
+    def add(self, events: list[Event]) -> None:
+        """Take a chunk of events (only the columns are kept)."""
+        phases = list(map(_ph, events))
+        if phases.count("X") == len(phases):
+            self._add_x(events)
+            return
+        xs = []
+        for event, ph in zip(events, phases, strict=True):
+            if ph == "X":
+                xs.append(event)
+            elif ph == "M":
+                self.meta.append(event)
+            elif ph == "B" or ph == "E":
+                self._pairs.append(event)
+        if xs:
+            self._add_x(xs)
+
+    def add_dicts(self, events: Sequence[Any]) -> None:
+        """Take events given as dicts (anything else in the list is skipped)."""
+        self._dicts = True
+        try:
+            self.add([_event(e) for e in events if isinstance(e, Mapping)])
+        finally:
+            self._dicts = False
+
+    def _add_x(self, xs: list[Any]) -> None:
+        typed = type(xs[0]) is TypedEvent  # values of ppetrace's types, checked by msgspec
+        if typed and _speedups is not None and not self._dicts:
+            cols = _speedups.event_columns(xs, _FIELDS, self._attr_index, self._attr_items)
+            if cols is not None:  # the same columns as below, in one pass in C
+                self._add_columns(*cols)
+                return
+        ts = list(map(_ts, xs))
+        if (typed and None in ts) or (not typed and not set(map(type, ts)) <= _NUMBER):
+            keep = [type(t) in _NUMBER for t in ts]  # an event without a time is no span
+            xs, ts = list(compress(xs, keep)), list(compress(ts, keep))
+            if not xs:
+                return
+        durs = list(map(_dur, xs))
+        if not typed and not set(map(type, durs)) <= _NUMBER:
+            durs = [d if type(d) in _NUMBER else 0 for d in durs]
+        sids = list(map(_span_id, xs))
+        if self._dicts:  # attrs are dicts already, not raw JSON
+            self._add_slow(xs, ts, durs, sids)
+            return
+        if _UNSET in sids:  # ids in args (older files) or none (another tool's trace)
+            own = [s is not _UNSET for s in sids]
+            if not any(own):
+                self._add_slow(xs, ts, durs, sids)
+                return
+            other = [not x for x in own]  # ppetrace's spans the fast way, others one by one
+            self._add_slow(*(list(compress(c, other)) for c in (xs, ts, durs, sids)))
+            xs, ts, durs, sids = (list(compress(c, own)) for c in (xs, ts, durs, sids))
+        n = len(xs)
+        args = list(map(_args, xs))
+        errors = None
+        if args.count(None) != n:
+            errors = _strs([a.get("error", "") if type(a) is dict else "" for a in args])
+        names, statuses = list(map(_name, xs)), list(map(_status, xs))
+        if not typed:
+            names, statuses = _strs(names), _strs(statuses)
+        raws = list(map(bytes, map(_attrs, xs)))
+        index, items = self._attr_index, self._attr_items
+        for raw in set(raws).difference(index):
+            index[raw] = len(items)
+            items.append(raw)
+        self._parts.append(
+            _Part(
+                self._names.codes(names),
+                _us_to_ns(ts, "ts"),
+                np.maximum(_us_to_ns(durs, "dur"), 0),
+                _ints(list(map(_pid, xs)), "pid", typed),
+                _ints(list(map(_tid, xs)), "tid", typed),
+                self._ids(sids, "span_id"),
+                self._ids(list(map(_parent_id, xs)), "parent_id"),
+                np.ones(n, dtype=np.bool_),
+                self._statuses.codes(statuses),
+                errors,
+                np.fromiter(map(index.__getitem__, raws), dtype=np.int64, count=n),
+            )
+        )
+
+    def _add_columns(
+        self,
+        names: tuple[bytes, list[str]],
+        statuses: tuple[bytes, list[str]],
+        *arrays: bytearray,
+    ) -> None:
+        """A chunk's columns from ``_speedups.event_columns``."""
+        ts, dur, pid, tid, sid, par, attrs = arrays
+        n = len(ts) // 8
+        self._parts.append(
+            _Part(
+                self._names.remap(*names),
+                _us_to_ns(np.frombuffer(ts, dtype=np.float64), "ts"),
+                np.maximum(_us_to_ns(np.frombuffer(dur, dtype=np.float64), "dur"), 0),
+                np.frombuffer(pid, dtype=np.int64),
+                np.frombuffer(tid, dtype=np.int64),
+                np.frombuffer(sid, dtype=np.uint64),
+                np.frombuffer(par, dtype=np.uint64),
+                np.ones(n, dtype=np.bool_),
+                self._statuses.remap(*statuses),
+                None,
+                np.frombuffer(attrs, dtype=np.int64),
+            )
+        )
+
+    def _ids(self, values: list[Any], key: str) -> np.ndarray:
+        try:
+            return _hex_ids(values, key)
+        except _NotHex:
+            self._not_hex = True
+            return np.zeros(len(values), dtype=np.uint64)
+
+    def _add_slow(self, xs: list[Event], ts: list[Any], durs: list[Any], sids: list[Any]) -> None:
+        """Events whose ids, status and attributes may sit in ``args``, one at a time."""
+        n = len(xs)
+        span_ids: list[Any] = []
+        parents: list[Any] = []
+        statuses: list[Any] = []
+        errors: list[Any] = []
+        codes = np.zeros(n, dtype=np.int64)
+        has_id = np.zeros(n, dtype=np.bool_)
+        items = self._attr_items
+        for i, (event, sid) in enumerate(zip(xs, sids, strict=True)):
+            args = event.args if type(event.args) is dict else {}
+            if sid is not _UNSET:  # ppetrace's own layout
+                has_id[i] = True
+                span_ids.append(sid)
+                parents.append(event.parent_id)
+                statuses.append(event.status)
+                errors.append(args.get("error", ""))
+                given: Any = event.attrs  # raw JSON, or a dict (add_dicts)
+                if isinstance(given, msgspec.Raw):
+                    raw = bytes(given)
+                    code = self._attr_index.get(raw)
+                    if code is None:
+                        code = self._attr_index[raw] = len(items)
+                        items.append(raw)
+                    codes[i] = code
+                elif type(given) is dict and given:
+                    codes[i] = len(items)
+                    self._attr_dicts[len(items)] = given
+                    items.append(b"")
+                continue
+            if "span_id" in args:  # an older ppetrace file: all of it in args
+                has_id[i] = True
+                self._id_key = "args.span_id"
+            span_ids.append(args.get("span_id"))
+            parents.append(args.get("parent_id"))
+            statuses.append(args.get("status", "UNSET"))
+            errors.append(args.get("error", ""))
+            attrs = {k: v for k, v in args.items() if k not in RESERVED_ARGS}
+            if attrs:
+                codes[i] = len(items)
+                self._attr_dicts[len(items)] = attrs
+                items.append(b"")
+        key = self._id_key if has_id.any() else "span_id"
+        self._parts.append(
+            _Part(
+                self._names.codes(_strs(list(map(_name, xs)))),
+                _us_to_ns(ts, "ts"),
+                np.maximum(_us_to_ns(durs, "dur"), 0),
+                _ints(list(map(_pid, xs)), "pid"),
+                _ints(list(map(_tid, xs)), "tid"),
+                self._ids(span_ids, key),
+                self._ids(parents, key.replace("span_id", "parent_id")),
+                has_id,
+                self._statuses.codes(_strs(statuses)),
+                _strs(errors),
+                codes,
+            )
+        )
+
+    def _add_pairs(self) -> None:
+        """``X`` equivalents of matched ``B``/``E`` pairs (args merged, ``E``'s win)."""
+        stacks: dict[tuple[Any, Any], list[Event]] = {}
+        out: list[Event] = []
+        for e in self._pairs:
+            key = (_key(e.pid), _key(e.tid))
+            if e.ph == "B":
+                stacks.setdefault(key, []).append(e)
+                continue
+            stack = stacks.get(key)
+            if not stack:
+                continue
+            begin = stack.pop()
+            try:
+                dur = float(e.ts) - float(begin.ts)
+            except (TypeError, ValueError, OverflowError):
+                continue
+            args = dict(begin.args) if type(begin.args) is dict else {}
+            if type(e.args) is dict:
+                args.update(e.args)
+            out.append(msgspec.structs.replace(begin, ph="X", dur=dur, args=args))
+        self._pairs = []
+        if out:
+            self._add_x(out)
+
+    def frame(self, origin_ns: Any, metadata: Mapping[str, Any]) -> pd.DataFrame:
+        """The frame of every span taken so far (schema: :mod:`exporters.frame`).
+
+        Raises :class:`~exporters.TraceError` for values the frame cannot hold: span
+        ids outside ``0..2**64-1``, an ``origin_ns`` or span times outside int64
+        nanoseconds, and non-finite ``ts``/``dur``.
+        """
+        self._add_pairs()
+        parts = self._parts
+        if not parts or not sum(len(p.start) for p in parts):
+            return empty_frame()
+        col = {
+            f: np.concatenate([getattr(p, f) for p in parts])
+            for f in ("names", "start", "dur", "pid", "tid", "span_id", "parent_id")
+        }
+        has_id = np.concatenate([p.has_id for p in parts])
+        statuses = np.concatenate([p.status for p in parts])
+        codes = np.concatenate([p.attrs for p in parts])
+        errors: Any = None
+        if any(p.errors is not None for p in parts):
+            errors = [e for p in parts for e in (p.errors or [""] * len(p.start))]
+        self._parts = []
+        with_ids = bool(has_id.any())
+        if with_ids and not has_id.all():  # only spans: other tools' events are not
+            for f in col:
+                col[f] = col[f][has_id]
+            statuses, codes = statuses[has_id], codes[has_id]
+            if errors is not None:
+                errors = list(compress(errors, has_id.tolist()))
+        n = len(col["start"])
+        origin = _check_origin(origin_ns)
+        ts, dur = col["start"], col["dur"]
+        first = int(ts.min()) + origin
+        wraps = bool((ts > _I64_MAX - dur).any())  # ts + dur past int64
+        last = _I64_MAX + 1 if wraps else int((ts + dur).max()) + origin
+        if first < _I64_MIN or last > _I64_MAX:
+            raise TraceError(
+                "Expected span times (otherData.origin_ns plus each event's ts and dur) within "
+                f"the int64 nanosecond range, but with origin_ns={origin} they reach beyond it. "
+                "Fix origin_ns or the events' ts and dur."
+            )
+        start = ts + origin
+        span_ids: Any
+        parent_ids: Any
+        if with_ids and not self._not_hex:
+            span_ids, parent_ids = col["span_id"], col["parent_id"]
+        else:
+            span_ids, parent_ids = _infer_parents(start, dur, col["pid"], col["tid"])
+        ranks = pd.Series(col["pid"]).map(_rank_by_pid(self.meta, metadata)).to_numpy(dtype=float)
+        trace_id = metadata.get("trace_id")
+        trace_ids = (
+            Coded(np.zeros(n, dtype=np.int32), [trace_id]) if type(trace_id) is str else [None] * n
+        )
+        return _build(
+            Coded(col["names"], self._names.values),
+            span_ids,
+            parent_ids,
+            trace_ids,
+            start,
+            start + dur,
+            col["pid"],
+            col["tid"],
+            ranks,
+            [],
+            Coded(statuses, self._statuses.values),
+            errors if errors is not None else Coded(np.zeros(n, dtype=np.int32), [""]),
+            attr_columns=self._attr_columns(codes),
+        )
+
+    def _attr_columns(self, codes: np.ndarray) -> dict[Any, Any]:
+        """Every attribute's typed column: typed once over the distinct attribute
+        values, then spread over the rows by their codes."""
+        items, given = self._attr_items, self._attr_dicts
+        self._attr_items, self._attr_index, self._attr_dicts = [b""], {b"": 0}, {}
+        seen = np.zeros(len(items), dtype=np.bool_)
+        seen[codes] = True  # only the values of rows still present (spans, not others)
+        rows = codes
+        if not seen.all():
+            used = np.flatnonzero(seen)
+            position = np.zeros(len(items), dtype=np.int64)
+            position[used] = np.arange(len(used))
+            rows = position[codes]
+            given = {int(position[c]): d for c, d in given.items() if seen[c]}
+            items = [items[i] for i in used.tolist()]
+        dicts = _decode_all([x or b"{}" for x in items])
+        if set(map(type, dicts)) != {dict}:
+            dicts = [x if type(x) is dict else {} for x in dicts]
+        for code, value in given.items():
+            dicts[code] = value
+        columns = _attribute_columns(dicts, frozenset())
+        return {key: _take(column, rows) for key, column in columns.items()}
+
+
+def _event(d: Mapping[str, Any]) -> Event:
+    """An :class:`Event` from an event dict (its ``attrs`` kept as the dict)."""
+    return Event(
+        ph=d.get("ph"),
+        name=d.get("name", ""),
+        pid=d.get("pid", 0),
+        tid=d.get("tid", 0),
+        ts=d.get("ts"),
+        dur=d.get("dur", 0),
+        span_id=d.get("span_id", _UNSET),
+        parent_id=d.get("parent_id"),
+        status=d.get("status", "UNSET"),
+        attrs=d.get("attrs", msgspec.Raw()),
+        args=d.get("args"),
+    )
+
+
+def _rank_by_pid(events: Sequence[Event], metadata: Mapping[str, Any]) -> dict[int, int]:
     ranks: dict[int, int] = {}
     pid, rank = metadata.get("pid"), metadata.get("rank")
-    if isinstance(pid, int) and isinstance(rank, int):
+    if type(pid) is int and type(rank) is int:
         ranks[pid] = rank
     for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            args = e.get("args")
-            p = e.get("pid")
-            if isinstance(args, dict) and isinstance(p, int):
-                m = RANK_RE.search(str(args.get("name", "")))
-                if m is not None:
-                    ranks[p] = int(m.group(1))
+        if e.name == "process_name" and type(e.args) is dict and type(e.pid) is int:
+            m = RANK_RE.search(_text(e.args.get("name", "")))
+            if m is not None:
+                ranks[e.pid] = int(m.group(1))
     processes = metadata.get("processes")
     if isinstance(processes, Mapping):
         for key, info in processes.items():
-            if isinstance(info, Mapping) and isinstance(info.get("rank"), int):
+            if isinstance(info, Mapping) and type(info.get("rank")) is int:
                 try:
-                    ranks[int(key)] = int(info["rank"])
-                except ValueError:
+                    ranks[int(key)] = info["rank"]
+                except (TypeError, ValueError):
                     continue
     return ranks
 
 
-def _complete_events(
-    events: Sequence[Mapping[str, Any]], phases: list[Any]
-) -> list[Mapping[str, Any]]:
-    """``X`` events plus ``X`` equivalents of matched ``B``/``E`` pairs."""
-    out: list[Mapping[str, Any]] = list(compress(events, [p == "X" for p in phases]))
-    if "B" not in phases:
-        return out
-    stacks: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
-    for e in events:
-        ph = e.get("ph")
-        if ph == "B":
-            stacks.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-        elif ph == "E":
-            stack = stacks.get((e.get("pid"), e.get("tid")))
-            if stack:
-                begin = stack.pop()
-                args = dict(begin.get("args") or {})
-                args.update(e.get("args") or {})
-                try:
-                    dur = float(e["ts"]) - float(begin["ts"])
-                except (KeyError, TypeError, ValueError):
-                    continue
-                out.append({**begin, "ph": "X", "dur": dur, "args": args})
-    return out
-
-
-def _ns(values: np.ndarray) -> np.ndarray:
-    """µs values read from JSON as exact integer ns (``round(x * 1000)``)."""
-    return np.rint(values * 1000.0).astype(np.int64)
-
-
-#: The range of int64 nanoseconds (epoch times from about 1678 to 2262).
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-#: The largest ``ts``/``dur`` (µs) read: its ns stay inside int64.
-_MAX_US = 9.2e15
-#: The largest id that fits the ``uint64`` id columns.
-_MAX_ID = (1 << 64) - 1
-
-
-def _clip(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _us_to_ns(values: list[Any], key: str) -> np.ndarray:
-    """``ts`` or ``dur`` values (µs) as int64 ns; :class:`TraceError` if one cannot be."""
-    arr = np.array(values, dtype=float)
-    bad = ~(np.abs(arr) < _MAX_US)  # NaN and infinities too
-    if bad.any():
-        raise TraceError(
-            f"Expected event '{key}' values in microseconds within the int64 nanosecond range "
-            f"(|{key}| < 9.2e15), but received {_clip(values[int(np.argmax(bad))])}. Fix the "
-            f"'{key}' of the events that were written wrong."
-        )
-    return _ns(arr)
-
-
-def _check_origin(origin_ns: Any) -> int:
-    if (
-        isinstance(origin_ns, bool)
-        or not isinstance(origin_ns, (int, np.integer))
-        or not _I64_MIN <= int(origin_ns) <= _I64_MAX
-    ):
-        raise TraceError(
-            "Expected otherData.origin_ns to be epoch nanoseconds within the int64 range "
-            f"(|origin_ns| < 2**63), but received {_clip(origin_ns)}. Fix origin_ns, or remove "
-            "it to read the event times as they are."
-        )
-    return int(origin_ns)
-
-
-def _ints(values: list[Any]) -> np.ndarray:
-    """Integer ids (pid, tid); anything that is not an int becomes 0."""
-    if set(map(type, values)) <= {int}:
-        return np.array(values, dtype=np.int64)
-    return np.array([v if type(v) is int else 0 for v in values], dtype=np.int64)
-
-
-def _hex_ids(values: list[Any], key: str = "span_id") -> np.ndarray:
-    """Span ids written as 16 hex digits (ints pass through; None is 0).
-
-    Raises :class:`TraceError` for an id outside ``0..2**64-1`` (``"-1"``, 17 or
-    more significant hex digits) and a plain ``ValueError`` for one that is not
-    hex at all (the caller then infers parents from nesting).
-    """
-    if not values:
-        return np.zeros(0, dtype=np.uint64)
-    if set(map(type, values)) == {str} and set(map(len, values)) == {16}:
-        try:
-            return np.frombuffer(bytes.fromhex("".join(values)), dtype=">u8").astype(np.uint64)
-        except ValueError:
-            pass
-    out = []
-    for v in values:
-        if isinstance(v, int):
-            n = int(v)
-        elif v is None:
-            n = 0
-        else:
-            n = int(str(v), 16)
-        if not 0 <= n <= _MAX_ID:
-            raise TraceError(
-                f"Expected span ids of at most 16 hex digits (0 to ffffffffffffffff) in "
-                f"args.{key}, but received {_clip(v)}. Fix the ids, or remove span_id and "
-                "parent_id from every event so that parents are inferred from nesting."
-            )
-        out.append(n)
-    return np.array(out, dtype=np.uint64)
-
-
-def _strs(values: list[Any]) -> list[Any]:
-    return values if set(map(type, values)) <= {str} else [str(v) for v in values]
-
-
-_get_ph = methodcaller("get", "ph")
-_get_args = methodcaller("get", "args")
-_get_ts = methodcaller("get", "ts")
-_get_dur = methodcaller("get", "dur", 0)
-_get_name = methodcaller("get", "name", "")
-_get_pid = methodcaller("get", "pid", 0)
-_get_tid = methodcaller("get", "tid", 0)
-_get_span_id = methodcaller("get", "span_id")
-_get_parent_id = methodcaller("get", "parent_id")
-_get_status = methodcaller("get", "status", "UNSET")
-_get_error = methodcaller("get", "error", "")
-_has_span_id = methodcaller("__contains__", "span_id")
-
-
 def frame_from_chrome_events(
-    events: Sequence[Mapping[str, Any]], origin_ns: int, metadata: Mapping[str, Any]
+    events: Sequence[Mapping[str, Any]], origin_ns: Any, metadata: Mapping[str, Any]
 ) -> pd.DataFrame:
-    """The spans among Chrome trace events as a frame (see :func:`exporters.read_chrome_trace`).
-
-    Raises :class:`~exporters.TraceError` for values the frame cannot hold: span
-    ids outside ``0..2**64-1``, an ``origin_ns`` or span times outside int64
-    nanoseconds, and non-finite ``ts``/``dur``. Ids that are not hex at all are
-    ignored and parents inferred from nesting, as for events without ids.
-    """
-    phases = list(map(_get_ph, events))
-    meta_events = list(compress(events, [p == "M" for p in phases]))
-    xs = _complete_events(events, phases)
-    args = list(map(_get_args, xs))
-    if set(map(type, args)) != {dict}:
-        args = [a if isinstance(a, dict) else {} for a in args]
-    has_id = list(map(_has_span_id, args))
-    with_ids = any(has_id)
-    if with_ids and not all(has_id):  # only spans; other tools' events are not
-        xs = list(compress(xs, has_id))
-        args = list(compress(args, has_id))
-    ts = list(map(_get_ts, xs))
-    if not set(map(type, ts)) <= {int, float}:
-        ok = [type(t) in (int, float) for t in ts]
-        xs, args, ts = list(compress(xs, ok)), list(compress(args, ok)), list(compress(ts, ok))
-    n = len(xs)
-    if n == 0:
-        return empty_frame()
-    origin_ns = _check_origin(origin_ns)
-    ts_ns = _us_to_ns(ts, "ts")
-    durs = list(map(_get_dur, xs))
-    if not set(map(type, durs)) <= {int, float}:
-        durs = [d if type(d) in (int, float) else 0 for d in durs]
-    dur = np.maximum(_us_to_ns(durs, "dur"), 0)
-    wraps = bool((ts_ns > _I64_MAX - dur).any())  # ts + dur past int64
-    first = int(ts_ns.min()) + origin_ns
-    last = _I64_MAX + 1 if wraps else int((ts_ns + dur).max()) + origin_ns
-    if first < _I64_MIN or last > _I64_MAX:
-        raise TraceError(
-            "Expected span times (otherData.origin_ns plus each event's ts and dur) within the "
-            f"int64 nanosecond range, but with origin_ns={origin_ns} they reach beyond it. Fix "
-            "origin_ns or the events' ts and dur."
-        )
-    start = ts_ns + origin_ns
-    pids = _ints(list(map(_get_pid, xs)))
-    tids = _ints(list(map(_get_tid, xs)))
-    span_ids: ArrayLike
-    parent_ids: ArrayLike
-    try:
-        if not with_ids:
-            raise ValueError("no ids")
-        span_ids = _hex_ids(list(map(_get_span_id, args)), "span_id")
-        parent_ids = _hex_ids(list(map(_get_parent_id, args)), "parent_id")
-    except TraceError:
-        raise
-    except ValueError:
-        span_ids, parent_ids = _infer_parents(start, dur, pids, tids)
-    rank_of = _rank_by_pid(meta_events, metadata)
-    ranks = pd.Series(pids).map(rank_of).to_numpy(dtype=float)
-    trace_id = metadata.get("trace_id")
-    trace_ids = [trace_id if isinstance(trace_id, str) else None] * n
-    return _build(
-        _strs(list(map(_get_name, xs))),
-        span_ids,
-        parent_ids,
-        trace_ids,
-        start,
-        start + dur,
-        pids,
-        tids,
-        ranks,
-        args,
-        _strs(list(map(_get_status, args))),
-        _strs(list(map(_get_error, args))),
-        skip=RESERVED_ARGS,
-    )
-
-
-def _infer_parents(
-    start: np.ndarray, dur: np.ndarray, pids: np.ndarray, tids: ArrayLike
-) -> tuple[list[int], list[int]]:
-    """Ids 1..n and parents from nesting on each thread (events without span ids)."""
-    n = len(start)
-    tid = np.asarray(tids, dtype=np.int64)
-    order = np.lexsort((-dur, start, tid, pids))
-    span_ids = list(range(1, n + 1))
-    parents = [0] * n
-    stack: list[tuple[int, int]] = []  # (end, row)
-    key: tuple[int, int] | None = None
-    s_list, e_list = start.tolist(), (start + dur).tolist()
-    p_list, t_list = pids.tolist(), tid.tolist()
-    for i in order.tolist():
-        k = (p_list[i], t_list[i])
-        if k != key:
-            stack = []
-            key = k
-        while stack and stack[-1][0] <= s_list[i]:
-            stack.pop()
-        if stack and e_list[i] <= stack[-1][0]:
-            parents[i] = stack[-1][1] + 1
-        stack.append((e_list[i], i))
-    return span_ids, parents
+    """The spans among Chrome trace events (dicts) as a frame (see
+    :func:`exporters.read_chrome_trace` and :meth:`SpanColumns.frame`)."""
+    columns = SpanColumns()
+    columns.add_dicts(events)
+    return columns.frame(origin_ns, metadata)

@@ -1,31 +1,386 @@
-"""Merging per-rank or per-process trace files into one timeline."""
+"""Merging per-rank or per-process trace files into one timeline.
+
+Inputs are files or folders of them (a torchrun run's ``trace.ranks/``), put
+in rank order. Each input's times go onto the reference clock (rank 0's) by
+its ``otherData``: ``origin_ns + clock_offset_ns``, plus a linear drift
+correction when its ``clock_sync`` start and end measurements differ by more
+than their errors together. Three ways through an input, fastest first:
+
+- a complete ppetrace file that needs no change (its times already on the
+  reference clock, no pid taken by an earlier input, no drift: what the
+  Trainer writes under torchrun on one host) is copied as text;
+- a ppetrace file that needs new times or pids has its span lines edited as
+  text (the ``ts`` and ``pid`` of each ``X`` event), other lines re-encoded;
+- any other file (foreign, cut off) is parsed and every event re-encoded.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any
 
-from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_for_writing, _us
-from ._reader import ChromeTrace, load_chrome_trace
+from .._errors import TraceError
+from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
+from ._ranks import TraceHeader, _open_read, read_header, trace_files
+from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
+
+_SPAN_LINE = b'{"ph":"X","cat":'
+_PID_RE = re.compile(rb'"pid":(-?\d+)')
+_NAMED = b'{"ph":"M","name":"process_name","pid":'
+_PART = 1 << 24
 
 
-def _event_ns(value: Any) -> int:
-    """A ``ts`` read back from JSON (float or int µs) as integer ns."""
+def _event_ns(value: Any, path: str) -> int:
+    """A ``ts`` read back from JSON (float or int µs) as integer ns; a :class:`TraceError`
+    naming the file for a value that is not finite."""
     if isinstance(value, int):
         return value * 1000
-    return round(float(value) * 1000.0)
+    ns = float(value) * 1000.0
+    if ns != ns or abs(ns) == float("inf"):
+        raise TraceError(
+            f"Expected finite event 'ts' values (µs) in {path}, but an event has ts={value!r}. "
+            "Fix or drop that event before merging."
+        )
+    return round(ns)
 
 
-def _start_time(trace: ChromeTrace, base: int) -> int:
-    """The trace's first span on the reference clock (``base`` when it does not say)."""
-    start = trace.metadata.get("start_time_ns")
+def _text_ns(num: bytes, path: str) -> int:
+    """A ``ts`` as written (``12.345``) as integer ns, exactly when it has three decimals."""
+    head, dot, frac = num.partition(b".")
+    if dot and len(frac) == 3 and frac.isdigit() and head.lstrip(b"-").isdigit():
+        return int(head) * 1000 + (int(frac) if not head.startswith(b"-") else -int(frac))
+    try:
+        value = float(num)
+    except ValueError:
+        raise TraceError(
+            f"Expected a number for an event's 'ts' in {path}, but read {num[:40]!r}."
+        ) from None
+    return _event_ns(value, path)
+
+
+@dataclass
+class _Drift:
+    """A linear clock drift: at own time ``t`` add ``rate * (t - at_ns)`` ns."""
+
+    at_ns: int
+    rate: float
+
+    def extra(self, t_ns: int) -> int:
+        return round(self.rate * (t_ns - self.at_ns))
+
+
+def _drift(metadata: dict[str, Any]) -> _Drift | None:
+    """The drift between the start and end clock measurements, if it exceeds their errors."""
+    sync = metadata.get("clock_sync")
+    if not isinstance(sync, dict):
+        return None
+    start, end = sync.get("start"), sync.get("end")
+    if not isinstance(start, dict) or not isinstance(end, dict):
+        return None
+    try:
+        delta = int(end["offset_ns"]) - int(start["offset_ns"])
+        span = int(end["at_ns"]) - int(start["at_ns"])
+        errors = int(start["error_ns"]) + int(end["error_ns"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if span <= 0 or abs(delta) <= errors:
+        return None
+    return _Drift(int(start["at_ns"]), delta / span)
+
+
+@dataclass
+class _Input:
+    """One file to merge: its metadata, and its events as text (``body``) or parsed."""
+
+    path: str
+    metadata: dict[str, Any]
+    origin_ns: int
+    header: TraceHeader | None
+    #: where the traceEvents of a complete ppetrace file lie in its (unzipped) bytes;
+    #: None for any other file, which is parsed
+    span: tuple[int, int] | None = None
+    truncated: bool = False
+    pids: list[int] = field(default_factory=list)
+    named: set[int] = field(default_factory=set)
+    #: ranks that process names give (``"... rank 3 ..."``), for parsed files
+    named_ranks: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def clock_offset_ns(self) -> int:
+        return _clock_offset(self.metadata, self.path)  # a TraceError when not a number
+
+    @property
+    def rank(self) -> int | None:
+        if self.header is not None and self.header.rank is not None:
+            return self.header.rank
+        rank = self.metadata.get("rank")
+        return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+    def events(self) -> list[dict[str, Any]]:
+        """The events of a parsed file (read again: one file in memory at a time)."""
+        return load_chrome_trace(self.path).events
+
+    def body(self) -> Iterator[bytes]:
+        """The traceEvents text of a complete ppetrace file, in parts of at most 16 MB."""
+        assert self.span is not None
+        start, end = self.span
+        with _open_read(Path(self.path)) as f:
+            f.seek(start)
+            left = end - start
+            while left > 0:
+                part = f.read(min(left, _PART))
+                if not part:
+                    break
+                left -= len(part)
+                yield part
+
+
+def _expand(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = trace_files(p)
+            if not found:
+                raise TraceError(
+                    f"Expected trace files (*.json or *.json.gz) in the folder {p} to merge, "
+                    "but it has none."
+                )
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def _load(path: Path) -> _Input:
+    header = None
+    data = b""
+    if path.is_file():
+        header = read_header(path)
+        if header is not None:
+            with _open_read(path) as f:
+                data = f.read()
+    end = data.rfind(b"]", max(0, len(data) - 64))
+    if header is not None and end >= 0 and data[end:].strip() == b"]}":
+        start = header.events_at
+        while start < end and data[start] in b" \r\n\t":
+            start += 1
+        while end > start and data[end - 1] in b" \r\n\t":
+            end -= 1
+        origin = header.other_data.get("origin_ns", 0)
+        item = _Input(
+            str(path),
+            dict(header.other_data),
+            origin if isinstance(origin, int) and not isinstance(origin, bool) else 0,
+            header,
+            span=(start, end),
+        )
+        item.named = _named_pids(data, start, end)
+        item.pids = _pids(data, start, end, item.named | {item.metadata.get("pid")})
+        return item
+    del data
+    trace = load_chrome_trace(path)  # foreign or cut off: parse every event
+    item = _Input(str(path), trace.metadata, trace.origin_ns, header, truncated=trace.truncated)
+    item.pids = sorted({int(e["pid"]) for e in trace.events if isinstance(e.get("pid"), int)})
+    for e in trace.events:
+        if e.get("ph") == "M" and e.get("name") == "process_name" and isinstance(e.get("pid"), int):
+            item.named.add(int(e["pid"]))
+            args = e.get("args")
+            m = RANK_RE.search(str(args.get("name", ""))) if isinstance(args, dict) else None
+            if m is not None:
+                item.named_ranks[int(e["pid"])] = int(m.group(1))
+    return item
+
+
+def _named_pids(data: bytes, start: int, end: int) -> set[int]:
+    """The pids of the ``process_name`` events ChromeTraceExporter writes."""
+    found: set[int] = set()
+    at = data.find(_NAMED, start, end)
+    while at >= 0:
+        m = _PID_RE.match(data, at + len(_NAMED) - 6)
+        if m is not None:
+            found.add(int(m.group(1)))
+        at = data.find(_NAMED, at + 1, end)
+    return found
+
+
+def _pids(data: bytes, start: int, end: int, known: set[Any]) -> list[int]:
+    """Every pid in ``data[start:end]``: ``known`` when counting shows there is no other,
+    else found one by one."""
+    known_ints = {k for k in known if isinstance(k, int) and not isinstance(k, bool)}
+    total = data.count(b'"pid":', start, end)
+    seen = 0
+    present = []
+    for pid in known_ints:
+        n = sum(data.count(b'"pid":%d%s' % (pid, c), start, end) for c in (b",", b"}"))
+        if n:
+            present.append(pid)
+        seen += n
+    if seen == total:
+        return sorted(present)
+    return sorted({int(m) for m in _PID_RE.findall(data, start, end)})
+
+
+def _start_time(item: _Input, base: int) -> int:
+    """The input's first span on the reference clock (``base`` when it does not say)."""
+    start = item.metadata.get("start_time_ns")
     if isinstance(start, int) and not isinstance(start, bool):
-        return start + trace.clock_offset_ns
+        return start + item.clock_offset_ns
     return base
+
+
+class _Rewriter:
+    """Puts one input's events on the merged timeline: ``shift`` ns, a drift, new pids."""
+
+    def __init__(self, item: _Input, shift: int, drift: _Drift | None, remap: dict[int, int]):
+        self.item = item
+        self.shift = shift
+        self.drift = drift
+        self.remap = {k: v for k, v in remap.items() if k != v}
+
+    def ns(self, own_ts_ns: int) -> int:
+        """A ``ts`` in ns from the input's origin -> ns from the merged origin."""
+        drift = self.drift
+        if drift is None:
+            return own_ts_ns + self.shift
+        return own_ts_ns + self.shift + drift.extra(self.item.origin_ns + own_ts_ns)
+
+    def event(self, e: dict[str, Any]) -> str:
+        """One parsed event, re-encoded."""
+        ev = dict(e)
+        event_pid = ev.get("pid")
+        if isinstance(event_pid, int) and event_pid in self.remap:
+            ev["pid"] = self.remap[event_pid]
+        if ev.get("ph") == "M" and ev.get("name") == "process_name":
+            args = ev.get("args")
+            if isinstance(args, dict) and isinstance(event_pid, int) and event_pid in self.remap:
+                # a pid taken by an earlier input: say which file this track is
+                args = ev["args"] = dict(args)
+                args["name"] = f"{args.get('name', '')} [{Path(self.item.path).name}]"
+        ts = ev.pop("ts", None)
+        body = _dumps(ev)
+        if ts is not None and isinstance(ts, (int, float)):
+            body = (
+                '{"ts":'
+                + _us(self.ns(_event_ns(ts, self.item.path)))
+                + ("," if len(body) > 2 else "")
+                + body[1:]
+            )
+        return body
+
+    def span_line(self, line: bytes) -> bytes:
+        """An ``X`` event line as ChromeTraceExporter writes it, edited as text."""
+        remap = self.remap
+        if remap:
+            m = _PID_RE.search(line)
+            if m is not None:
+                new = remap.get(int(m.group(1)))
+                if new is not None:
+                    line = b"%s%d%s" % (line[: m.start(1)], new, line[m.end(1) :])
+        if self.shift or self.drift is not None:
+            at = line.find(b'"ts":')
+            if at >= 0:
+                at += 5
+                end = at
+                while end < len(line) and line[end] not in b",}":
+                    end += 1
+                ts = _us(self.ns(_text_ns(line[at:end], self.item.path))).encode("ascii")
+                line = line[:at] + ts + line[end:]
+        return line
+
+    def write(self, out: _EventWriter) -> None:
+        """The input's events on the merged timeline, into ``out``."""
+        item = self.item
+        if item.span is None:
+            for e in item.events():
+                out.event(self.event(e).encode("ascii"))
+            return
+        if item.span[0] >= item.span[1]:
+            return
+        if not self.remap and not self.shift and self.drift is None:
+            out.copy(item.body())  # as written: no event needs a change
+            return
+        rest = b""
+        for part in item.body():
+            lines = (rest + part).split(b"\n")
+            rest = lines.pop()
+            for raw in lines:
+                self.line(raw, out)
+        self.line(rest, out)
+
+    def line(self, raw: bytes, out: _EventWriter) -> None:
+        line = raw.rstrip().rstrip(b",")
+        if not line:
+            return
+        if line.startswith(_SPAN_LINE):
+            out.event(self.span_line(line))
+        else:
+            out.event(self.event(json.loads(line)).encode("ascii"))
+
+
+class _EventWriter:
+    """Writes events into the merged file's ``traceEvents``, separated by ``,\n``."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.first = True
+        self.pending: list[bytes] = []
+        self.count = 0  # events written one by one; -1 once a file was copied whole
+
+    def event(self, text: bytes) -> None:
+        self.pending.append(text)
+        if self.count >= 0:
+            self.count += 1
+        if len(self.pending) >= _CHUNK:
+            self.flush()
+
+    def copy(self, parts: Iterator[bytes]) -> None:
+        """Events already joined by ``,\n`` (a file's traceEvents), written as they are."""
+        self.flush()
+        for i, part in enumerate(parts):
+            if i == 0 and not self.first:
+                self.f.write(b",\n")
+            self.f.write(part)
+            self.first = False
+        self.count = -1  # counted when asked for (_MergedTrace.event_count)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.f.write((b"" if self.first else b",\n") + b",\n".join(self.pending))
+            self.first, self.pending = False, []
+
+
+class _MergedTrace(ChromeTrace):
+    """The merged trace; its events are read back from the file when first asked for."""
+
+    def __init__(self, metadata: dict[str, Any], origin_ns: int, path: str, count: int) -> None:
+        super().__init__([], metadata, origin_ns, False, path)
+        self._loaded: list[dict[str, Any]] | None = None
+        self._count = count
+
+    @property
+    def event_count(self) -> int:
+        """How many events the merged file holds (one per line)."""
+        if self._count < 0:
+            with _open_read(Path(self.path)) as f:
+                self._count = max(0, f.read().count(b"\n") - 2)
+        return self._count
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        if self._loaded is None:
+            self._loaded = load_chrome_trace(self.path).events
+        return self._loaded
+
+    @events.setter
+    def events(self, value: list[dict[str, Any]]) -> None:
+        self._loaded = value if value else None
 
 
 def merge_traces(
@@ -33,30 +388,38 @@ def merge_traces(
 ) -> ChromeTrace:
     """Merge per-rank or per-process trace files into one timeline at ``out``.
 
-    Each input keeps its pid and process name; when two inputs share a pid,
-    the later one gets a new, unused pid. Each input's
-    ``otherData["clock_offset_ns"]`` is added to its times, and all times are
-    rebased on the earliest origin. The merged ``otherData`` lists the inputs
-    under ``merged_from``. Returns the merged trace; ``.json.gz`` outputs are
-    gzip.
+    ``inputs`` are files or folders of trace files (a folder contributes every
+    ``*.json``/``*.json.gz`` in it). They are merged in rank order
+    (``distributedInfo``, else ``otherData`` rank; files without one last, in
+    the order given), one process track each, sorted by rank in viewers. Each
+    input keeps its pid and process name; when two inputs share a pid, the
+    later one gets a new, unused pid and its process name the file name in
+    brackets. Each input's ``otherData["clock_offset_ns"]`` is added to its
+    times, and a drift between its ``clock_sync`` start and end measurements
+    is corrected linearly when it exceeds their errors together; all times
+    are rebased on the earliest origin. The merged ``otherData`` lists the
+    inputs under ``merged_from``, each process's rank under ``processes``,
+    the common ``trace_id`` if the inputs share one, and ``ranks`` /
+    ``world_size``. Returns the merged trace (its events are read from the
+    file when first used); ``.json.gz`` outputs are gzip.
     """
     if not inputs:
         raise ValueError("Expected at least one trace file to merge, but received none.")
-    traces = [load_chrome_trace(p) for p in inputs]
-    bases = [t.origin_ns + t.clock_offset_ns for t in traces]
+    items = [_load(p) for p in _expand(inputs)]
+    order = sorted(range(len(items)), key=lambda i: (items[i].rank is None, items[i].rank or 0, i))
+    items = [items[i] for i in order]
+    bases = [t.origin_ns + t.clock_offset_ns for t in items]
     origin = (min(bases) // _NS_PER_S) * _NS_PER_S
     used: set[int] = set()
-    for t in traces:
-        used.update(int(e["pid"]) for e in t.events if isinstance(e.get("pid"), int))
+    for t in items:
+        used.update(t.pids)
     taken: set[int] = set()
-    merged: list[str] = []
     sources = []
     processes: dict[str, dict[str, Any]] = {}
-    for trace, base in zip(traces, bases, strict=True):
-        shift = base - origin
-        pids = sorted({int(e["pid"]) for e in trace.events if isinstance(e.get("pid"), int)})
+    plans: list[tuple[_Rewriter, list[bytes]]] = []
+    for item, base in zip(items, bases, strict=True):
         remap: dict[int, int] = {}
-        for pid in pids:
+        for pid in item.pids:
             if pid in taken:
                 new = max(used | taken) + 1
                 remap[pid] = new
@@ -65,74 +428,58 @@ def merge_traces(
             else:
                 remap[pid] = pid
                 taken.add(pid)
-        named = {
-            e.get("pid")
-            for e in trace.events
-            if e.get("ph") == "M" and e.get("name") == "process_name"
-        }
-        rank = trace.metadata.get("rank")
-        for pid in pids:
-            if pid not in named:
-                label = f"{Path(trace.path).name} (pid {pid})"
-                merged.append(
+        names = []
+        for pid in item.pids:
+            if pid not in item.named:
+                label = Path(item.path).name  # viewers add the pid themselves
+                names.append(
                     f'{{"ph":"M","name":"process_name","pid":{remap[pid]},"tid":0,'
-                    f'"args":{{"name":{_quote(label)}}}}}'
+                    f'"args":{{"name":{_quote(label)}}}}}'.encode("ascii")
                 )
             processes[str(remap[pid])] = {
-                "source": trace.path,
+                "source": item.path,
                 "original_pid": pid,
-                "rank": rank if isinstance(rank, int) else None,
+                "rank": item.rank if item.rank is not None else item.named_ranks.get(pid),
             }
-        for e in trace.events:
-            ev = dict(e)
-            event_pid = ev.get("pid")
-            if isinstance(event_pid, int) and event_pid in remap:
-                ev["pid"] = remap[event_pid]
-            if ev.get("ph") == "M" and ev.get("name") == "process_name":
-                args = ev.get("args")
-                if isinstance(args, dict):
-                    m = RANK_RE.search(str(args.get("name", "")))
-                    info = processes.get(str(ev.get("pid")))
-                    if m is not None and info is not None:
-                        info["rank"] = int(m.group(1))
-                    if isinstance(event_pid, int) and remap.get(event_pid, event_pid) != event_pid:
-                        # a pid taken by an earlier input: say which file this track is
-                        args = ev["args"] = dict(args)
-                        args["name"] = f"{args.get('name', '')} [{Path(trace.path).name}]"
-            ts = ev.pop("ts", None)
-            body = _dumps(ev)
-            if ts is not None and isinstance(ts, (int, float)):
-                body = (
-                    '{"ts":'
-                    + _us(_event_ns(ts) + shift)
-                    + ("," if len(body) > 2 else "")
-                    + body[1:]
-                )
-            merged.append(body)
+        plans.append((_Rewriter(item, base - origin, _drift(item.metadata), remap), names))
         sources.append(
             {
-                "path": trace.path,
-                "clock_offset_ns": trace.clock_offset_ns,
-                "origin_ns": trace.origin_ns,
-                "pids": {str(p): remap[p] for p in pids},
-                "truncated": trace.truncated,
-                "otherData": trace.metadata,
+                "path": item.path,
+                "clock_offset_ns": item.clock_offset_ns,
+                "origin_ns": item.origin_ns,
+                "pids": {str(p): remap[p] for p in item.pids},
+                "truncated": item.truncated,
+                "otherData": item.metadata,
             }
         )
-    other = {
+    trace_ids = {t.metadata.get("trace_id") for t in items}
+    ranks = sorted({t.rank for t in items if t.rank is not None})
+    other: dict[str, Any] = {
         "origin_ns": origin,
         "clock_offset_ns": 0,
-        "start_time_ns": min(_start_time(t, b) for t, b in zip(traces, bases, strict=True)),
+        "start_time_ns": min(_start_time(t, b) for t, b in zip(items, bases, strict=True)),
         "processes": processes,
         "merged_from": sources,
     }
+    if len(trace_ids) == 1 and isinstance(next(iter(trace_ids)), str):
+        other["trace_id"] = next(iter(trace_ids))
+    if ranks:
+        other["ranks"] = ranks
+        sizes = {(t.header.distributed_info or {}).get("world_size") for t in items if t.header} - {
+            None
+        }
+        other["world_size"] = sizes.pop() if len(sizes) == 1 else len(ranks)
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with _open_for_writing(out_path) as f:
-        f.write('{"displayTimeUnit":"ns","otherData":' + _dumps(other) + ',"traceEvents":[\n')
-        for i in range(0, len(merged), _CHUNK):
-            if i:
-                f.write(",\n")
-            f.write(",\n".join(merged[i : i + _CHUNK]))
-        f.write("\n]}\n")
-    return ChromeTrace([json.loads(x) for x in merged], other, origin, False, str(out_path))
+    head = '{"displayTimeUnit":"ns","otherData":' + _dumps(other) + ',"traceEvents":[\n'
+    with _open_binary(out_path) as f:  # one input in memory at a time
+        f.write(head.encode("ascii"))
+        writer = _EventWriter(f)
+        for rewriter, names in plans:
+            for name in names:
+                writer.event(name)
+            rewriter.write(writer)
+        writer.flush()
+        f.write(b"\n]}\n")
+    count = writer.count
+    return _MergedTrace(other, origin, str(out_path), count)

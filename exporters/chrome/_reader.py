@@ -1,19 +1,31 @@
-"""Reading Chrome trace files: plain or gzip, object or array form, cut off or whole."""
+"""Reading Chrome trace files: plain or gzip, object or array form, cut off or whole.
+
+:func:`read_chrome_trace` gives the spans as a frame, built column by column
+while the file is decoded (see ``_parse`` and ``_events``); :func:`load_chrome_trace`
+gives every event as a dict, for code that edits events (the merger). Both
+raise :class:`~exporters.TraceError` naming the file for any content they
+cannot read, and read a cut-off file up to its last complete event with a
+:class:`TraceTruncatedWarning` that points to :func:`repair_chrome_trace`.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import gc
 import os
 import warnings
-import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TraceError
+from ._parse import Parsed, _Fallback, document, stream
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ._events import SpanColumns
 
 
 class TraceTruncatedWarning(UserWarning):
@@ -38,116 +50,80 @@ class ChromeTrace:
 
     @property
     def clock_offset_ns(self) -> int:
-        """``otherData["clock_offset_ns"]``, or 0."""
-        value = self.metadata.get("clock_offset_ns", 0)
-        return int(value) if isinstance(value, (int, float)) else 0
+        """``otherData["clock_offset_ns"]`` (an int), or 0 when absent."""
+        return _clock_offset(self.metadata, self.path)
 
     def to_frame(self) -> pd.DataFrame:
         """The spans (``X`` events, see :func:`read_chrome_trace`) as a frame."""
         from ._events import frame_from_chrome_events
 
-        return frame_from_chrome_events(self.events, self.origin_ns, self.metadata)
+        with _naming(self.path):
+            return frame_from_chrome_events(self.events, self.origin_ns, self.metadata)
 
 
-def _read_bytes(path: Path) -> tuple[bytes, bool]:
-    """The file's bytes, gunzipped when it is gzip; the flag says the gzip stream was cut."""
+def _clock_offset(metadata: dict[str, Any], path: str) -> int:
+    value = metadata.get("clock_offset_ns", 0)
+    if type(value) is int:
+        return value
+    if type(value) is float and value == value and abs(value) < 2**63:
+        return int(value)
+    raise TraceError(
+        f"Expected otherData.clock_offset_ns in {path or 'the trace'} to be a whole number "
+        f"of nanoseconds, but received {_describe(value)}. Fix clock_offset_ns (0 when "
+        "the file's clock is the reference)."
+    )
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """Re-raise a :class:`TraceError` without the file's name as one that names it, and
+    any other error that content can cause as a :class:`TraceError` naming the file."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"Expected a trace file at {path}, but there is no such file."
-        ) from None
-    except IsADirectoryError:
-        raise TraceError(f"Expected a trace file at {path}, but it is a directory.") from None
-    if data[:2] != b"\x1f\x8b":
-        return data, False
-    out = []
-    truncated = False
-    rest = data
-    while rest:
-        d = zlib.decompressobj(wbits=31)
-        try:
-            out.append(d.decompress(rest))
-        except zlib.error:
-            truncated = True
-            break
-        if not d.eof:
-            truncated = True
-            break
-        rest = d.unused_data  # a concatenated gzip member
-        if rest[:2] != b"\x1f\x8b":
-            break
-    return b"".join(out), truncated
-
-
-def _recover(text: str) -> tuple[Any, bool]:
-    """Parse a possibly cut-off trace document: ``(document, was_cut)``."""
-    try:
-        return json.loads(text), False
-    except json.JSONDecodeError:
-        pass
-    body = text.rstrip()
-    # ppetrace writes one event per line: cut at the last complete line.
-    marker = '"traceEvents":['
-    at = body.find(marker)
-    if at >= 0 and body.startswith("{"):
-        head = body[: at + len(marker)]
-        lines = body[at + len(marker) :].split("\n")
-        for keep in range(len(lines), max(len(lines) - 3, 0) - 1, -1):
-            events = ",".join(x.rstrip().rstrip(",") for x in lines[:keep] if x.strip())
-            events = events.rstrip(",")
-            try:
-                return json.loads(head + events + "]}"), True
-            except json.JSONDecodeError:
-                continue
-    # Any other file: close the document after one of its last few '}'.
-    closers = ("]}", "]", "}", "}]}", "}}")
-    end = len(body)
-    for _ in range(64):
-        end = body.rfind("}", 0, end)
-        if end < 0:
-            break
-        candidate = body[: end + 1]
-        for closer in closers:
-            try:
-                return json.loads(candidate + closer), True
-            except json.JSONDecodeError:
-                continue
-    raise json.JSONDecodeError("cannot recover", text, 0)
-
-
-def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
-    """Read a Chrome trace (JSON object or array form, plain or gzip) into a :class:`ChromeTrace`.
-
-    A file cut off anywhere is read up to its last complete event, with a
-    :class:`TraceTruncatedWarning`. Raises ``FileNotFoundError`` for a
-    missing file and :class:`TraceError` for a file that is not JSON or not a
-    trace.
-    """
-    p = Path(path)
-    data, gz_cut = _read_bytes(p)
-    if not data.strip():
-        raise TraceError(f"Expected a Chrome trace in {p}, but the file is empty.")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
+        yield
+    except TraceError as exc:
+        if path and path not in str(exc):
+            raise TraceError(f"In {path}: {exc}") from None
+        raise
+    except RecursionError:
         raise TraceError(
-            f"Expected a JSON Chrome trace in {p}, but it is not UTF-8 text."
+            f"Expected a Chrome trace in {path}, but its JSON nests deeper than can be read "
+            "(thousands of levels): it is not a trace."
         ) from None
-    stripped = text.lstrip()
-    if not stripped.startswith(("{", "[")):
+    except (TypeError, ValueError, OverflowError, KeyError, IndexError) as exc:
+        message = " ".join(str(exc).split())[:200] or "(no message)"
         raise TraceError(
-            f"Expected a JSON Chrome trace in {p}, but the file is not JSON "
-            f"(it starts with {stripped[:20]!r})."
-        )
+            f"Expected a Chrome trace in {path}, but its content cannot be read as one "
+            f"({type(exc).__name__}: {message}). Check the events' fields against the "
+            "Chrome trace event format."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused: decoding makes millions of objects, none in
+    a cycle, and each collection would walk them all again."""
+    was = gc.isenabled()
+    gc.disable()
     try:
-        doc, cut = _recover(text)
-    except json.JSONDecodeError:
-        raise TraceError(
-            f"Expected a JSON Chrome trace in {p}, but the file is not valid JSON and no "
-            "complete event could be recovered from it (is it cut off before its first event?)."
-        ) from None
-    truncated = cut or gz_cut
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _metadata(top: Any) -> dict[str, Any]:
+    meta = top.get("otherData") if isinstance(top, dict) else None
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
+def _origin(metadata: dict[str, Any]) -> Any:
+    origin = metadata.get("origin_ns", 0)
+    return origin if type(origin) is int else 0
+
+
+def _events_of(doc: Any, p: Path, truncated: bool) -> tuple[list[Any], dict[str, Any]]:
+    """The event list and metadata of a whole parsed document; :class:`TraceError`
+    for a document that is not a trace."""
     if isinstance(doc, dict):
         events = doc.get("traceEvents")
         if not isinstance(events, list) and truncated:
@@ -158,10 +134,9 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
         if not isinstance(events, list):
             raise TraceError(
                 f"Expected a Chrome trace in {p} (a JSON object with a 'traceEvents' list), "
-                f"but its keys are {sorted(doc)[:8]}."
+                f"but its keys are {sorted(map(str, doc))[:8]}."
             )
-        metadata = doc.get("otherData")
-        metadata = dict(metadata) if isinstance(metadata, dict) else {}
+        metadata = _metadata(doc)
     elif isinstance(doc, list):
         events, metadata = doc, {}
     else:
@@ -170,21 +145,39 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
             f"holds a JSON {type(doc).__name__}."
         )
     if events and not all(isinstance(e, dict) and "ph" in e for e in events[:100]):
+        bad = next(e for e in events[:100] if not (isinstance(e, dict) and "ph" in e))
         raise TraceError(
             f"Expected Chrome trace events (objects with a 'ph' field) in {p}, but found "
-            f"{_describe(events[0])}."
+            f"{_describe(bad)}."
         )
-    events = [e for e in events if isinstance(e, dict)]
-    origin = metadata.get("origin_ns", 0)
-    origin_ns = int(origin) if isinstance(origin, int) and not isinstance(origin, bool) else 0
-    if truncated:
-        warnings.warn(
-            f"The trace {p} is cut off (the process that wrote it probably stopped early); "
-            f"read its first {len(events)} complete events.",
-            TraceTruncatedWarning,
-            stacklevel=2,
-        )
-    return ChromeTrace(events, metadata, origin_ns, truncated, str(p))
+    return [e for e in events if isinstance(e, dict)], metadata
+
+
+def _warn_truncated(p: Path, count: int) -> None:
+    warnings.warn(
+        f"The trace {p} is cut off (the process that wrote it probably stopped early); "
+        f"read its first {count} complete events. Other viewers need strict JSON: "
+        f"`ppetrace repair {p}` (or exporters.repair_chrome_trace) writes a closed copy.",
+        TraceTruncatedWarning,
+        stacklevel=3,
+    )
+
+
+def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
+    """Read a Chrome trace (JSON object or array form, plain or gzip) into a :class:`ChromeTrace`.
+
+    A file cut off anywhere is read up to its last complete event, with a
+    :class:`TraceTruncatedWarning`. Raises ``FileNotFoundError`` for a
+    missing file and :class:`TraceError` (naming the file) for a file that is
+    not JSON, not a trace, or corrupt gzip.
+    """
+    p = Path(path)
+    with _naming(str(p)):
+        doc, truncated = document(p)
+        events, metadata = _events_of(doc, p, truncated)
+        if truncated:
+            _warn_truncated(p, len(events))
+        return ChromeTrace(events, metadata, _origin(metadata), truncated, str(p))
 
 
 def _describe(value: Any) -> str:
@@ -192,33 +185,74 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _read_columns(p: Path) -> tuple[SpanColumns, dict[str, Any], bool, int]:
+    """The spans' columns of a file, its metadata, whether it was cut off, and its
+    number of events."""
+    from ._events import SpanColumns
+
+    parsed = Parsed()
+    chunks = stream(p, parsed)
+    if chunks is not None:
+        columns = SpanColumns()
+        count = 0
+        try:
+            for chunk in chunks:
+                columns.add(chunk)
+                count += len(chunk)
+            return columns, _metadata(parsed.top), parsed.truncated, count
+        except _Fallback:
+            pass  # a layout the line reader does not take: the whole document
+    doc, truncated = document(p)
+    events, metadata = _events_of(doc, p, truncated)
+    columns = SpanColumns()
+    columns.add_dicts(events)
+    return columns, metadata, truncated, len(events)
+
+
 def read_chrome_trace(path: str | os.PathLike[str]) -> pd.DataFrame:
     """The spans of a Chrome trace file as a frame (schema: :mod:`exporters.frame`).
 
     Reads ppetrace's own files and any Chrome trace made of ``X`` events (or
-    ``B``/``E`` pairs). When some ``X`` events carry ``args.span_id`` (ppetrace
-    files), only those are spans; events that other tools added (profiler
-    stacks, kernels, counters) are left out. Without ids, parents are
-    inferred from nesting per thread. ``frame.attrs`` holds ``metadata``
-    (``otherData``), ``truncated``, ``path`` and, when the file has ``M`` events
-    named ``ppetrace.table`` (``args``: ``name``, ``columns``, ``rows``; the
+    ``B``/``E`` pairs). When some ``X`` events carry a ``span_id`` (ppetrace
+    files; older ones have it in ``args``), only those are spans; events that
+    other tools added (profiler stacks, kernels, counters) are left out.
+    Without ids, parents are inferred from nesting per thread and ``args``
+    become attributes. ``frame.attrs`` holds ``metadata`` (``otherData``),
+    ``truncated``, ``path`` and, when the file has ``M`` events named
+    ``ppetrace.table`` (``args``: ``name``, ``columns``, ``rows``; the
     Pyinstrument profiler writes ``top_functions``), ``tables``, which
-    :func:`exporters.step_report` adds to its report. A cut-off file is read with
-    a :class:`TraceTruncatedWarning`.
+    :func:`exporters.step_report` adds to its report.
+
+    A cut-off file is read up to its last complete event with a
+    :class:`TraceTruncatedWarning`. Raises ``FileNotFoundError`` for a missing
+    file and :class:`TraceError`, naming the file, for anything else it cannot
+    read. ppetrace's files are decoded a block of lines at a time with
+    msgspec, so memory stays near the size of the frame.
     """
-    trace = load_chrome_trace(path)
-    frame = trace.to_frame()
-    tables = {
-        str(e["args"]["name"]): {"columns": e["args"]["columns"], "rows": e["args"]["rows"]}
-        for e in trace.events
-        if e.get("ph") == "M"
-        and e.get("name") == "ppetrace.table"
-        and isinstance(e.get("args"), dict)
-        and {"name", "columns", "rows"} <= set(e["args"])
-    }
+    p = Path(path)
+    with _naming(str(p)), _no_gc():
+        columns, metadata, truncated, count = _read_columns(p)
+        if truncated:
+            _warn_truncated(p, count)
+        frame = columns.frame(_origin(metadata), metadata)
+        tables = _tables(columns.meta)
     if tables:
         frame.attrs["tables"] = tables  # plain data: pandas copies attrs around
-    frame.attrs["metadata"] = trace.metadata
-    frame.attrs["path"] = trace.path
-    frame.attrs["truncated"] = trace.truncated
+    frame.attrs["metadata"] = metadata
+    frame.attrs["path"] = str(p)
+    frame.attrs["truncated"] = truncated
     return frame
+
+
+def _tables(meta: list[Any]) -> dict[str, Any]:
+    """The ``ppetrace.table`` events' tables: name -> ``{"columns", "rows"}``."""
+    tables = {}
+    for e in meta:
+        args = e.args
+        if (
+            e.name == "ppetrace.table"
+            and type(args) is dict
+            and {"name", "columns", "rows"} <= set(args)
+        ):
+            tables[str(args["name"])] = {"columns": args["columns"], "rows": args["rows"]}
+    return tables

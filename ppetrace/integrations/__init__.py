@@ -18,6 +18,13 @@ Trainer or a LightningProfiler traces the loop, the hooks stand aside
 Chrome trace, the step report and ``compare`` of :mod:`exporters` read them
 like the Trainer's; under torchrun, a per-rank trace file (:mod:`._ranks`).
 Importing this package is cheap: :func:`instrument` loads its hooks on first use.
+
+:mod:`ppetrace.integrations.distributed` takes a ``torch.distributed`` process
+group and gives out each rank's clock offset to rank 0 (NTP-style pings, with
+an error bound), ``dist.<name>`` spans for the collectives user code calls
+(with their byte counts), and one trace file per rank
+(``trace.ranks/rank<R>.json``, on rank 0's clock, with ``distributedInfo``)
+merged by rank 0 into one timeline.
 """
 
 from __future__ import annotations

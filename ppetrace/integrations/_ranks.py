@@ -2,9 +2,9 @@
 
 Under torchrun every process gets ``RANK`` and ``WORLD_SIZE``. A run whose trace
 is ``trace.json`` then writes rank R's spans to ``trace.ranks/rank<R>.json``
-(the folder HolisticTraceAnalysis loads as it is; the merged ``trace.json``
-beside it is the distributed issue's work). Nothing here creates or needs a
-process group: the rank comes from the environment.
+(the folder HolisticTraceAnalysis loads as it is; the Trainer's distributed
+training merges them into ``trace.json`` beside it, see :mod:`.distributed`).
+Nothing here creates or needs a process group: the rank comes from the environment.
 """
 
 from __future__ import annotations
@@ -59,8 +59,11 @@ def split_suffix(path: str | os.PathLike[str]) -> tuple[Path, str]:
 
 def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:
     """Rank ``rank``'s file for the run whose trace is ``path``:
-    ``trace.json`` -> ``trace.ranks/rank<rank>.json`` (``.json.gz`` stays gzipped)."""
+    ``trace.json`` -> ``trace.ranks/rank<rank>.json``, next to it. A ``.json.gz`` path's
+    rank files are plain JSON: rank 0 writes the clock offsets into each file's header
+    in place before it merges them. The merged file stays outside that folder, because
+    HolisticTraceAnalysis takes a file without ``distributedInfo`` for rank 0."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"Expected a non-negative int for rank, but received {rank!r}.")
-    stem, suffix = split_suffix(path)
-    return stem.with_name(stem.name + ".ranks") / f"rank{rank}{suffix}"
+    stem, _ = split_suffix(path)
+    return stem.with_name(stem.name + ".ranks") / f"rank{rank}.json"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -50,7 +50,6 @@ _ACTIVE_MOVE: ContextVar[Callable[[torch.Tensor, Any], torch.Tensor] | None]
 _ACTIVE_MOVE = ContextVar("ppetrace_active_move", default=None)
 
 
-@contextlib.contextmanager
 def scale_loss(
     loss: torch.Tensor,
     optimizers: Any,
@@ -58,11 +57,12 @@ def scale_loss(
     model: Any = None,
     delay_unscale: bool = False,
     **kwargs: Any,
-) -> Iterator[torch.Tensor]:
-    """Yield the loss to call ``backward()`` on: scaled when a GradScaler is active.
+) -> contextlib.AbstractContextManager[torch.Tensor]:
+    """A context manager yielding the loss to call ``backward()`` on: scaled when a
+    GradScaler is active.
 
-    Inside a :class:`ppetrace.Trainer` training step the yielded loss is
-    divided by the accumulation group size and scaled by the Trainer's
+    Inside a :class:`ppetrace.Trainer` fit the yielded loss is divided by
+    the accumulation group size and scaled by the Trainer's
     ``torch.amp.GradScaler`` (when AMP uses one); the block is traced as
     ``trainer.backward`` and ``on_end_backward`` callbacks run when it exits.
     Anywhere else the loss is yielded unchanged. ``optimizers``, ``loss_id``,
@@ -71,10 +71,23 @@ def scale_loss(
     """
     active = _ACTIVE_SCALING.get()
     if active is None:
-        yield loss
-        return
-    with active(loss) as scaled:
-        yield scaled
+        return _Unscaled(loss)
+    return active(loss)
+
+
+class _Unscaled:
+    """``scale_loss`` outside a Trainer: yields the loss itself."""
+
+    __slots__ = ("loss",)
+
+    def __init__(self, loss: torch.Tensor) -> None:
+        self.loss = loss
+
+    def __enter__(self) -> torch.Tensor:
+        return self.loss
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
 
 
 def _to_tensor(value: Any) -> Any:

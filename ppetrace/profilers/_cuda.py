@@ -41,7 +41,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
@@ -366,10 +366,16 @@ class CudaTimer(Profiler):
         now. Timed spans get a copy of ``attrs``, so dicts shared between spans are safe."""
         if not self.active or name not in self.spans:
             return trace(name, attrs)
-        own = attrs if isinstance(attrs, dict) else ({} if attrs is None else None)
-        if own is None:
-            own = {"ppetrace.arg": attrs}
-        return _TimedSpan(self, name, own)  # the span writes into its own snapshot
+        # a plain dict: ppetrace.trace snapshots it, and the device time goes into that
+        # snapshot; anything else, a FrozenAttributes shared between spans included, is
+        # first made a dict of this span's own
+        if type(attrs) is dict:
+            own = attrs
+        elif isinstance(attrs, Mapping):
+            own = dict(attrs)
+        else:
+            own = {} if attrs is None else {"ppetrace.arg": attrs}
+        return _TimedSpan(self, name, own)
 
     def _begin(self, name: str, attrs: dict[str, Any], start_ns: int | None) -> _Timed | None:
         """Record the start event; ``start_ns`` is the span's host start (perf_counter_ns)."""

@@ -99,13 +99,22 @@ def stack_events(
     clipped to ``[start_ns, end_ns]``. Consecutive samples that share a
     stack prefix share its events, so a function on the stack for several
     samples is one event. Events are sorted by start, longest first.
+
+    Every time is floored to a whole microsecond (``start_ns`` rounded up), so
+    that the file's ``ts`` and ``dur`` are whole numbers of µs (the file's
+    origin is a whole second): a viewer that adds ``ts + dur`` in floating
+    point then gets exactly the next frame's ``ts`` where frames touch, never a
+    hair past it (speedscope reported such frames as mis-nested). Samples are
+    milliseconds apart; a sample shorter than a µs after flooring is dropped.
     """
     out: list[dict[str, Any]] = []
     open_keys: list[str] = []
     open_starts: list[int] = []
     open_info: list[tuple[str, str, int]] = []
     cum = 0.0
-    prev_end = start_ns
+    lo = start_ns + (-start_ns) % 1000  # whole µs: rounded up into the window
+    hi = end_ns - end_ns % 1000
+    prev_end = lo
 
     def close_to(depth: int, at: int) -> None:
         while len(open_keys) > depth:
@@ -128,8 +137,9 @@ def stack_events(
     for stack, dt in frame_records:
         before = cum
         cum += dt
-        b = max(anchor_ns + round(before * 1e9), start_ns, prev_end)
-        e = min(anchor_ns + round(cum * 1e9), end_ns)
+        b = _whole_us(anchor_ns + round(before * 1e9))
+        e = min(_whole_us(anchor_ns + round(cum * 1e9)), hi)
+        b = max(b, lo, prev_end)
         if e <= b:
             continue
         if b > prev_end:  # a gap with no sample: nothing was on the stack we know of
@@ -150,6 +160,11 @@ def stack_events(
     close_to(0, prev_end)
     out.sort(key=lambda ev: (ev["ts_ns"], -ev["dur_ns"]))
     return out
+
+
+def _whole_us(ns: int) -> int:
+    """``ns`` floored to a whole microsecond."""
+    return ns - ns % 1000
 
 
 def _outside_frame() -> types.FrameType | None:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from ._base import _NULL_CONTEXT, BaseRuntime
+from ._convert import apply_to_tensors
 from ._ranges import range_trace
 
 __all__ = ["PyTorchRuntime"]
@@ -43,6 +44,7 @@ class PyTorchRuntime(BaseRuntime):
         super().__init__(device_spec, options)
         device_type = self.device_type
         self._non_blocking = device_type == "cuda"
+        self._on_cpu = device_type == "cpu"
         self._autocast_kwargs = self._build_autocast(self.options.get("autocast", False))
         self._grad_scaler = self._build_grad_scaler(self.options.get("grad_scaler"))
 
@@ -109,6 +111,34 @@ class PyTorchRuntime(BaseRuntime):
 
     trace = classmethod(range_trace)  # type: ignore[var-annotated]
 
+    def convert_batch(self, args: Any) -> Any:
+        """Transfer a batch of any type to the device, keeping its type (see
+        :meth:`BaseRuntime.convert_batch`).
+
+        On the CPU, a batch whose tensors are all on the CPU already costs no move: a
+        tensor comes back as it is, a tuple too, a list or dict of them as a new list or
+        dict holding the same tensors (unless a subclass overrides :meth:`move_tensor`,
+        which then sees every tensor).
+        """
+        if self._on_cpu and type(self).move_tensor is _MOVE_TENSOR:
+            kind = type(args)
+            if kind is _Tensor:
+                if args.is_cpu:
+                    return args
+            elif kind is list or kind is tuple:
+                for value in args:
+                    if type(value) is not _Tensor or not value.is_cpu:
+                        break
+                else:
+                    return args if kind is tuple else list(args)
+            elif kind is dict:
+                for value in args.values():
+                    if type(value) is not _Tensor or not value.is_cpu:
+                        break
+                else:
+                    return dict(args)
+        return apply_to_tensors(args, self.move_tensor, self.device_spec)
+
     def move_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move ``module`` to the device with ``module.to(device)``."""
         return module.to(self.device_spec)
@@ -116,3 +146,7 @@ class PyTorchRuntime(BaseRuntime):
     def move_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         """Move ``tensor`` to the device; non-blocking when the target is CUDA."""
         return tensor.to(self.device_spec, non_blocking=self._non_blocking)
+
+
+_MOVE_TENSOR = PyTorchRuntime.move_tensor
+_Tensor = torch.Tensor

@@ -17,7 +17,7 @@ optimizers (``Trainer.optimizers``, as ppe's trainer exposes them).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,12 +26,14 @@ from torch.utils.data import RandomSampler, SequentialSampler
 from ..interfaces.module_interface import CallbackInterface, ModuleInterface, Stage
 from ..interfaces.network import _ACTIVE_MOVE, _ACTIVE_SCALING, AbstractPyTorchNetwork
 from ..runtime._base import BaseRuntime
+from ..runtime._pytorch import PyTorchRuntime
 from ..tracing._recorder import trace
 from ._collate import as_outputs
 
 __all__ = ["Adapter", "InterfaceAdapter", "NetworkAdapter", "PlainAdapter", "make_adapter"]
 
 Loaders = dict[str, Iterable[Any]]
+_NO_SCOPE: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def named_loaders(loaders: Any, what: str) -> Loaders:
@@ -63,6 +65,10 @@ class Adapter:
     backward_in_step = False
     #: the optimizers step inside the step (a network's closure with several optimizers)
     steps_in_closure = False
+    #: the sampler classes a ModuleInterface builds its loaders with (PyMarlin's
+    #: ``get_*_dataloader(sampler, batch_size)``); distributed training replaces them
+    train_sampler: type = RandomSampler
+    eval_sampler: type = SequentialSampler
 
     def __init__(
         self,
@@ -75,6 +81,10 @@ class Adapter:
         val_batch_size: int | None = None,
     ) -> None:
         self.module = module
+        #: what the training step calls: the module, or its DistributedDataParallel wrapper
+        self.forward_module: torch.nn.Module = module
+        #: a DistributedDataParallel wrapper the user passed to fit(), else None
+        self.ddp: torch.nn.Module | None = None
         self.name = type(module).__name__
         self._train_loader = train_loader
         self._val_loaders = val_loaders
@@ -127,12 +137,19 @@ class Adapter:
 
     # -- steps -------------------------------------------------------------------------
 
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
+    def active(self, scaling: Any) -> contextlib.AbstractContextManager[Any]:
+        """What the steps of a fit (``scaling``: its loss scaling) or of an evaluation
+        (``None``) need set around them; nothing here (see :class:`NetworkAdapter`)."""
+        return _NO_SCOPE
+
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
         """One training step: ``(loss or None, outputs tuple, raw outputs)``."""
         raise NotImplementedError  # pragma: no cover
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
         """One validation or test step: ``(outputs tuple, raw outputs)``."""
         raise NotImplementedError  # pragma: no cover
@@ -201,15 +218,17 @@ class PlainAdapter(Adapter):
         opts = list(opt) if isinstance(opt, (list, tuple)) else [opt]
         return opts, self.schedulers
 
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
         inputs, targets = _plain_pair(batch, self.name)
-        preds = self.module(inputs)
+        preds = self.forward_module(inputs)
         loss = self.loss_fn(preds, targets)  # type: ignore[misc]
         outs = (loss, preds)
         return loss, outs, outs
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
         if isinstance(batch, torch.Tensor):
             outs: tuple[Any, ...] = (self.module(batch),)
@@ -228,7 +247,7 @@ class InterfaceAdapter(Adapter):
     def train_loader(self) -> Iterable[Any]:
         if self._train_loader is not None:
             return self._train_loader
-        loader = self.module.get_train_dataloader(RandomSampler, self.batch_size)
+        loader = self.module.get_train_dataloader(self.train_sampler, self.batch_size)
         if loader is None:
             raise ValueError(
                 f"Expected {self.name}.get_train_dataloader to return a loader, but it returned "
@@ -240,7 +259,7 @@ class InterfaceAdapter(Adapter):
         if self._val_loaders is not None:
             return named_loaders(self._val_loaders, "val_loaders")
         return named_loaders(
-            self.module.get_val_dataloaders(SequentialSampler, self.val_batch_size),
+            self.module.get_val_dataloaders(self.eval_sampler, self.val_batch_size),
             f"{self.name}.get_val_dataloaders()",
         )
 
@@ -248,7 +267,7 @@ class InterfaceAdapter(Adapter):
         if self._test_loaders is not None:
             return named_loaders(self._test_loaders, "loaders")
         return named_loaders(
-            self.module.get_test_dataloaders(SequentialSampler, self.val_batch_size),
+            self.module.get_test_dataloaders(self.eval_sampler, self.val_batch_size),
             f"{self.name}.get_test_dataloaders()",
         )
 
@@ -274,17 +293,19 @@ class InterfaceAdapter(Adapter):
             )
         return opts, scheds
 
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
         # PyMarlin passes the step this batch contributes to: completed + 1
         # (pymarlin/core/trainer_backend.py, SingleProcess._forward_backward)
-        raw = self.module(Stage.TRAIN, global_step + 1, batch, device)
+        raw = self.forward_module(Stage.TRAIN, global_step + 1, batch, device)
         if isinstance(raw, torch.Tensor):
             return raw, (raw,), raw
         outs = as_outputs(raw)
         return (outs[0] if outs else raw), outs, raw
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
         raw = self.module(stage, global_step, batch, device)
         return as_outputs(raw), raw
@@ -404,16 +425,36 @@ class NetworkAdapter(Adapter):
 
     def use_runtime(self, runtime: BaseRuntime) -> None:
         """Move ``prepare_batch``'s tensors with ``runtime.move_tensor`` when they go to its
-        device."""
+        device (a CPU tensor bound for a ``PyTorchRuntime``'s CPU is not moved at all)."""
         spec = runtime.device_spec
         move_tensor = runtime.move_tensor
+        stays = (
+            isinstance(runtime, PyTorchRuntime)
+            and runtime.device_type == "cpu"
+            and type(runtime).move_tensor is PyTorchRuntime.move_tensor
+        )
 
         def move(tensor: torch.Tensor, device: Any) -> torch.Tensor:
             if device is spec or device == spec:
+                if stays and tensor.is_cpu:
+                    return tensor
                 return move_tensor(tensor)
             return tensor.to(device)
 
         self.move = move
+
+    @contextlib.contextmanager
+    def active(self, scaling: Any) -> Iterator[None]:
+        """Around the steps of a fit or an evaluation: ``scale_loss`` uses ``scaling`` (the
+        fit's ``network_backward``; ``None`` yields the loss unchanged) and
+        ``prepare_batch`` moves tensors through the runtime (:meth:`use_runtime`)."""
+        move = _ACTIVE_MOVE.set(self.move)
+        scale = _ACTIVE_SCALING.set(scaling)
+        try:
+            yield
+        finally:
+            _ACTIVE_SCALING.reset(scale)
+            _ACTIVE_MOVE.reset(move)
 
     def optimizers_schedulers(
         self, steps_per_epoch: int, epochs: int
@@ -433,48 +474,58 @@ class NetworkAdapter(Adapter):
     def named_optimizers(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
         return dict(self.optimizers)
 
-    def _prepare(self, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
-        with trace("network.prepare_batch", attrs):
-            token = _ACTIVE_MOVE.set(self.move)
-            try:
-                return self.module.prepare_batch(batch, device, device)
-            finally:
-                _ACTIVE_MOVE.reset(token)
-
-    def _closure(self, data: Any, optimizers: Any, attrs: dict[str, Any]) -> Any:
+    def train_step(
+        self, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
+    ) -> Any:
+        # inside active(): prepare_batch moves through the runtime, scale_loss is the
+        # Trainer's (set once per fit, not per step)
         net = self.module
-        # as delira's trainer calls it (delira/training/base_trainer.py, _train_single_epoch)
-        return net.closure(
-            net,
-            data,
-            optimizers=optimizers,
-            losses=self.losses,
-            metrics=self.metrics,
-            fold=self.fold,
-            batch_nr=attrs["ppetrace.batch_idx"],
-        )
-
-    def train_step(self, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]) -> Any:
-        data = self._prepare(batch, device, attrs)
+        with trace("network.prepare_batch", attrs):
+            data = net.prepare_batch(batch, device, device)
         with trace("network.closure", attrs):
-            token = _ACTIVE_SCALING.set(self.scaling)
-            try:
-                raw = self._closure(data, self._closure_optimizers, attrs)
-            finally:
-                _ACTIVE_SCALING.reset(token)
+            # as delira's trainer calls it (delira/training/base_trainer.py, _train_single_epoch)
+            # under DDP the closure gets the wrapper, whose forward all-reduces gradients
+            model: Any = self.forward_module
+            raw = net.closure(
+                model,
+                data,
+                optimizers=self._closure_optimizers,
+                losses=self.losses,
+                metrics=self.metrics,
+                fold=self.fold,
+                batch_nr=attrs["ppetrace.batch_idx"],
+            )
         return None, as_outputs(raw[2]), raw
 
     def eval_step(
-        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: dict[str, Any]
+        self, stage: Stage, global_step: int, batch: Any, device: Any, attrs: Mapping[str, Any]
     ) -> tuple[tuple[Any, ...], Any]:
-        data = self._prepare(batch, device, attrs)
+        net = self.module
+        with trace("network.prepare_batch", attrs):
+            data = net.prepare_batch(batch, device, device)
         with trace("network.closure", attrs):
-            raw = self._closure(data, {}, attrs)
+            raw = net.closure(
+                net,
+                data,
+                optimizers={},
+                losses=self.losses,
+                metrics=self.metrics,
+                fold=self.fold,
+                batch_nr=attrs["ppetrace.batch_idx"],
+            )
         return as_outputs(raw[2]), raw
 
 
 def make_adapter(module: Any, **kwargs: Any) -> Adapter:
-    """The adapter for ``module``'s kind; keyword arguments that do not apply are rejected."""
+    """The adapter for ``module``'s kind; keyword arguments that do not apply are rejected.
+
+    A ``DistributedDataParallel`` wrapper is seen through: the adapter is the wrapped
+    module's, and the training step calls the wrapper (``adapter.ddp``).
+    """
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        adapter = make_adapter(module.module, **kwargs)
+        adapter.ddp = adapter.forward_module = module
+        return adapter
     if isinstance(module, ModuleInterface):
         for key in ("optimizer", "loss_fn", "metrics"):
             if kwargs.pop(key, None) is not None:

@@ -7,7 +7,7 @@ records no span, which keeps the per-step cost of unused hooks at zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..interfaces.module_interface import CallbackInterface
@@ -60,7 +60,7 @@ class CallbackList:
         """The bound methods implementing ``hook``, in callback order (possibly empty)."""
         return self._impl[hook]
 
-    def call(self, hook: str, attrs: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+    def call(self, hook: str, attrs: Mapping[str, Any], *args: Any, **kwargs: Any) -> None:
         """Call ``hook(*args, **kwargs)`` on every callback that overrides it, each in its span."""
         fns = self._impl[hook]
         if fns:

@@ -4,8 +4,10 @@ A checkpoint is one ``torch.save`` file holding a dict with the format
 marker ``{"format": "ppetrace.checkpoint", "version": 1, ...}``. The Trainer
 fills it with the module's ``get_state()``, the optimizers, schedulers and
 GradScaler, the RNG states and its counters. Files are written atomically (a
-temporary file in the same folder, ``fsync``, ``os.replace``), so a write that
-fails or is interrupted leaves the previous checkpoint intact. Loading uses
+temporary file in the same folder, created exclusively, ``fsync``,
+``os.replace``), so a write that fails or is interrupted leaves the previous
+checkpoint intact; a failed write names the file and the cause, and the
+temporary files of killed writes are removed by the next successful one. Loading uses
 ``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain
 Python containers, numbers and strings, and loading one runs no code.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -127,25 +130,99 @@ def restore_rng(state: Mapping[str, Any], generators: Iterable[torch.Generator] 
 def save_atomic(state: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``state`` to ``path`` atomically and return the path.
 
-    The data goes to a temporary file in the same folder, is flushed and
-    fsynced, then renamed over ``path`` with ``os.replace``. On any error the
-    temporary file is removed and ``path`` keeps its previous content.
+    The data goes to a temporary file in the same folder, created exclusively
+    (``O_CREAT | O_EXCL | O_NOFOLLOW``: it never opens an existing file or
+    follows a symbolic link, and a name that is taken is retried with another),
+    is flushed and fsynced, then renamed over ``path`` with ``os.replace``. On
+    any error the temporary file is removed and ``path`` keeps its previous
+    content; an ``OSError`` (a full disk, a missing permission) is raised again
+    as one naming ``path`` and the cause. After a successful write, temporary
+    files of ``path`` left by writes whose process is gone (killed in the
+    middle) are removed.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp, fd = _create_temp(target)
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             torch.save(dict(state), fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if isinstance(exc, OSError):
+            raise _write_error(target, exc) from exc
         raise
     _fsync_dir(target.parent)
+    _remove_orphans(target)
     return target
+
+
+_TEMP_MARK = ".tmp-"
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+_TEMP_FLAGS |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _temp_name(target: Path) -> Path:
+    """``.<name>.tmp-<pid>-<random>`` beside ``target``."""
+    return target.with_name(f".{target.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(6)}")
+
+
+def _create_temp(target: Path) -> tuple[Path, int]:
+    """A new temporary file beside ``target``, opened for writing: ``(path, fd)``."""
+    for _ in range(100):
+        tmp = _temp_name(target)
+        try:
+            return tmp, os.open(tmp, _TEMP_FLAGS, 0o666)
+        except FileExistsError:
+            continue  # taken (or a link planted there): never opened, try another name
+        except OSError as exc:
+            raise _write_error(target, exc) from exc
+    raise _write_error(target, FileExistsError(f"100 temporary names beside {target} are taken"))
+
+
+def _write_error(target: Path, exc: OSError) -> OSError:
+    """``exc`` as an ``OSError`` (same errno) whose message names the checkpoint file."""
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    text = (
+        f"Could not write the checkpoint {str(target)!r}: {cause}"
+        f"{'' if exc.errno is None else f' (errno {exc.errno})'}. The previous checkpoint there "
+        "is intact and the temporary file was removed; free some space, fix the folder's "
+        "permissions, or point checkpoint_dir at another disk."
+    )
+    return OSError(text) if exc.errno is None else OSError(exc.errno, text)
+
+
+def _remove_orphans(target: Path) -> None:
+    """Remove ``target``'s temporary files whose writing process no longer exists."""
+    prefix = f".{target.name}{_TEMP_MARK}"
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid_text = entry.name[len(prefix) :].partition("-")[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)  # unlink never follows a link
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (``True`` when unsure)."""
+    if pid == os.getpid() or os.name != "posix":  # Windows' os.kill would end the process
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, or no permission to ask
+        return True
+    return True
 
 
 def _fsync_dir(folder: Path) -> None:

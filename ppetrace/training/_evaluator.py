@@ -30,8 +30,10 @@ from typing import Any
 import torch
 
 from ..interfaces.module_interface import Stage
-from ..runtime._base import BaseRuntime, call_hook
+from ..runtime._base import BaseRuntime
+from ..runtime._hooks import PROFILER_FLAGS, StepHooks
 from ..runtime._registry import make_runtime
+from ..tracing import FrozenAttributes
 from ..tracing._recorder import trace
 from ._adapters import Adapter, Loaders, NetworkAdapter, make_adapter
 from ._callbacks import CallbackList
@@ -130,11 +132,14 @@ class Evaluator:
         self.max_collated_bytes = max_collated_bytes
         #: the placed parts of the module, each with its runtime (``_placement``)
         self.placements = placements
+        self._hooks = StepHooks(runtime, placements, "eval_pre_step", "eval_post_step")
         self._step_event = "module.val_step" if stage is Stage.VAL else "module.test_step"
         self._val_hook = stage is Stage.VAL and callbacks.wants("on_end_val_epoch")
         #: opens the ``evaluator.step`` spans; a profiler may replace it with a drop-in for
         #: ``ppetrace.trace`` (e.g. to add device time)
         self.open_span: Callable[[str, Any], AbstractContextManager[Any]] = trace
+        #: joins every rank's collated outputs of a loader (distributed training), or None
+        self.gather: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -182,21 +187,26 @@ class Evaluator:
         module.eval()
         results: dict[str, tuple[Any, ...]] = {}
         keep = collect or self._val_hook
-        try:
-            for name, loader in loaders.items():
-                attrs = {
-                    "ppetrace.epoch": epoch,
-                    "ppetrace.step": global_step,
-                    "ppetrace.stage": self.stage.label,
-                    **self.runtime.span_attributes,
-                    "ppetrace.loader": name,
-                }
-                outputs = self._run_one(name, loader, attrs, global_step, epoch, keep)
-                results[name] = outputs if collect else ()
-                if self._val_hook:
-                    self.callbacks.call("on_end_val_epoch", attrs, global_step, *outputs, key=name)
-        finally:
-            module.train(was_training)
+        with self.adapter.active(None):  # a network's moves go through this runtime
+            try:
+                for name, loader in loaders.items():
+                    attrs = {
+                        "ppetrace.epoch": epoch,
+                        "ppetrace.step": global_step,
+                        "ppetrace.stage": self.stage.label,
+                        **self.runtime.span_attributes,
+                        "ppetrace.loader": name,
+                    }
+                    outputs = self._run_one(name, loader, attrs, global_step, epoch, keep)
+                    if keep and self.gather is not None:
+                        outputs = self.gather(outputs)
+                    results[name] = outputs if collect else ()
+                    if self._val_hook:
+                        self.callbacks.call(
+                            "on_end_val_epoch", attrs, global_step, *outputs, key=name
+                        )
+            finally:
+                module.train(was_training)
         return results
 
     def _run_one(
@@ -220,42 +230,50 @@ class Evaluator:
         rt_attrs = runtime.span_attributes
         step_event = self._step_event
         open_span = self.open_span
-        placements = self.placements
+        eval_step = adapter.eval_step
+        hooks, flags = self._hooks, PROFILER_FLAGS
         if self.max_batches is not None:
             loader = itertools.islice(loader, self.max_batches)
+        # each step's mapping: a copy of this one with its batch index (see training._loop)
+        template = {
+            "ppetrace.epoch": epoch,
+            "ppetrace.step": global_step,
+            "ppetrace.batch_idx": 0,
+            "ppetrace.stage": label,
+            "ppetrace.device": rt_attrs["ppetrace.device"],
+            "ppetrace.runtime": rt_attrs["ppetrace.runtime"],
+            "ppetrace.loader": name,
+        }
         with trace("evaluator.run", attrs), torch.no_grad():
             from ..integrations.dataloader import trace_workers
 
             for batch_idx, batch in enumerate(trace_workers(loader)):
-                step_attrs = {
-                    "ppetrace.epoch": epoch,
-                    "ppetrace.step": global_step,
-                    "ppetrace.batch_idx": batch_idx,
-                    "ppetrace.stage": label,
-                    "ppetrace.device": rt_attrs["ppetrace.device"],
-                    "ppetrace.runtime": rt_attrs["ppetrace.runtime"],
-                    "ppetrace.loader": name,
-                }
+                # one immutable mapping for every span of the step (shared, not copied)
+                own = template.copy()
+                own["ppetrace.batch_idx"] = batch_idx
+                step_attrs = FrozenAttributes(own)
+                pre, convert_open, convert, post = (
+                    hooks.ranged if flags._is_profiler_enabled else hooks.plain
+                )
                 with open_span("evaluator.step", step_attrs):
-                    for _, sub, rt in placements:
-                        call_hook(rt, "eval_pre_step", step_attrs, self, sub, batch_idx, batch)
-                    moved = call_hook(runtime, "convert_batch", step_attrs, batch)
+                    for open_hook, sub, fn in pre:
+                        with open_hook("runtime.eval_pre_step", step_attrs):
+                            if fn is not None:
+                                fn(self, sub, batch_idx, batch)
+                    with convert_open("runtime.convert_batch", step_attrs):
+                        moved = convert(batch)
                     with trace(step_event, step_attrs):
                         if autocast is None:
-                            outs, raw = adapter.eval_step(
-                                stage, global_step, moved, device, step_attrs
-                            )
+                            outs, raw = eval_step(stage, global_step, moved, device, step_attrs)
                         else:
                             with autocast():
-                                outs, raw = adapter.eval_step(
-                                    stage, global_step, moved, device, step_attrs
-                                )
+                                outs, raw = eval_step(stage, global_step, moved, device, step_attrs)
                     if collector is not None:
                         collector.add(outs)
-                    for _, sub, rt in placements:
-                        call_hook(
-                            rt, "eval_post_step", step_attrs, self, sub, batch_idx, batch, raw
-                        )
+                    for open_hook, sub, fn in post:
+                        with open_hook("runtime.eval_post_step", step_attrs):
+                            if fn is not None:
+                                fn(self, sub, batch_idx, batch, raw)
         return collector.collated() if collector is not None else ()
 
 

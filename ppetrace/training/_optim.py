@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -189,6 +189,28 @@ class Optimization:
         for sched in self._step_schedulers:
             sched.step()
         self.pending = False
+
+    def stepper(self) -> Callable[[], None]:
+        """:meth:`step`, or an equivalent with fewer tests for the common case of one
+        optimizer without clipping, GradScaler or per-step schedulers (the loop calls it
+        once per optimizer step)."""
+        if (
+            len(self.optimizers) != 1
+            or self.steps_in_closure
+            or self.scaler is not None
+            or self.clip_grad_norm is not None
+            or self._step_schedulers
+        ):
+            return self.step
+        opt = self.optimizers[0]
+        step, zero_grad = opt.step, opt.zero_grad
+
+        def step_one() -> None:
+            step()
+            zero_grad(set_to_none=True)
+            self.pending = False
+
+        return step_one
 
     def zero_grad(self) -> None:
         """Clear every optimized parameter's gradient."""

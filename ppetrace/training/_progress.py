@@ -4,7 +4,8 @@ The bar (tqdm) is shown only when ``progress=True`` and its stream is a
 terminal. :meth:`ProgressBar.update` is called after every batch but does
 nothing until ``interval`` seconds have passed on the injected clock; only
 then does it read the loss (one ``.item()``, which syncs the device) and
-redraw. So the per-batch cost is one clock read.
+redraw. So the per-batch cost is one clock read. The Trainer checks the
+loss value read there for a non-finite loss (``_nonfinite``).
 """
 
 from __future__ import annotations
@@ -72,23 +73,29 @@ class ProgressBar:
         )
         #: the last postfix drawn: {"step": ..., "loss": ..., "steps/s": ...}
         self.postfix: dict[str, Any] = {}
+        #: the loss value read at the last redraw (None: no loss, or not a number)
+        self.loss_value: float | None = None
 
-    def update(self, batches: int, step: int, loss: Any) -> None:
-        """Record progress; redraws only when ``interval`` has passed since the last redraw."""
+    def update(self, batches: int, step: int, loss: Any) -> bool:
+        """Record progress; redraws only when ``interval`` has passed since the last redraw.
+        Returns whether it redrew and read the loss (then :attr:`loss_value` holds it)."""
         now = self._clock()
         if now < self._next:
-            return
+            return False
         self._next = now + self._interval
         self._draw(now, batches, step, loss)
+        return self.loss_value is not None
 
     def _draw(self, now: float, batches: int, step: int, loss: Any) -> None:
         postfix: dict[str, Any] = {"step": step}
+        self.loss_value = None
         if loss is not None:
             detach = getattr(loss, "detach", None)
             if detach is not None:
                 loss = detach()
             with contextlib.suppress(TypeError, ValueError, RuntimeError):
-                postfix["loss"] = f"{float(loss):.4g}"
+                self.loss_value = value = float(loss)
+                postfix["loss"] = f"{value:.4g}"
         elapsed = now - self._last_time
         if elapsed > 0:
             postfix["steps/s"] = f"{(step - self._last_step) / elapsed:.3g}"

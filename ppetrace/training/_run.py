@@ -1,8 +1,9 @@
 """What one ``fit`` shares between the Trainer's loop methods, and the profiler contract.
 
-:class:`Run` holds the adapter, runtime, optimization, callbacks, evaluator and
-output collectors of one ``fit``; :class:`StepProfiler` is what the Trainer
-drives around each training batch.
+:class:`Run` holds the adapter, runtime, optimization, callbacks, evaluator,
+output collectors, per-batch runtime hooks and loss watch of one ``fit``;
+:class:`StepProfiler` is what the Trainer drives around each training batch;
+:func:`known_batch_sizes` and :func:`batch_size` give ``ppetrace.batch_size``.
 """
 
 from __future__ import annotations
@@ -10,20 +11,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import IO, Any, Protocol, runtime_checkable
 
 import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from ..interfaces.module_interface import Stage
 from ..profilers import SpanWrapper
 from ..runtime._base import BaseRuntime
+from ..runtime._hooks import StepHooks
 from ..tracing._recorder import trace
 from ._adapters import Adapter
 from ._callbacks import CallbackList
 from ._collate import OutputCollector, to_host
 from ._evaluator import Evaluator
+from ._nonfinite import LossWatch, NonfiniteMode
 from ._optim import Optimization
 from ._placement import Placements
 from ._progress import ProgressBar
@@ -35,6 +40,7 @@ __all__ = [
     "TrainerView",
     "batch_size",
     "describe",
+    "known_batch_sizes",
     "len_or_none",
     "run_cleanups",
 ]
@@ -86,8 +92,38 @@ class TrainerView(Protocol):
     def update_state(self, state: Mapping[str, Any]) -> None: ...
 
 
+def known_batch_sizes(loader: Any) -> tuple[int, int, int] | None:
+    """``(size, count, last)`` when ``loader``'s batch sizes are known before its batches
+    arrive, else None.
+
+    They are for a ``torch.utils.data.DataLoader`` with automatic batching
+    (``batch_size`` set and its own ``BatchSampler``) over a dataset with a
+    length: batches ``0 .. count-1`` hold ``size`` samples and a last one,
+    if any, ``last`` (the remainder, unless ``drop_last``). The batch size
+    is then the number of samples in the batch, whatever the collate
+    function makes of them.
+    """
+    if not isinstance(loader, DataLoader):
+        return None
+    size = loader.batch_size
+    sampler = loader.batch_sampler
+    if (
+        size is None
+        or type(sampler) is not BatchSampler
+        or sampler.batch_size != size
+        or isinstance(loader.dataset, IterableDataset)
+    ):
+        return None
+    try:
+        samples = len(sampler.sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return size, samples // size, 0 if sampler.drop_last else samples % size
+
+
 def batch_size(batch: Any) -> int | None:
-    """The leading dimension of the batch's first tensor, if it has one."""
+    """The leading dimension of the batch's first tensor, if it has one (the batch size of
+    a loader whose sizes are not known in advance, see :func:`known_batch_sizes`)."""
     first = batch
     kind = type(batch)
     if kind is tuple or kind is list:
@@ -124,6 +160,7 @@ class Run:
         callbacks: CallbackList,
         max_bytes: int,
         placements: Placements,
+        nonfinite: NonfiniteMode = "warn",
     ) -> None:
         self.trainer = trainer
         self.adapter = adapter
@@ -132,6 +169,10 @@ class Run:
         self.callbacks = callbacks
         #: the placed parts of the module, each with its runtime (``_placement``)
         self.placements = placements
+        #: the per-batch runtime hooks, resolved once (``ppetrace.runtime._hooks``)
+        self.hooks = StepHooks(runtime, placements, "train_pre_step", "train_post_step")
+        #: finds the first non-finite loss (``_nonfinite``)
+        self.watch = LossWatch(nonfinite)
         self.rt_attrs = runtime.span_attributes
         self.evaluator = Evaluator._for_run(
             adapter, runtime, Stage.VAL, callbacks, max_bytes, placements
@@ -156,7 +197,7 @@ class Run:
         self.resume_rng: dict[str, Any] | None = None
         self.generators: list[torch.Generator] = []
         # current step, for a network's scale_loss
-        self.attrs: dict[str, Any] = {}
+        self.attrs: Mapping[str, Any] = {}
         self.divisor = 1
         self.last_loss: Any = None
         #: opens the spans of device work (trainer.step, module.train_step, trainer.backward,
@@ -184,25 +225,76 @@ class Run:
         if self.epoch_outputs is not None:
             self.epoch_outputs.add(host, on_host=True)
 
-    @contextlib.contextmanager
-    def network_backward(self, loss: torch.Tensor) -> Iterator[torch.Tensor]:
-        """``scale_loss`` inside a network's closure: the ``trainer.backward`` span.
+    def network_backward(self, loss: torch.Tensor) -> NetworkBackward:
+        """``scale_loss`` inside a network's closure: the ``trainer.backward`` span
+        (:class:`NetworkBackward`)."""
+        return NetworkBackward(self, loss)
 
-        The closure runs inside the forward's autocast; the backward does not.
-        """
-        attrs = self.attrs
-        runtime = self.runtime
-        no_autocast = (
-            torch.autocast(runtime.device_type, enabled=False)
-            if runtime.autocast_enabled
-            else contextlib.nullcontext()
-        )
-        with self.open_span("trainer.backward", attrs), no_autocast:
-            divided, scaled = self.optim.scaled(loss, self.divisor)
-            yield scaled
-            self.last_loss = loss
-            if self.wants_end_backward:
-                self.callbacks.call("on_end_backward", attrs, self.trainer.global_step, divided)
+
+class NetworkBackward:
+    """``with scale_loss(loss, ...) as scaled:`` inside a network's closure, under a fit.
+
+    The block is the ``trainer.backward`` span; it yields the loss divided by
+    the accumulation group and scaled by the GradScaler. The closure runs
+    inside the forward's autocast; the backward does not. When the block
+    succeeds, the loss becomes the run's last loss and ``on_end_backward``
+    callbacks run inside the span; an exception ends the span with ERROR
+    status and propagates unchanged.
+    """
+
+    __slots__ = ("_run", "_loss", "_span", "_no_autocast", "_divided")
+
+    def __init__(self, run: Run, loss: torch.Tensor) -> None:
+        self._run = run
+        self._loss = loss
+        self._no_autocast: Any = None
+
+    def __enter__(self) -> torch.Tensor:
+        run = self._run
+        runtime = run.runtime
+        span = self._span = run.open_span("trainer.backward", run.attrs)
+        span.__enter__()
+        try:
+            if runtime.autocast_enabled:
+                self._no_autocast = torch.autocast(runtime.device_type, enabled=False)
+                self._no_autocast.__enter__()
+            divided, scaled = run.optim.scaled(self._loss, run.divisor)
+        except BaseException as exc:
+            self._close(type(exc), exc, exc.__traceback__)
+            raise
+        self._divided = divided
+        return scaled
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            run = self._run
+            try:
+                run.last_loss = self._loss
+                if run.wants_end_backward:
+                    run.callbacks.call(
+                        "on_end_backward", run.attrs, run.trainer.global_step, self._divided
+                    )
+            except BaseException as err:
+                self._close(type(err), err, err.__traceback__)
+                raise
+        self._close(exc_type, exc, tb)
+
+    def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._no_autocast is not None:
+                self._no_autocast.__exit__(exc_type, exc, tb)
+        finally:
+            self._span.__exit__(exc_type, exc, tb)
 
 
 def run_cleanups(steps: list[Callable[[], None]], failing: bool) -> None:

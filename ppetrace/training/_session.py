@@ -2,7 +2,10 @@
 
 The trace file (``trace_path``, and the names of later calls' files), the
 profilers' setup and teardown, the progress bar and the final flush. Each
-function takes the Trainer as ``self``.
+function takes the Trainer as ``self``. In distributed training each rank
+writes its own file (``trace.ranks/rank<R>.json``), explicit collectives are
+traced, only rank 0 draws a progress bar, and rank 0 merges the rank files
+into ``trace_path`` once the call ends (``_distributed``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tracing
+from ..integrations.distributed import trace_collectives
 from ._progress import ProgressBar, progress_wanted
 from ._run import Run, TrainerView, run_cleanups
 
@@ -58,6 +62,8 @@ def session(
     global running
     cleanups: list[Callable[[], None]] = []
     running += 1
+    dist = getattr(self, "_dist", None)
+    exporter = None
     try:
         early = _attached.pop(self, None)
         if early is not None or self.trace_path is not None:
@@ -65,11 +71,17 @@ def session(
             exporter = self.trace_exporter
             cleanups.append(lambda: tracing.remove_exporter(exporter))
         cleanups.insert(0, tracing.flush)
+        if dist is not None:  # the user's explicit collectives, as dist.<name> spans
+            collectives = contextlib.ExitStack()
+            collectives.enter_context(trace_collectives())
+            cleanups.append(collectives.close)
         if run is not None:
             for prof in self.profilers:
                 prof.setup(self)
                 cleanups.insert(0, prof.teardown)
-            if progress_wanted(self.progress, self.progress_stream):
+            if progress_wanted(self.progress, self.progress_stream) and (
+                dist is None or dist.rank == 0
+            ):
                 run.progress = ProgressBar(
                     total,
                     stream=self.progress_stream,
@@ -86,6 +98,10 @@ def session(
         raise
     else:
         run_cleanups(cleanups, failing=False)
+        merged = self.last_trace_path
+        # rank 0 merges every rank's file; with too many ranks, none: this rank's file
+        if dist is not None and exporter is not None and merged is not None:
+            self.last_trace_path = merged if dist.finish_trace(merged) else exporter.path
     finally:
         running -= 1
 
@@ -124,9 +140,16 @@ def attach_trace_exporter(self: TrainerView, call: str) -> Any:
         ) from exc
     path = next_trace_path(self, call)
     environment = tracing.capture_environment(device=getattr(self, "device", None))
-    exporter = ChromeTraceExporter(path, metadata={"environment": environment})
+    dist = getattr(self, "_dist", None)
+    if dist is None:
+        exporter = ChromeTraceExporter(path, metadata={"environment": environment})
+    else:  # this rank's file, on rank 0's clock; rank 0 merges them into path at the end
+        options = dist.trace_options()
+        options["metadata"]["environment"] = environment
+        exporter = ChromeTraceExporter(dist.rank_path(path), **options)
+        self.trace_paths.append(dist.rank_path(path))
     self.last_trace_path = path
     self.trace_paths.append(path)
-    _log.info("ppetrace: writing the %s trace to %s", call, path)
+    _log.info("ppetrace: writing the %s trace to %s", call, exporter.path)
     tracing.add_exporter(exporter)
     return exporter

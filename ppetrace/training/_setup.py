@@ -9,15 +9,19 @@ rejects accumulation and clipping here, before anything runs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from ..interfaces.module_interface import Stage
 from ..runtime._base import BaseRuntime
+from ..runtime._pytorch import PyTorchRuntime
 from ..runtime._registry import make_runtime
 from ._adapters import Adapter, NetworkAdapter, make_adapter
+from ._distributed import Distributed
 from ._evaluator import Evaluator, _callbacks_for
 from ._optim import (
     Optimization,
@@ -28,7 +32,14 @@ from ._optim import (
 from ._placement import place
 from ._run import Run, TrainerView, len_or_none
 
-__all__ = ["empty_loader", "evaluator_for", "prepare_fit", "trainer_runtime"]
+__all__ = [
+    "check_device",
+    "check_trace_path",
+    "empty_loader",
+    "evaluator_for",
+    "prepare_fit",
+    "trainer_runtime",
+]
 
 
 class TrainerSettings(TrainerView, Protocol):
@@ -45,7 +56,11 @@ class TrainerSettings(TrainerView, Protocol):
     max_collated_bytes: int
     max_train_steps_per_epoch: int | None
     max_val_steps_per_epoch: int | None
+    on_nonfinite_loss: Any
     runtime: BaseRuntime | None
+    use_distributed_sampler: bool
+    gather_outputs: bool
+    _dist: Distributed | None
     _models: dict[str, torch.nn.Module]
     _optimizers: dict[str, Any]
 
@@ -54,15 +69,22 @@ class TrainerSettings(TrainerView, Protocol):
 
 def prepare_fit(self: TrainerSettings, adapter: Adapter) -> tuple[Run, Iterable[Any], int | None]:
     """Runtime, module placement, first loader, optimization and callbacks of a fit."""
+    check_trainable(adapter.module)
     runtime = trainer_runtime(self)
     self.runtime = runtime
     adapter.module, placements = place(adapter.module, runtime)
+    dist = self._dist
+    adapter.forward_module = adapter.module if adapter.ddp is None else adapter.ddp
+    if dist is not None:
+        if self.use_distributed_sampler:
+            dist.shard(adapter)
+        adapter.forward_module = dist.wrap(adapter, runtime)
     first_loader = adapter.train_loader()
     n = len_or_none(first_loader)
     if n == 0:
         raise empty_loader(adapter)
     estimate = estimated_global_steps_per_epoch(
-        n,
+        n if dist is None else dist.full_batches(adapter, first_loader),
         self.grad_accumulation,
         world_size=world_size(),
         max_train_steps_per_epoch=self.max_train_steps_per_epoch,
@@ -79,14 +101,99 @@ def prepare_fit(self: TrainerSettings, adapter: Adapter) -> tuple[Run, Iterable[
         steps_in_closure=adapter.steps_in_closure,
     )
     callbacks = _callbacks_for(adapter, self.callbacks)
-    run = Run(self, adapter, runtime, optim, callbacks, self.max_collated_bytes, placements)
+    run = Run(
+        self,
+        adapter,
+        runtime,
+        optim,
+        callbacks,
+        self.max_collated_bytes,
+        placements,
+        self.on_nonfinite_loss,
+    )
     run.evaluator.max_batches = self.max_val_steps_per_epoch
+    if dist is not None and self.gather_outputs:
+        run.evaluator.gather = dist.gather
     if isinstance(adapter, NetworkAdapter):
         adapter.bind(run.network_backward, runtime.grad_scaler)
     self._models = {"main": adapter.module}
     self._optimizers = adapter.named_optimizers(optimizers)
     self.update_state({"epoch": 0, "global_step": 0, "batch_in_epoch": 0, "batches_seen": 0})
     return run, first_loader, n
+
+
+def check_trainable(module: torch.nn.Module) -> None:
+    """``ValueError`` naming ``module`` when it has no parameter that requires a gradient."""
+    params = list(module.parameters())
+    if any(p.requires_grad for p in params):
+        return
+    what = (
+        "no parameters at all"
+        if not params
+        else f"{len(params)} parameter tensor(s), none with requires_grad=True"
+    )
+    raise ValueError(
+        f"Expected a module with trainable parameters to fit, but {type(module).__name__} has "
+        f"{what}. Unfreeze the parameters to train (module.requires_grad_(True)), or use "
+        "trainer.validate()/trainer.test() to only evaluate it."
+    )
+
+
+def check_device(device: str | torch.device | BaseRuntime) -> None:
+    """A CUDA device that this torch cannot use raises ``RuntimeError`` with a sentence,
+    instead of torch's ``AssertionError`` when the module moves."""
+    if isinstance(device, BaseRuntime):
+        if not isinstance(device, PyTorchRuntime):
+            return  # a custom runtime moves things itself
+        spec: Any = device.device_spec
+    else:
+        try:
+            spec = torch.device(device)
+        except (RuntimeError, ValueError, TypeError):
+            return  # a custom device type: its registered runtime decides
+    if not isinstance(spec, torch.device) or spec.type != "cuda":
+        return
+    shown = str(device.device_spec if isinstance(device, BaseRuntime) else device)
+    if not torch.backends.cuda.is_built():
+        raise RuntimeError(
+            f"Expected a CUDA device for device={shown!r}, but this torch build has no CUDA "
+            f"support (torch {torch.__version__}). Install a CUDA build of torch, or pass "
+            "device='cpu'."
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"Expected a CUDA device for device={shown!r}, but torch finds none "
+            "(torch.cuda.is_available() is False). Check the driver and CUDA_VISIBLE_DEVICES, "
+            "or pass device='cpu'."
+        )
+    count = torch.cuda.device_count()
+    if spec.index is not None and spec.index >= count:
+        raise RuntimeError(
+            f"Expected a CUDA device for device={shown!r}, but only {count} CUDA device(s) "
+            f"are visible (cuda:0 to cuda:{count - 1}). Pass one of those."
+        )
+
+
+def check_trace_path(trace_path: Any) -> None:
+    """``trace_path`` must be None, or a ``str``/``os.PathLike`` naming a file."""
+    if trace_path is None:
+        return
+    if not isinstance(trace_path, (str, os.PathLike)):
+        raise TypeError(
+            "Expected a str or os.PathLike for trace_path (the Chrome trace file, e.g. "
+            f"'trace.json'), but received {type(trace_path).__name__} {trace_path!r}."
+        )
+    text = os.fspath(trace_path)
+    if not str(text).strip():
+        raise ValueError(
+            "Expected a file name for trace_path, but received an empty path. Pass e.g. "
+            "trace_path='trace.json'."
+        )
+    if Path(text).is_dir():
+        raise ValueError(
+            f"Expected a file for trace_path, but {str(text)!r} is a directory. Pass a file in "
+            f"it, e.g. trace_path={str(Path(text) / 'trace.json')!r}."
+        )
 
 
 def _check_closure_steps(self: TrainerSettings, adapter: Adapter, count: int) -> None:
@@ -106,7 +213,7 @@ def _check_closure_steps(self: TrainerSettings, adapter: Adapter, count: int) ->
 def trainer_runtime(self: TrainerSettings) -> BaseRuntime:
     """The runtime of a call: the ``device`` instance, or one built from the device string
     with ``runtime_options`` (and autocast plus a GradScaler for ``amp``)."""
-    device = self.device
+    device = self.device if self._dist is None else self._dist.local_device(self.device)
     if isinstance(device, BaseRuntime):
         if self.runtime_options:
             raise ValueError(
@@ -145,9 +252,16 @@ def evaluator_for(
     adapter.module, placements = place(adapter.module, runtime)
     self._models = {"main": adapter.module}
     callbacks = _callbacks_for(adapter, self.callbacks)
-    return Evaluator._for_run(
+    evaluator = Evaluator._for_run(
         adapter, runtime, stage, callbacks, self.max_collated_bytes, placements
     )
+    dist = self._dist
+    if dist is not None:
+        if self.use_distributed_sampler:
+            dist.shard(adapter)
+        if self.gather_outputs:
+            evaluator.gather = dist.gather
+    return evaluator
 
 
 def empty_loader(adapter: Adapter, epoch: int | None = None) -> ValueError:

@@ -7,6 +7,7 @@ The hook order is a contract (README: "Hook order")::
       trainer.epoch                                    (each epoch)
         runtime.train_epoch_begin(module)
         callback.on_begin_train_epoch(global_step, epoch)
+        trainer.loader_start                           iter(loader): RNG capture, workers' start
         trainer.fetch_batch                            (each batch: the wait on the loader)
         trainer.step
           runtime.train_pre_step(trainer, module, batch_idx, batch)
@@ -32,8 +33,9 @@ module kinds in ``_adapters``, accumulation/clipping/AMP/schedulers in
 ``_checkpoint``, resuming in ``_resume``, what one fit shares in ``_run``,
 the trace file, profilers and progress bar around a call in ``_session``,
 the runtime, placement and optimization of a call in ``_setup``,
-output collation in ``_collate``, the progress bar in ``_progress`` and
-module placement in ``_placement``.
+output collation in ``_collate``, the progress bar in ``_progress``,
+module placement in ``_placement``, the per-batch loop in ``_loop`` and
+non-finite losses in ``_nonfinite``.
 
 Runtime hooks see the Trainer as ppe's hooks see ppe's trainer:
 ``trainer.iteration`` (batches completed over the run), ``trainer.epoch``,
@@ -52,8 +54,8 @@ import torch
 
 from ..interfaces.module_interface import Stage
 from ..runtime._base import BaseRuntime, call_hook
-from ..tracing._recorder import RECORDER, trace
-from ._adapters import Adapter, make_adapter
+from ..tracing._recorder import RECORDER, span_attributes, trace
+from ._adapters import make_adapter
 from ._callbacks import CallbackList
 from ._checkpoint import (
     FORMAT,
@@ -63,17 +65,19 @@ from ._checkpoint import (
     save_atomic,
 )
 from ._collate import DEFAULT_MAX_COLLATED_BYTES
+from ._distributed import Distributed, check_mode, set_epoch
+from ._loop import train_batches
+from ._nonfinite import NonfiniteMode, check_nonfinite_mode
 from ._optim import SchedulerInterval, check_clip, check_positive_int
 from ._placement import call_module_hook
 from ._resume import begin_epoch, restore, start_iteration
-from ._run import TRAIN, Run, StepProfiler, batch_size, describe, len_or_none
+from ._run import Run, StepProfiler
 from ._session import session, trace_file_first
-from ._setup import empty_loader, evaluator_for, prepare_fit
+from ._setup import check_device, check_trace_path, evaluator_for, prepare_fit
 
 __all__ = ["CHECKPOINT_NAME", "StepProfiler", "Trainer"]
 
 _log = logging.getLogger("ppetrace")
-_END = object()
 #: The name of the checkpoint file in ``checkpoint_dir``.
 CHECKPOINT_NAME = "last.pt"
 
@@ -119,6 +123,23 @@ class Trainer:
             steps (PyMarlin's option of that name).
         max_val_steps_per_epoch: validate on at most this many batches of
             each validation loader (PyMarlin's option of that name).
+        on_nonfinite_loss: ``"warn"`` (default): warn once, and set
+            ``ppetrace.nonfinite_loss`` on the ``trainer.epoch`` span, when a
+            non-finite loss is seen; ``"raise"``: also raise
+            ``FloatingPointError`` there and check after every step. The loss is
+            looked at only where it reaches the host anyway (no device sync in a
+            step; see ``ppetrace.training._nonfinite``).
+        distributed: ``"auto"``: under torchrun (or in an existing process
+            group), train with DistributedDataParallel, distributed samplers,
+            rank-0 checkpoints and per-rank traces merged by rank 0 (see
+            ``_distributed``); ``None`` turns all of it off.
+        use_distributed_sampler: re-create DataLoaders that have the default
+            sampler with a DistributedSampler (training) or a ShardSampler
+            (evaluation); ``False`` leaves the loaders as they are.
+        gather_outputs: collated outputs of validation (``on_end_val_epoch``,
+            ``validate``/``test`` results) and of ``on_end_train_epoch`` are
+            gathered from every rank, in rank order; ``False`` keeps each
+            rank's own.
     """
 
     def __init__(
@@ -144,12 +165,19 @@ class Trainer:
         max_collated_bytes: int = DEFAULT_MAX_COLLATED_BYTES,
         max_train_steps_per_epoch: int | None = None,
         max_val_steps_per_epoch: int | None = None,
+        on_nonfinite_loss: NonfiniteMode | Literal["warn", "raise"] = "warn",
+        distributed: Literal["auto"] | None = "auto",
+        use_distributed_sampler: bool = True,
+        gather_outputs: bool = True,
     ) -> None:
         if not isinstance(device, (str, torch.device, BaseRuntime)):
             raise TypeError(
                 "Expected a device string, a torch.device or a ppetrace runtime for device, but "
                 f"received {type(device).__name__}."
             )
+        check_device(device)
+        check_trace_path(trace_path)
+        self.on_nonfinite_loss = check_nonfinite_mode(on_nonfinite_loss)
         check_positive_int("max_epochs", max_epochs)
         check_positive_int("max_steps", max_steps, allow_none=True)
         check_positive_int("grad_accumulation", grad_accumulation)
@@ -199,6 +227,11 @@ class Trainer:
         self.max_collated_bytes = max_collated_bytes
         self.max_train_steps_per_epoch = max_train_steps_per_epoch
         self.max_val_steps_per_epoch = max_val_steps_per_epoch
+        self.distributed = check_mode(distributed)
+        self.use_distributed_sampler = bool(use_distributed_sampler)
+        self.gather_outputs = bool(gather_outputs)
+        #: the process group of the current or last call (``distributed``), or None
+        self._dist: Distributed | None = None
         #: the runtime of the current or last run
         self.runtime: BaseRuntime | None = None
         #: the ChromeTraceExporter of the current or last run (``trace_path``), or None
@@ -315,29 +348,45 @@ class Trainer:
             fold=fold,
         )
         checkpoint = None if resume_from is None else load_checkpoint(resume_from)
+        self._dist = Distributed.resolve(self.distributed, self.device)
+        if checkpoint is not None and self._dist is not None:
+            checkpoint = self._dist.own_state(checkpoint)
         with trace_file_first(self, "fit"):
             run, first_loader, n = prepare_fit(self, adapter)
         if checkpoint is not None:
             restore(self, run, checkpoint, resume_from)
         if n is not None and self.max_train_steps_per_epoch is not None:
             n = min(n, self.max_train_steps_per_epoch * self.grad_accumulation)
-        with session(self, "fit", run, total=None if n is None else n * self.max_epochs):
+        watch = run.watch
+        watch.install()
+        try:
+            with session(self, "fit", run, total=None if n is None else n * self.max_epochs):
+                self._fit(run, first_loader)
+        finally:
+            watch.uninstall()
+        watch.check()  # a flag resolved only by the session's final flush
+
+    def _fit(self, run: Run, first_loader: Iterable[Any]) -> None:
+        adapter = run.adapter
+        attrs = run.attrs_now()
+        with trace("trainer.run", attrs), adapter.active(run.network_backward):
+            named = self._optimizers
+            for name, sub, rt in run.placements:
+                # as ppe's Handler._setup: the optimizer of that name, or the only one
+                opt = named.get(name, next(iter(named.values())) if len(named) == 1 else None)
+                call_hook(rt, "initialize_module", attrs, sub, first_loader, opt)
+            run.optim.zero_grad()
+            loader: Iterable[Any] | None = first_loader
+            while self.epoch < self.max_epochs and not run.stop:
+                self._run_epoch(run, loader if loader is not None else adapter.train_loader())
+                loader = None
+                # spans go on the flusher thread; the before-flush hooks run here (the loss
+                # watch's flags in flight are resolved) and fit's end waits for delivery
+                RECORDER.flush(wait=False)
+                run.watch.check()
             attrs = run.attrs_now()
-            with trace("trainer.run", attrs):
-                named = self._optimizers
-                for name, sub, rt in run.placements:
-                    # as ppe's Handler._setup: the optimizer of that name, or the only one
-                    opt = named.get(name, next(iter(named.values())) if len(named) == 1 else None)
-                    call_hook(rt, "initialize_module", attrs, sub, first_loader, opt)
-                run.optim.zero_grad()
-                loader: Iterable[Any] | None = first_loader
-                while self.epoch < self.max_epochs and not run.stop:
-                    self._run_epoch(run, loader if loader is not None else adapter.train_loader())
-                    loader = None
-                    RECORDER.flush(wait=False)  # on the flusher thread; fit's end waits
-                attrs = run.attrs_now()
-                call_module_hook(run.placements, "train_cleanup", attrs)
-                run.callbacks.call("on_end_train", attrs, self.global_step)
+            call_module_hook(run.placements, "train_cleanup", attrs)
+            run.callbacks.call("on_end_train", attrs, self.global_step)
 
     def validate(
         self,
@@ -355,6 +404,7 @@ class Trainer:
         outputs}``; ``on_end_val_epoch`` callbacks run once per loader.
         ``max_val_steps_per_epoch`` caps the batches of each loader.
         """
+        self._dist = Distributed.resolve(self.distributed, self.device)
         with trace_file_first(self, "validate"):
             evaluator = evaluator_for(
                 self, module, Stage.VAL, loaders, loss_fn, metrics, batch_size
@@ -387,6 +437,7 @@ class Trainer:
         ``loaders``: one loader or a dict of named loaders (``None``: a
         ModuleInterface's ``get_test_dataloaders``).
         """
+        self._dist = Distributed.resolve(self.distributed, self.device)
         with trace_file_first(self, "test"):
             evaluator = evaluator_for(
                 self, module, Stage.TEST, loaders, loss_fn, metrics, batch_size
@@ -401,114 +452,19 @@ class Trainer:
         # steps of this epoch already done before a resume (checkpoints are at boundaries)
         run.epoch_first_step = self.global_step - self._batch_in_epoch // self.grad_accumulation
         attrs = run.attrs_now()
-        with trace("trainer.epoch", attrs):
+        set_epoch(loader, self.epoch)  # DistributedSampler: this epoch's shuffle
+        with trace("trainer.epoch", attrs) as span:
+            run.watch.epoch_attrs = span_attributes(span)
             run.adapter.module.train()
             call_module_hook(run.placements, "train_epoch_begin", attrs)
             run.callbacks.call("on_begin_train_epoch", attrs, self.global_step, self.epoch)
-            self._train_batches(run, loader)
+            with trace("trainer.loader_start", attrs):
+                it = start_iteration(self, run, loader)
+            train_batches(self, run, loader, it)
             self._end_epoch(run)
 
-    def _train_batches(self, run: Run, loader: Iterable[Any]) -> None:
-        it = start_iteration(self, run, loader)
-        n = len_or_none(loader)
-        i = start = self._batch_in_epoch
-        accum = self.grad_accumulation
-        epoch = self.epoch
-        runtime, adapter, optim, callbacks = run.runtime, run.adapter, run.optim, run.callbacks
-        placements = run.placements
-        device = runtime.device_spec
-        dev = run.rt_attrs["ppetrace.device"]
-        rt_name = run.rt_attrs["ppetrace.runtime"]
-        train_step = adapter.train_step
-        check_loss = not adapter.backward_in_step
-        autocast = runtime.autocast_context if runtime.autocast_enabled else None
-        profilers = self.profilers
-        bar = run.progress
-        open_span = run.open_span
-        divisor = accum
-        loss: Any = None
-        step_checks = (
-            self.val_every_n_steps is not None
-            or self.checkpoint_every_n_steps is not None
-            or self.max_steps is not None
-            or self.max_train_steps_per_epoch is not None
-        )
-        while n is None or i < n:
-            gs = self.global_step
-            attrs = {
-                "ppetrace.epoch": epoch,
-                "ppetrace.step": gs,
-                "ppetrace.batch_idx": i,
-                "ppetrace.stage": TRAIN,
-                "ppetrace.device": dev,
-                "ppetrace.runtime": rt_name,
-            }
-            with trace("trainer.fetch_batch", attrs):
-                batch = next(it, _END)
-            if batch is _END:
-                break
-            if i % accum == 0 and accum > 1:
-                divisor = accum if n is None else min(accum, n - i)
-                run.divisor = divisor
-            boundary = (i + 1) % accum == 0 or i + 1 == n
-            step_attrs = attrs.copy()
-            size = batch_size(batch)
-            if size is not None:
-                step_attrs["ppetrace.batch_size"] = size
-            seen = self._batches_seen
-            for prof in profilers:
-                prof.step_begin(seen)
-            with open_span("trainer.step", step_attrs):
-                for _, sub, rt in placements:
-                    call_hook(rt, "train_pre_step", attrs, self, sub, i, batch)
-                moved = call_hook(runtime, "convert_batch", attrs, batch)
-                run.attrs = attrs
-                with open_span("module.train_step", attrs):
-                    if autocast is None:
-                        loss, outs, raw = train_step(gs, moved, device, attrs)
-                    else:
-                        with autocast():
-                            loss, outs, raw = train_step(gs, moved, device, attrs)
-                if check_loss:
-                    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-                        raise self._bad_loss(adapter, loss, gs, epoch, i)
-                    with open_span("trainer.backward", attrs):
-                        divided = optim.backward(loss, divisor)
-                        if run.wants_end_backward:
-                            callbacks.call("on_end_backward", attrs, gs, divided)
-                else:
-                    loss = run.last_loss
-                if run.collect:
-                    run.add_outputs(outs)
-                if boundary:
-                    self._optimizer_step(run, attrs)
-                for _, sub, rt in placements:
-                    call_hook(rt, "train_post_step", attrs, self, sub, i, batch, raw)
-            for prof in profilers:
-                prof.step_end(seen)
-            self._batches_seen = seen + 1
-            i += 1
-            self._batch_in_epoch = i
-            if bar is not None:
-                bar.update(seen + 1, self.global_step, loss)
-            if boundary and step_checks and self._after_optimizer_step(run):
-                run.last_loss = loss
-                return
-        run.last_loss = loss
-        if i == start and start == 0:
-            raise empty_loader(adapter, epoch)
-        if optim.pending:  # a partial last group of a loader without len()
-            self._optimizer_step(run, run.attrs_now())
-            self._after_optimizer_step(run)
-
-    def _bad_loss(self, adapter: Adapter, loss: Any, gs: int, epoch: int, i: int) -> ValueError:
-        return ValueError(
-            f"Expected {adapter.loss_source} to return a scalar loss tensor (or a tuple whose "
-            f"first item is one), but at global step {gs} (epoch {epoch}, batch {i}) it returned "
-            f"{describe(loss)}. Reduce the loss to a scalar, e.g. loss.mean()."
-        )
-
-    def _optimizer_step(self, run: Run, attrs: dict[str, Any]) -> None:
+    def _optimizer_step(self, run: Run, attrs: Mapping[str, Any]) -> None:
+        """The optimizer step of a partial last group (the loop steps inline)."""
         with run.open_span("trainer.optimizer_step", attrs):
             run.optim.step()
             self.global_step += 1
@@ -545,6 +501,8 @@ class Trainer:
         if collector is not None:
             outputs = collector.collated()
             collector.clear()
+            if self._dist is not None and self.gather_outputs:
+                outputs = self._dist.gather(outputs)
             run.callbacks.call("on_end_train_epoch", attrs, self.global_step, *outputs)
         run.optim.end_epoch()
         self.epoch += 1
@@ -580,4 +538,7 @@ class Trainer:
                 "trainer": self.get_state(),
                 "rng": capture_rng(run.generators),
             }
-            save_atomic(state, path)
+            if self._dist is None:
+                save_atomic(state, path)
+            else:  # rank 0 writes, with every rank's RNG states; all wait for it
+                self._dist.save(state, path)

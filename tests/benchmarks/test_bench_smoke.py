@@ -15,16 +15,26 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not installed
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_instrument, bench_memory, bench_trainer, run  # noqa: E402
+from benchmarks import (  # noqa: E402
+    bench_instructions,
+    bench_instrument,
+    bench_memory,
+    bench_trainer,
+    run,
+)
 
 BUDGETED = {
     "hotpath.otel",
     "hotpath.floor",
     "hotpath.nullcontext",
-    "trainer.tiny.ppetrace",
-    "trainer.mlp.ppetrace",
+    *(f"trainer.{w}.ppetrace{k}" for w in ("tiny", "mlp") for k in ("", "_interface", "_network")),
+    *(f"trainer.tiny.ppetrace{k}_off" for k in ("", "_interface", "_network")),
+    "trainer.mlp.coverage_epoch",
+    "trainer.mlp.coverage_run",
     "export.chrome",
     "export.frame",
+    "export.read",
+    "export.read_rss",
     "memory.steady",
     "profilers.off",
     "delivery.simple",
@@ -85,8 +95,12 @@ def test_a_missing_peer_is_reported_not_skipped(monkeypatch: pytest.MonkeyPatch)
         "ppe_profile": "not installed",
         "lightning": "not installed",
     }
-    assert set(res.times_ns) == {"hand", "ppetrace", "ppetrace_nofile", "ppetrace_off"}
+    assert set(res.times_ns) == set(bench_trainer.VARIANTS) - set(res.missing)
     assert res.report_steps == 3
+    # every traced kind's file gave the coverage of trainer.epoch and trainer.run
+    assert set(res.coverage) == set(bench_trainer.TRACED.values())
+    for per in res.coverage.values():
+        assert all(0.0 < c <= 1.0 for c in per["epoch"] + per["run"]), per
 
     details: dict[str, object] = {}
     size = dict(run.SIZES["quick"], tiny_steps=3, mlp_steps=2, trainer_rounds=1)
@@ -107,6 +121,8 @@ def test_trainer_measure_rejects_bad_arguments() -> None:
         bench_trainer.measure("tiny", steps=1, rounds=1, variants=["ppetrace"])
     with pytest.raises(ValueError, match=r"Unknown variant 'keras'"):
         bench_trainer.measure("tiny", steps=1, rounds=1, variants=["hand", "keras"])
+    with pytest.raises(ValueError, match=r"Expected the reference 'hand_network' among"):
+        bench_trainer.measure("tiny", steps=1, rounds=1, variants=["hand", "ppetrace_network"])
 
 
 def test_trainer_result_ratios_pair_rounds() -> None:
@@ -117,6 +133,25 @@ def test_trainer_result_ratios_pair_rounds() -> None:
     assert res.us_per_step("hand") == pytest.approx(0.01)
     lo, hi = res.paired_ci("ppetrace")
     assert 1.1 <= lo <= 1.2 <= hi <= 1.5  # within the spread of the paired ratios
+    # µs per step above the hand loop: (110-100, 300-200, 120-100) ns over 10 steps
+    assert res.overhead_us("ppetrace") == pytest.approx(0.002)
+    olo, ohi = res.overhead_ci("ppetrace")
+    assert 0.001 <= olo <= 0.002 <= ohi <= 0.01
+
+
+def test_trainer_result_pairs_each_kind_with_its_own_hand_loop_in_both_clocks() -> None:
+    res = bench_trainer.TrainerResult("tiny", steps=2, rounds=2, threads=1)
+    res.times_ns = {"hand": [100, 100], "hand_network": [200, 200], "ppetrace_network": [220, 240]}
+    res.cpu_ns = {"hand": [90, 90], "hand_network": [100, 100], "ppetrace_network": [105, 105]}
+    assert res.paired_ratio("ppetrace_network") == pytest.approx(1.15)  # against hand_network
+    assert res.paired_ratio("ppetrace_network", clock="cpu") == pytest.approx(1.05)
+    assert res.paired_ratio("ppetrace_network", "hand") == pytest.approx(2.3)
+    assert res.overhead_us("ppetrace_network", clock="cpu") == pytest.approx(0.0025)
+    with pytest.raises(ValueError, match=r"Expected clock 'wall' or 'cpu', but received 'gpu'"):
+        res.paired_ratio("ppetrace_network", clock="gpu")
+    data = res.to_json()
+    assert data["reference"]["ppetrace_network"] == "hand_network"
+    assert data["cpu"]["ratio_paired_median"]["ppetrace_network"] == pytest.approx(1.05)
 
 
 def test_profile_export_names_the_exporter_functions() -> None:
@@ -186,3 +221,18 @@ def test_markdown_marks_budgets_and_escapes_pipes() -> None:
     text = run.render_table(rows).splitlines()
     assert text[0].split() == ["what", "measured", "reference", "ratio", "budget", "result"]
     assert text[2].startswith("x | y") and text[2].endswith("PASS")
+
+
+def test_instruction_counts_per_step_drop_what_a_run_costs_once(tmp_path: Path) -> None:
+    order = [["hand", 20], ["hand", 120], ["ppetrace", 20], ["ppetrace", 120]]
+    counts = [1_000 + 20 * 800, 1_000 + 120 * 800, 9_000 + 20 * 880, 9_000 + 120 * 880]
+    res = bench_instructions.per_step(order, counts)
+    assert res == {
+        "hand": {"per_step": 800.0, "once": 1_000.0},
+        "ppetrace": {"per_step": 880.0, "once": 9_000.0},
+    }
+    with pytest.raises(ValueError, match=r"Expected one callgrind dump per run \(4\), but found 3"):
+        bench_instructions.per_step(order, counts[:3])
+    for i, total in enumerate((123, 456), start=1):  # callgrind's dumps, in dump order
+        (tmp_path / f"cg.out.{i}").write_text(f"events: Ir\nfn=(1) f\n0 {total}\ntotals: {total}\n")
+    assert bench_instructions.totals(tmp_path) == [123, 456]

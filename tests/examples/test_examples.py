@@ -27,7 +27,10 @@ def test_quickstart_writes_a_trace_and_prints_the_report(
     out = capsys.readouterr().out
     assert "steps/s" in out
     assert "trainer.step" in out
-    assert f"Wrote {trace}: open it in https://ui.perfetto.dev or chrome://tracing." in out
+    assert (
+        f"Wrote {trace}: open it in Perfetto UI (https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
+        in out
+    )
 
 
 def test_transformer_lm_learns_and_traces_validation(

@@ -180,7 +180,7 @@ def test_negative_zero_and_zero_stay_apart_on_both_paths() -> None:
     ]
     fast, slow = _encode_both(rows, 0)
     assert fast == slow
-    assert [json.loads(e)["args"]["z"] for e in fast.decode().strip().split(",\n")] == [0.0] * 4
+    assert [json.loads(e)["attrs"]["z"] for e in fast.decode().strip().split(",\n")] == [0.0] * 4
     assert fast.count(b'"z":-0.0') == 2 and fast.count(b'"z":0.0') == 2
 
 
@@ -199,7 +199,7 @@ def test_unencodable_values_are_named_by_their_type_on_both_paths() -> None:
     ]
     fast, slow = _encode_both(rows, 0)
     assert fast == slow
-    first, second = (json.loads(e)["args"] for e in fast.decode().strip().split(",\n"))
+    first, second = (json.loads(e)["attrs"] for e in fast.decode().strip().split(",\n"))
     assert first["huge"] == "<unencodable: int>" and first["bad"] == "<unencodable: BadRepr>"
     assert first["obj"] == "<unencodable: NoStr>"
     assert second["<unencodable: NoStr>"] == 1 and second["t"] == ["<unencodable: BadRepr>", 3]

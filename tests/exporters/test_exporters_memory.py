@@ -76,8 +76,8 @@ with open(path) as f:
 print(json.dumps({{
     "impl": "python" if _SPEEDUPS is None else "c",
     "errors": exporter.errors,
-    "a": sorted({{e["args"]["a"] for e in events}}),
-    "b": [e["args"]["b"] for e in events],
+    "a": sorted({{e["attrs"]["a"] for e in events}}),
+    "b": [e["attrs"]["b"] for e in events],
 }}))
 """,
         implementation,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from exporters import ChromeTraceExporter, SpanRow
@@ -82,7 +84,7 @@ def test_c_and_python_attribute_encoders_agree(
     finally:
         exporter.shutdown()
     assert fast == slow
-    assert fast[0] == ',"a":"x","b":1,"attr.status":"clash"'
+    assert fast[0] == ',"a":"x","b":1,"status":"clash"'  # attrs is its own object
     assert fast[1] == "" and fast[5] == ""
 
 
@@ -258,3 +260,41 @@ def test_c_and_python_batches_agree_on_every_attribute_path(
         assert fast.count(b'"a":"x"') == 50, label
         assert fast.count(b'"a":"x","b":') == 50, label  # sorted keys on every path
         assert (b'"k39":39' in fast) == (label == "many keys"), label
+
+
+def test_event_columns_reads_slots_and_attributes_alike_and_declines_other_shapes() -> None:
+    """The reader's C pass gives the same columns from msgspec structs (their slots) and
+    from any object with the fields (getattr), and None for an event of another shape."""
+    import types
+
+    import msgspec
+
+    from exporters._accel import SPEEDUPS
+    from exporters.chrome._events import _FIELDS
+    from exporters.chrome._parse import TypedEvent
+
+    if SPEEDUPS is None:
+        pytest.skip("exporters._speedups is not built")
+    raw = msgspec.Raw(b'{"a":1}')
+    base = dict(
+        ph="X", name="s", pid=2**40, tid=-3, ts=1.5, dur=0.25, span_id="00000000000000aB",
+        parent_id="0000000000000000", status="UNSET", attrs=raw, args=None,
+    )  # fmt: skip
+    structs = [TypedEvent(**base), TypedEvent(**{**base, "name": "t", "attrs": msgspec.Raw()})]
+    plain = [types.SimpleNamespace(**vars_of(e)) for e in structs]
+
+    def run(events: list[Any]) -> Any:
+        return SPEEDUPS.event_columns(events, _FIELDS, {b"": 0}, [b""])
+
+    fast, slow = run(structs), run(plain)
+    assert fast == slow
+    names, statuses, *arrays = fast
+    assert names[1] == ["s", "t"] and statuses[1] == ["UNSET"]
+    assert bytes(arrays[4]) == (0xAB).to_bytes(8, "little") * 2  # span ids, either case
+    assert list(memoryview(arrays[6]).cast("q")) == [1, 0]  # attrs: new code, then none
+    for change in ({"ts": None}, {"span_id": "xyz"}, {"args": {"error": "e"}}, {"pid": 2**63}):
+        assert run([TypedEvent(**{**base, **change})]) is None
+
+
+def vars_of(event: Any) -> dict[str, Any]:
+    return {f: getattr(event, f) for f in event.__struct_fields__}

@@ -309,7 +309,8 @@ def test_span_ids_out_of_range_are_a_trace_error(tmp_path: Path, span_id: Any) -
     with pytest.raises(
         TraceError,
         match=(
-            r"^Expected span ids of at most 16 hex digits \(0 to ffffffffffffffff\) in "
+            r"^In .*odd\.json: Expected span ids of at most 16 hex digits "
+            r"\(0 to ffffffffffffffff\) in "
             rf"args\.span_id, but received {re.escape(repr(span_id))}\. Fix the ids, or remove "
             r"span_id and parent_id from every event so that parents are inferred from nesting\.$"
         ),
@@ -328,7 +329,8 @@ def test_an_origin_out_of_the_int64_range_is_a_trace_error(tmp_path: Path) -> No
     with pytest.raises(
         TraceError,
         match=(
-            r"^Expected otherData\.origin_ns to be epoch nanoseconds within the int64 range "
+            r"^In .*odd\.json: Expected otherData\.origin_ns to be epoch nanoseconds "
+            r"within the int64 range "
             r"\(\|origin_ns\| < 2\*\*63\), but received 100000000000000000000000\. Fix "
             r"origin_ns, or remove it to read the event times as they are\.$"
         ),
@@ -337,7 +339,8 @@ def test_an_origin_out_of_the_int64_range_is_a_trace_error(tmp_path: Path) -> No
     with pytest.raises(
         TraceError,
         match=(
-            r"^Expected span times \(otherData\.origin_ns plus each event's ts and dur\) within "
+            r"^In .*odd\.json: Expected span times "
+            r"\(otherData\.origin_ns plus each event's ts and dur\) within "
             r"the int64 nanosecond range, but with origin_ns=9223372036854775000 they reach "
             r"beyond it\. Fix origin_ns or the events' ts and dur\.$"
         ),
@@ -346,7 +349,8 @@ def test_an_origin_out_of_the_int64_range_is_a_trace_error(tmp_path: Path) -> No
     with pytest.raises(
         TraceError,
         match=(
-            r"^Expected event 'ts' values in microseconds within the int64 nanosecond range "
+            r"^In .*odd\.json: Expected event 'ts' values in microseconds "
+            r"within the int64 nanosecond range "
             r"\(\|ts\| < 9\.2e15\), but received 1e\+20\. Fix the 'ts' of the events that were "
             r"written wrong\.$"
         ),

@@ -12,7 +12,7 @@ import exporters
 
 PACKAGE = Path(exporters.__file__).parent
 FORBIDDEN = ("ppetrace", "torch")
-ALLOWED_THIRD_PARTY = {"numpy", "pandas", "scipy", "opentelemetry"}
+ALLOWED_THIRD_PARTY = {"numpy", "pandas", "scipy", "opentelemetry", "msgspec"}
 
 
 def _imported_modules(path: Path) -> list[tuple[int, str]]:

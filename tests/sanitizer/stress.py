@@ -234,7 +234,7 @@ def scenario_odd(seconds: float, tmp: Path) -> str:
         row = {"a": Rewriting(1.5), "b": "".join(["old-", str(rounds)]), "c": "x" * 30}
         Rewriting.row = row
         out = json.loads("[" + encode([SpanRow("r", 1, 0, 7, 0, 5, 1, row)]).decode() + "]")
-        check(out[0]["args"]["b"] in (f"old-{rounds}", "rewritten-b"), "freed bytes in b")
+        check(out[0]["attrs"]["b"] in (f"old-{rounds}", "rewritten-b"), "freed bytes in b")
         # a key whose hash replaces its own value
         attrs = [{HashKey("k"): "".join(["v-", str(i) * 20])} for i in range(4)]
         HashKey.target = attrs[0]

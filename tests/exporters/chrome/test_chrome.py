@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -107,18 +108,24 @@ def test_events_carry_exact_times_owner_args_and_metadata(
     assert blk["cat"] == "user" and mod["cat"] == "module"
     assert all(e["pid"] == 31337 and e["tid"] == 7 for e in events.values())
 
-    assert st["args"]["span_id"] == f"{step:016x}"
-    assert st["args"]["parent_id"] == f"{root:016x}"
-    assert run["args"]["parent_id"] == "0" * 16
-    assert st["args"]["ppetrace.step"] == 5 and st["args"]["lr"] == Decimal("0.25")
-    assert blk["args"]["flag"] is True and blk["args"]["shape"] == [2, 3]
-    assert st["args"]["status"] == "UNSET" and "error" not in st["args"]
-    assert mod["args"]["status"] == "ERROR"
-    assert mod["args"]["error"] == "ValueError: bad\nTraceback ..."
+    # ids, status and attributes sit beside ts, outside args: speedscope keys frames by
+    # name plus args, so that equal names aggregate; args holds only an error
+    assert st["span_id"] == f"{step:016x}"
+    assert st["parent_id"] == f"{root:016x}"
+    assert run["parent_id"] == "0" * 16
+    assert st["attrs"]["ppetrace.step"] == 5 and st["attrs"]["lr"] == Decimal("0.25")
+    assert blk["attrs"]["flag"] is True and blk["attrs"]["shape"] == [2, 3]
+    assert st["status"] == "UNSET" and "args" not in st
+    assert mod["status"] == "ERROR"
+    assert mod["args"] == {"error": "ValueError: bad\nTraceback ..."}
+    assert list(st)[:12] == [
+        *("ph", "cat", "name", "pid", "tid", "ts", "dur"),
+        *("span_id", "parent_id", "status", "attrs"),
+    ]
 
     meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
     names = {(e["name"], e["tid"]): e["args"] for e in meta}
-    assert names[("process_name", 0)]["name"] == "tests rank 3 (pid 31337)"
+    assert names[("process_name", 0)]["name"] == "tests rank 3"  # viewers add the pid
     assert names[("process_sort_index", 0)]["sort_index"] == 3
     assert names[("thread_name", 7)]["name"] == "MainThread"
 
@@ -129,18 +136,21 @@ def test_strings_are_escaped_so_any_name_or_value_round_trips(
     nasty = 'q"uote \\ back\nnew\ttab \x00\x1f ctl é 漢字 🙂 \ud800'
     rb = run_builder()
     rb.span(nasty, 0, 10, 0, {nasty: nasty, "span_id": "user's own", "k": "plain"})
+    rb.span("none", 20, 30, 0, {})
     path = tmp_path / "t.json"
     _write(path, rb.batch())
     raw = path.read_bytes()
     assert raw.isascii()  # non-ASCII is escaped, so any viewer decodes it
-    (event,) = _x_events(_doc(path))
+    event, bare = _x_events(_doc(path))
     assert event["name"] == nasty
-    assert event["args"][nasty] == nasty
-    assert event["args"]["attr.span_id"] == "user's own"  # reserved key kept apart
+    assert event["attrs"][nasty] == nasty
+    assert event["attrs"]["span_id"] == "user's own"  # its own object: no clash
+    assert "attrs" not in bare and "args" not in bare  # nothing to write
     frame = read_chrome_trace(path)
     assert frame.loc[0, "name"] == nasty and frame.loc[0, nasty] == nasty
     assert frame.loc[0, "span_id"] == rb.rows[0].span_id  # not the user's attribute
-    assert frame.loc[0, "k"] == "plain"
+    assert frame.loc[0, "attr.span_id"] == "user's own"
+    assert frame.loc[0, "k"] == "plain" and pd.isna(frame.loc[1, "k"])
 
 
 def test_non_finite_floats_are_written_as_strings(
@@ -151,8 +161,8 @@ def test_non_finite_floats_are_written_as_strings(
     path = tmp_path / "t.json"
     _write(path, rb.batch())
     (event,) = _x_events(json.loads(path.read_text()))  # strict JSON: no NaN tokens
-    assert event["args"]["x"] == "NaN"
-    assert event["args"]["y"] == "Infinity" and event["args"]["z"] == "-Infinity"
+    assert event["attrs"]["x"] == "NaN"
+    assert event["attrs"]["y"] == "Infinity" and event["attrs"]["z"] == "-Infinity"
 
 
 def test_mixed_attribute_types_under_one_key_keep_their_types(
@@ -164,7 +174,7 @@ def test_mixed_attribute_types_under_one_key_keep_their_types(
         rb.span("s", i * 10, i * 10 + 5, 0, {"v": v})
     path = tmp_path / "t.json"
     _write(path, rb.batch())
-    got = [e["args"]["v"] for e in _x_events(json.loads(path.read_text()))]
+    got = [e["attrs"]["v"] for e in _x_events(json.loads(path.read_text()))]
     assert got == [1, True, 1.0, "1", 0, False, [1, True]]
     assert [type(g) for g in got] == [int, bool, float, str, int, bool, list]
 
@@ -349,8 +359,8 @@ def test_otel_path_and_fast_path_write_identical_files(tmp_path: Path) -> None:
         for key in strip:
             doc["otherData"].pop(key)
         for e in _x_events(doc):
-            e["args"].pop("span_id")
-            e["args"].pop("parent_id")
+            e.pop("span_id")
+            e.pop("parent_id")
     assert a == b
     frame = read_chrome_trace(tmp_path / "fast.json").set_index("name")
     assert frame.loc["user.work", "parent_id"] == ids["trainer.step"][0]

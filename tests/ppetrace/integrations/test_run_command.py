@@ -148,7 +148,7 @@ def test_the_default_trace_name_and_the_per_rank_layout(tmp_path: Path) -> None:
     )
     assert default_trace_path("pkg.mod", None, when).name == "ppetrace-mod-20260102-030405.json"
     assert rank_trace_path("out/trace.json", 3) == Path("out/trace.ranks/rank3.json")
-    assert rank_trace_path("t.json.gz", 0) == Path("t.ranks/rank0.json.gz")
+    assert rank_trace_path("t.json.gz", 0) == Path("t.ranks/rank0.json")
     assert rank_info({"RANK": "1", "WORLD_SIZE": "2"}).rank == 1  # type: ignore[union-attr]
     assert rank_info({"RANK": "1"}) is None
     with pytest.raises(ValueError, match="RANK and WORLD_SIZE to be non-negative integers"):

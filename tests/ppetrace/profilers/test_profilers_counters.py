@@ -62,7 +62,7 @@ def test_step_sampling_gives_counter_events_and_a_frame(exporter: ChromeTraceExp
     step1 = next(
         e
         for e in trace.events
-        if e.get("name") == "trainer.step" and e["args"]["ppetrace.batch_idx"] == 1
+        if e.get("name") == "trainer.step" and e["attrs"]["ppetrace.batch_idx"] == 1
     )
     start = round(step1["ts"] * 1000) + trace.origin_ns
     end = start + round(step1["dur"] * 1000)

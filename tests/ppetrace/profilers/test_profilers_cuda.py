@@ -276,9 +276,9 @@ def test_the_device_track_nests_and_follows_the_device_clock(
         return round(ts * 1000) + trace.origin_ns
 
     host = {
-        (e["name"], e["args"].get("ppetrace.batch_idx")): (ns(e["ts"]), e["args"])
+        (e["name"], e["attrs"].get("ppetrace.batch_idx")): (ns(e["ts"]), e["attrs"])
         for e in trace.events
-        if e.get("ph") == "X" and "span_id" in e.get("args", {})
+        if e.get("ph") == "X" and "span_id" in e
     }
     device = [e for e in trace.events if e.get("tid") == DEVICE_TID and e.get("ph") == "X"]
     names = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,10 @@ THREAD = "MainThread\x00<thread>\x00123"
 def test_stack_events_nest_merge_shared_prefixes_and_use_the_anchor() -> None:
     a, b, c = _id("main"), _id("step", line=10), _id("inner", line=20)
     records = [
-        ([THREAD, _id("main", at=5), b, c], 0.001),  # 1000..2000 ns: main > step > inner
-        ([THREAD, a, _id("step", line=10, at=12)], 0.002),  # 2000..4000: main > step
-        ([THREAD, a], 0.0005),  # 4000..4500: main
+        ([THREAD, _id("main", at=5), b, c], 0.001),  # 0..1000 ns: main > step > inner
+        ([THREAD, a, _id("step", line=10, at=12)], 0.002),  # 1000..3000: main > step
+        ([THREAD, a], 0.0015),  # 3000..4500, floored to 3000..4000: main
+        ([THREAD, a, c], 0.0004),  # 4500..4900: floored away (under a µs)
     ]
     anchor = 1_000_000_000_000
     events = stack_events(
@@ -40,7 +42,7 @@ def test_stack_events_nest_merge_shared_prefixes_and_use_the_anchor() -> None:
     )
     got = [(e["name"], e["ts_ns"] - anchor, e["dur_ns"]) for e in events]
     # "line" attributes (\x01l5) do not split a frame; the thread frame is dropped
-    assert got == [("main", 0, 3500), ("step", 0, 3000), ("inner", 0, 1000)]
+    assert got == [("main", 0, 4000), ("step", 0, 3000), ("inner", 0, 1000)]
     assert {e["tid"] for e in events} == {PYTHON_TID}
     assert events[0]["args"] == {"file": "/src/m.py", "line": 1}
     assert {e["ph"] for e in events} == {"X"}
@@ -55,6 +57,37 @@ def test_stack_events_are_clipped_to_the_window_and_split_at_a_changed_frame() -
     events = stack_events(records, anchor, start_ns=6_000, end_ns=8_000)
     got = sorted((e["name"], e["ts_ns"], e["dur_ns"]) for e in events)
     assert got == [("f", 6_000, 2_000), ("g", 6_000, 1_000), ("h", 7_000, 1_000)]
+
+
+def test_touching_frames_still_touch_once_a_viewer_adds_ts_and_dur_in_floats(
+    tmp_path: Path,
+) -> None:
+    """ts + dur of a frame, in float64 as viewers add them, never passes the start of the
+    frame that follows it (speedscope saw 543438.1410000001 against 543438.141)."""
+    origin = 1_700_000_000_000_000_000
+    anchor = origin + 543_438_140_999  # a sample boundary at an odd nanosecond
+    dts = [0.001000333, 0.000999667, 0.0010001, 0.0029999, 0.000333, 0.0017]
+    funcs = ["f", "g", "f", "h", "g", "f"]
+    records = [
+        ([_id("main"), _id(f, line=i)], dt)
+        for i, (dt, f) in enumerate(zip(dts, funcs, strict=True))
+    ]
+    events = stack_events(records, anchor, start_ns=anchor, end_ns=anchor + 10**9)
+    assert all(e["ts_ns"] % 1000 == 0 and e["dur_ns"] % 1000 == 0 for e in events)
+    exporter = ChromeTraceExporter(tmp_path / "t.json")
+    exporter._origin_ns = origin  # the origin a run's first span would give
+    exporter.add_events(events)
+    exporter.shutdown()
+    written = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]]
+    frames = sorted(
+        ((e["ts"], e["ts"] + e["dur"]) for e in written if e.get("ph") == "X"),
+        key=lambda f: (f[0], -f[1]),  # a parent before its first child
+    )
+    leaves = frames[1:]  # under "main"
+    assert len(leaves) == 6
+    for (_, end), (start, _) in itertools.pairwise(leaves):
+        assert end <= start  # touching, not overlapping, in floating point
+    assert frames[0][0] == leaves[0][0] and frames[0][1] == leaves[-1][1]
 
 
 # -- a real run, driven like the Trainer drives its profilers ------------------------------
@@ -75,7 +108,7 @@ def _spans(events: list[dict[str, Any]], name: str) -> list[tuple[int, int]]:
     return [
         (round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000))
         for e in events
-        if e.get("ph") == "X" and e.get("name") == name and "span_id" in e.get("args", {})
+        if e.get("ph") == "X" and e.get("name") == name and "span_id" in e
     ]
 
 

@@ -187,9 +187,9 @@ def test_aten_ops_fall_inside_the_step_span_that_ran_them(
         return round(ts * 1000)
 
     steps = [
-        (ns(e["ts"]), ns(e["ts"] + e["dur"]), e["args"]["ppetrace.batch_idx"])
+        (ns(e["ts"]), ns(e["ts"] + e["dur"]), e["attrs"]["ppetrace.batch_idx"])
         for e in trace.events
-        if e.get("ph") == "X" and e.get("name") == "trainer.step" and "span_id" in e["args"]
+        if e.get("ph") == "X" and e.get("name") == "trainer.step" and "span_id" in e
     ]
     assert len(steps) == 5
     aten = [

@@ -44,9 +44,9 @@ def test_a_trainer_run_has_hooks_stacks_ops_and_counters_on_one_clock(tmp_path: 
     assert trace.metadata["service_name"]  # the spans' header came first
 
     steps = {
-        e["args"]["ppetrace.batch_idx"]: (_ns(e["ts"]), _ns(e["ts"] + e["dur"]))
+        e["attrs"]["ppetrace.batch_idx"]: (_ns(e["ts"]), _ns(e["ts"] + e["dur"]))
         for e in events
-        if e.get("name") == "trainer.step" and "span_id" in e.get("args", {})
+        if e.get("name") == "trainer.step" and "span_id" in e
     }
     assert sorted(steps) == list(range(6))
 

@@ -185,7 +185,7 @@ def test_unencodable_values_cost_only_themselves_in_the_chrome_file(
     events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(events) == 10_001
     assert exported <= len(events)
-    odd = [e["args"] for e in events if "v" in e["args"]]
+    odd = [e["attrs"] for e in events if "v" in e.get("attrs", {})]
     assert [a["v"] for a in odd] == ["<unencodable: int>", "<unencodable: _BadRepr>"]
     assert odd[1]["w"] == 2
 

@@ -121,7 +121,7 @@ def test_sigterm_flushes_closes_the_file_and_chains(tmp_path: Path, previous: st
         assert child.returncode == 3 and "user handler" in out, err
     with path.open() as f:
         trace = json.load(f)  # closed: strict JSON, for any viewer
-    ticks = sorted(e["args"]["i"] for e in trace["traceEvents"] if e.get("name") == "tick")
+    ticks = sorted(e["attrs"]["i"] for e in trace["traceEvents"] if e.get("name") == "tick")
     assert ticks == list(range(100))
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import ppetrace
+from ppetrace.training import _checkpoint
 from ppetrace.training._checkpoint import (
     CheckpointError,
     capture_rng,
@@ -180,7 +186,7 @@ def test_loader_generators_are_found_once() -> None:
     assert loader_generators(DataLoader(NoisyData(), batch_size=2)) == []
 
 
-def test_failed_write_leaves_the_previous_checkpoint_intact(
+def test_a_full_disk_names_the_file_and_the_cause_and_leaves_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     train(0, tmp_path, every=None, use_generator=False)
@@ -189,14 +195,59 @@ def test_failed_write_leaves_the_previous_checkpoint_intact(
 
     def torn_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         f.write(b"PK\x03\x04 half a checkpoint")
-        raise OSError("No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", torn_save)
-    with pytest.raises(OSError, match="No space left on device"):
+    with pytest.raises(OSError) as caught:
         train(0, tmp_path, every=None, use_generator=False)
+    assert caught.value.errno == errno.ENOSPC
+    assert re.search(
+        rf"Could not write the checkpoint '{re.escape(str(target))}': No space left on device "
+        r"\(errno 28\)\. The previous checkpoint there is intact and the temporary file was "
+        r"removed; free some space",
+        str(caught.value),
+    ), str(caught.value)
     assert target.read_bytes() == before
     assert load_checkpoint(target)["trainer"]["global_step"] == 9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # no temporary file left
+
+
+def test_the_temporary_file_is_created_exclusively_never_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    target = tmp_path / "ckpt" / "last.pt"
+    target.parent.mkdir()
+    planted = target.with_name(".last.pt.tmp-planted")
+    planted.symlink_to(victim)
+    names = iter([planted, target.with_name(".last.pt.tmp-fresh")])
+    monkeypatch.setattr(_checkpoint, "_temp_name", lambda _target: next(names))
+    save_atomic({"a": torch.ones(2)}, target)
+    assert victim.read_text() == "keep me"  # the link was not followed
+    assert planted.is_symlink()  # nor removed: it is not one of ours
+    assert torch.equal(torch.load(target, weights_only=True)["a"], torch.ones(2))
+
+
+def test_orphaned_temporary_files_of_killed_writes_are_removed_by_the_next_write(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = int(done.stdout)  # a process that has exited
+    target = tmp_path / "last.pt"
+    orphan = tmp_path / f".last.pt.tmp-{dead}-0a1b2c"
+    orphan.write_bytes(b"half a checkpoint")
+    alive = tmp_path / f".last.pt.tmp-{os.getppid()}-3d4e5f"  # a write still running
+    alive.write_bytes(b"in progress")
+    other = tmp_path / f".other.pt.tmp-{dead}-000000"  # another file's: not ours to remove
+    other.write_bytes(b"x")
+    save_atomic({"a": torch.zeros(1)}, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["last.pt", alive.name, other.name])
 
 
 def test_save_atomic_replaces_the_file(tmp_path: Path) -> None:

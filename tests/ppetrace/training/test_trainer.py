@@ -236,7 +236,11 @@ def _expected_tree() -> list[Any]:
         ]
         return ["evaluator.run", [eval_step] * batches]
 
-    epoch: list[Any] = [leaf("runtime.train_epoch_begin"), leaf("callback.on_begin_train_epoch")]
+    epoch: list[Any] = [
+        leaf("runtime.train_epoch_begin"),
+        leaf("callback.on_begin_train_epoch"),
+        leaf("trainer.loader_start"),
+    ]
     for boundary in (False, True, True):
         epoch += [leaf("trainer.fetch_batch"), step(boundary)]
     epoch += [
@@ -292,7 +296,12 @@ def test_span_attributes(recording: str, span_exporter: InMemorySpanExporter) ->
     assert [(s.attributes or {})["ppetrace.step"] for s in evals] == [2] * 4 + [4] * 4
     pre = [s for s in spans if s.name == "runtime.train_pre_step"]
     assert [(s.attributes or {})["ppetrace.batch_idx"] for s in pre] == [0, 1, 2] * 2
-    assert "ppetrace.batch_size" not in (pre[0].attributes or {})
+    # one mapping per step, shared by its spans: the fetch and every hook carry the step's
+    # attributes, batch size included (known from the DataLoader before the fetch)
+    fetches = [s for s in spans if s.name == "trainer.fetch_batch"]
+    for step, fetch, hook in zip(steps, fetches, pre, strict=True):
+        assert dict(fetch.attributes or {}) == dict(step.attributes or {})
+        assert dict(hook.attributes or {}) == dict(step.attributes or {})
 
 
 class Boom(RuntimeError):

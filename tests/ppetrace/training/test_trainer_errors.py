@@ -176,3 +176,63 @@ def test_unknown_device_lists_the_registered_types() -> None:
             optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
             loss_fn=F.cross_entropy,
         )
+
+
+def test_cuda_that_this_torch_cannot_use_is_a_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    with pytest.raises(
+        RuntimeError,
+        match=r"Expected a CUDA device for device='cuda', but this torch build has no CUDA "
+        r"support \(torch .*\)\. Install a CUDA build of torch, or pass device='cpu'\.",
+    ):
+        ppetrace.Trainer(device="cuda")
+    with pytest.raises(RuntimeError, match=r"device='cuda:1', but this torch build has no CUDA"):
+        ppetrace.Trainer(device=torch.device("cuda", 1))
+    with pytest.raises(RuntimeError, match=r"device='cuda', but this torch build has no CUDA"):
+        ppetrace.Trainer(device=PyTorchRuntime("cuda", {}))
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"but torch finds none \(torch.cuda.is_available\(\)"):
+        ppetrace.Trainer(device="cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(RuntimeError, match=r"'cuda:3', but only 2 CUDA device\(s\) are visible"):
+        ppetrace.Trainer(device="cuda:3")
+    ppetrace.Trainer(device="cuda:1")  # a device that exists: accepted
+
+
+def test_a_module_without_trainable_parameters_is_named() -> None:
+    frozen = torch.nn.Linear(8, 4).requires_grad_(False)
+    with pytest.raises(
+        ValueError,
+        match=r"Expected a module with trainable parameters to fit, but Linear has 2 parameter "
+        r"tensor\(s\), none with requires_grad=True\. Unfreeze",
+    ):
+        ppetrace.Trainer(progress=False).fit(
+            frozen,
+            loader(),
+            optimizer=torch.optim.SGD(frozen.parameters(), lr=0.1),
+            loss_fn=F.cross_entropy,
+        )
+    other = torch.zeros(1, requires_grad=True)
+    with pytest.raises(ValueError, match=r"but ReLU has no parameters at all\."):
+        ppetrace.Trainer(progress=False).fit(
+            torch.nn.ReLU(),
+            loader(),
+            optimizer=torch.optim.SGD([other], lr=0.1),
+            loss_fn=F.mse_loss,
+        )
+
+
+def test_a_trace_path_that_is_not_a_path_is_rejected_at_once(tmp_path: Any) -> None:
+    with pytest.raises(
+        TypeError, match=r"Expected a str or os.PathLike for trace_path .* but received int 5\."
+    ):
+        ppetrace.Trainer(trace_path=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Expected a file name for trace_path, but received an"):
+        ppetrace.Trainer(trace_path=" ")
+    with pytest.raises(ValueError, match=r"Expected a file for trace_path, but .* is a directory"):
+        ppetrace.Trainer(trace_path=tmp_path)
+    assert ppetrace.Trainer(trace_path=tmp_path / "t.json").trace_path == tmp_path / "t.json"
+    with pytest.raises(ValueError, match=r"Expected 'warn' or 'raise' for on_nonfinite_loss"):
+        ppetrace.Trainer(on_nonfinite_loss="ignore")  # type: ignore[arg-type]

@@ -1,0 +1,216 @@
+"""Instructions per training step, counted by valgrind: the Trainer's own cost, without noise.
+
+Run: ``python benchmarks/bench_instructions.py [--workload tiny] [--steps 20 120]
+[--json PATH] [VARIANT ...]`` (needs ``valgrind``; about ten minutes: valgrind runs
+the whole process, torch's import included, some 50 times slower).
+
+Wall time on a shared 2-core machine moves by tens of percent between runs;
+instruction counts do not. This runs the variants of ``bench_trainer`` (default:
+every hand loop and every Trainer variant, :data:`DEFAULT`) in one process under
+``valgrind --tool=callgrind``, each once untimed and then at two step counts,
+collecting only inside each run (``--toggle-collect`` on ``operator.call``, which
+nothing else calls, and a dump after each). The difference of the two counts
+divided by the difference of the steps is the variant's instructions per step, so
+what a run costs once (building the Trainer, opening and closing the trace file)
+drops out. By default only the training thread counts (callgrind toggles
+collection per thread): what ppetrace does on its own threads (the flusher, the
+sink workers that encode the trace file) is not in those figures.
+``--all-threads`` counts every thread instead (the counters are zeroed when each
+run starts and dumped when it ends), which adds that work: the whole CPU cost.
+
+It prints, per variant, the instructions per step and, for each Trainer variant,
+those above the hand loop of its module kind and the ratio. Instructions are not
+time (an instruction of torch's kernels is not one of the interpreter), so the
+ratios say where the cost is and whether a change shrinks it; the budgets are
+wall-time ratios (``python -m benchmarks.run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import operator
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+try:
+    from benchmarks.bench_trainer import REFERENCE
+except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+    from bench_trainer import REFERENCE  # type: ignore[no-redef]
+
+__all__ = ["DEFAULT", "main", "per_step", "totals"]
+
+#: every hand loop and every Trainer variant of bench_trainer
+DEFAULT: tuple[str, ...] = (
+    "hand",
+    "ppetrace",
+    "ppetrace_nofile",
+    "ppetrace_off",
+    "hand_interface",
+    "ppetrace_interface",
+    "ppetrace_interface_off",
+    "hand_network",
+    "ppetrace_network",
+    "ppetrace_network_off",
+)
+
+
+def _child(workload: str, steps: tuple[int, int], variants: list[str], order_path: str) -> None:
+    """Inside valgrind: warm every variant up, then run each at both step counts inside
+    ``operator.call`` (the toggled, dumped region)."""
+    import torch
+
+    import ppetrace
+
+    try:
+        from benchmarks.trainer_variants import CLASSES, WORKLOADS
+    except ImportError:
+        from trainer_variants import CLASSES, WORKLOADS  # type: ignore[no-redef]
+
+    torch.set_num_threads(1)
+    ppetrace.configure()
+    wl = WORKLOADS[workload]
+    tmp = Path(tempfile.mkdtemp())
+    runners = {(name, n): CLASSES[name](wl, wl.loader(n), tmp) for name in variants for n in steps}
+    for runner in runners.values():
+        runner.run()  # warm-up, not collected
+    gc.collect()
+    gc.freeze()
+    order = []
+    for (name, n), runner in runners.items():
+        gc.collect()
+        operator.call(runner.run)  # run(): the variant's setup too (tracing off)
+        order.append([name, n])
+    Path(order_path).write_text(json.dumps(order))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def totals(out_dir: Path) -> list[int]:
+    """The instruction total of each dump in ``out_dir``, in dump order."""
+    found = []
+    for path in sorted(out_dir.glob("cg.out.*"), key=lambda p: int(p.suffix[1:])):
+        for line in path.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                found.append(int(line.split()[1]))
+                break
+    return found
+
+
+def per_step(order: list[list[Any]], counts: list[int]) -> dict[str, dict[str, float]]:
+    """``{variant: {"per_step": ..., "once": ...}}`` from the runs at two step counts."""
+    if len(order) != len(counts):
+        raise ValueError(
+            f"Expected one callgrind dump per run ({len(order)}), but found {len(counts)}."
+        )
+    by: dict[str, dict[int, int]] = {}
+    for (name, n), count in zip(order, counts, strict=True):
+        by.setdefault(name, {})[int(n)] = count
+    out = {}
+    for name, runs in by.items():
+        (n1, c1), (n2, c2) = sorted(runs.items())
+        step = (c2 - c1) / (n2 - n1)
+        out[name] = {"per_step": step, "once": c1 - step * n1}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="*", default=list(DEFAULT))
+    parser.add_argument("--workload", default="tiny", choices=("tiny", "mlp"))
+    parser.add_argument("--steps", nargs=2, type=int, default=[20, 120], metavar=("A", "B"))
+    parser.add_argument("--json", dest="json_path", help="also write the results here")
+    parser.add_argument(
+        "--all-threads", action="store_true", help="count every thread, not only the training one"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    steps = (args.steps[0], args.steps[1])
+    if args.child:
+        _child(args.workload, steps, args.variants, args.child)
+        return 0
+    unknown = [v for v in args.variants if v not in REFERENCE]
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r}; expected some of {', '.join(REFERENCE)}")
+    if not 0 < steps[0] < steps[1]:
+        parser.error(f"expected 0 < A < B for --steps, but received {steps[0]} {steps[1]}")
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("valgrind is not installed: nothing to count.", file=sys.stderr)
+        return 2
+    variants = list(dict.fromkeys([REFERENCE[v] for v in args.variants] + args.variants))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        order_path = out / "order.json"
+        collect = (
+            ["--zero-before=_operator_call"]
+            if args.all_threads
+            else ["--collect-atstart=no", "--toggle-collect=_operator_call"]
+        )
+        command = [
+            valgrind,
+            "--tool=callgrind",
+            *collect,
+            "--dump-after=_operator_call",
+            f"--callgrind-out-file={out / 'cg.out'}",
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--workload",
+            args.workload,
+            "--steps",
+            str(steps[0]),
+            str(steps[1]),
+            "--child",
+            str(order_path),
+            *variants,
+        ]
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0 or not order_path.exists():
+            print(done.stderr[-4000:], file=sys.stderr)
+            return 1
+        counts = totals(out)
+        if not any(counts):
+            print(
+                "callgrind counted nothing: this Python's library lacks the symbol "
+                "_operator_call that the counting toggles on.",
+                file=sys.stderr,
+            )
+            return 1
+        results = per_step(json.loads(order_path.read_text()), counts)
+    where = "in all threads" if args.all_threads else "on the training thread"
+    print(
+        f"{args.workload}: instructions per step {where} (callgrind, runs of {steps[0]} and "
+        f"{steps[1]} steps), and above the hand loop of the same module kind"
+    )
+    for name in variants:
+        line = f"  {name:<24} {results[name]['per_step']:12,.0f} instr/step"
+        ref = REFERENCE[name]
+        if ref != name:
+            above = results[name]["per_step"] - results[ref]["per_step"]
+            ratio = results[name]["per_step"] / results[ref]["per_step"]
+            line += f"   {above:+12,.0f} above {ref} ({ratio:.3f}x)"
+        print(line)
+    if args.json_path:
+        Path(args.json_path).write_text(
+            json.dumps(
+                {
+                    "workload": args.workload,
+                    "steps": steps,
+                    "all_threads": args.all_threads,
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
