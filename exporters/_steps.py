@@ -15,9 +15,13 @@ one, its own start) to its end. It splits into:
   layout), plus any ``trainer.fetch_batch`` inside the step (a loop that
   fetches from inside its step), each taken once;
 - ``compute_ns``: the ``trainer.step`` span itself, less the fetches inside it;
-- ``other_ns``: the rest of the wall time (loop overhead between steps),
+- ``between_ns``: the rest of the wall time (loop overhead between steps),
   without sibling ``trainer.validation`` and ``trainer.checkpoint`` spans,
   which are not step time and are left out of ``wall_ns`` as well.
+
+The wall time also splits by what ran (:mod:`exporters._parts`): ``data_wait_ns``,
+``forward_ns``, ``backward_ns``, ``optimizer_ns`` and ``other_ns``, which add up
+to ``wall_ns``.
 
 Parents come from span ids, and from time where ids cannot know them: a span
 recorded after the fact (``instrument()`` records ``trainer.step`` when it
@@ -37,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from ._nesting import effective_parents, self_times
+from ._parts import on_step_thread, part_sums
 from .frame import _inherit, _parent_positions
 
 __all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps"]
@@ -58,8 +63,12 @@ STEP_COLUMNS = (
     "end_ns",
     "wall_ns",
     "data_wait_ns",
-    "compute_ns",
+    "forward_ns",
+    "backward_ns",
+    "optimizer_ns",
     "other_ns",
+    "compute_ns",
+    "between_ns",
     "device_ns",
     "warmup",
 )
@@ -71,11 +80,15 @@ class StepAssignment:
     ``steps``: one row per ``trainer.step``, indexed by its frame row, in start order
     per process, with ``step_index``, ``warmup`` and the wall-time split.
     ``self_ns``: each row's self time with the parents found by time, or ``None``
-    when time changed no parent (the frame's ``self_ns`` is right then)."""
+    when time changed no parent (the frame's ``self_ns`` is right then).
+    ``ppos``: each row's parent position (by id, then by time; -1 for none).
+    ``on_thread``: whether each row is inside a step on that step's thread."""
 
     step_row: np.ndarray
     steps: pd.DataFrame
     self_ns: np.ndarray | None = None
+    ppos: np.ndarray | None = None
+    on_thread: np.ndarray | None = None
 
 
 def _numeric(frame: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
@@ -207,7 +220,13 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
     compute = s_end - s_start - inner_wait
     data_wait = data_wait + inner_wait
     wall_ns = np.maximum(wall_ns, data_wait + compute)
-    other = wall_ns - data_wait - compute
+    between = wall_ns - data_wait - compute
+    own_self = self_times(end - start, ppos, pid, tid) if by_time else None
+    self_all = own_self if own_self is not None else frame["self_ns"].to_numpy(np.int64)
+    on_thread = on_step_thread(step_row, pid, tid)
+    sums = part_sums(names, ppos, step_row, on_thread, self_all, step_rows)
+    forward, backward, optimizer = sums[:, 1], sums[:, 2], sums[:, 3]
+    other = wall_ns - data_wait - forward - backward - optimizer
 
     # number the steps per process in start order
     by_start = np.lexsort((s_start, pid[step_rows]))
@@ -231,15 +250,18 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
             "end_ns": s_end + t0,
             "wall_ns": wall_ns,
             "data_wait_ns": data_wait,
-            "compute_ns": compute,
+            "forward_ns": forward,
+            "backward_ns": backward,
+            "optimizer_ns": optimizer,
             "other_ns": other,
+            "compute_ns": compute,
+            "between_ns": between,
             "device_ns": _numeric(frame, "device_dur_ns", step_rows),
             "warmup": step_index < warmup_steps,
         },
         index=pd.Index(step_rows, name="row"),
     ).iloc[by_start]
-    own_self = self_times(end - start, ppos, pid, tid) if by_time else None
-    return StepAssignment(step_row, steps[list(STEP_COLUMNS)], own_self)
+    return StepAssignment(step_row, steps[list(STEP_COLUMNS)], own_self, ppos, on_thread)
 
 
 def _inner_fetches(

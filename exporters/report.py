@@ -5,8 +5,9 @@
 is separate: :func:`render_table` (terminal), :func:`render_markdown`,
 :func:`render_csv` and :func:`render_json`, or :func:`render` by format name.
 
-How steps are found and timed (wall time, data wait, compute, other) is
-described in :mod:`exporters._steps`: one ``trainer.step`` span is one
+How steps are found and timed (wall time, data wait, compute) is described
+in :mod:`exporters._steps`, and how a step splits into data wait, forward,
+backward, optimizer and other in :mod:`exporters._parts`: one ``trainer.step`` span is one
 step, and its data wait is its ``trainer.fetch_batch``, counted once whether
 that is a sibling just before the step or a span inside it. Spans recorded
 after the fact (``ppetrace.instrument()``'s steps) get their children by
@@ -18,21 +19,35 @@ gets a per-rank table and a straggler verdict (:mod:`exporters._stragglers`).
 
 from __future__ import annotations
 
-import io
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ._pandas import series
-from ._render import fmt_count, fmt_ns, fmt_pct, json_records, json_value, markdown, text_table
+from ._parts import PART_COLUMNS, PART_NAMES, STEP_PARTS
+from ._report_data import _EVENT_COLUMNS, BETWEEN_STEPS, VALIDATION, StepReport, Throughput
+from ._report_data import _empty_events as _empty_events
+from ._report_render import (
+    REPORT_FORMATS,
+    render,
+    render_csv,
+    render_json,
+    render_markdown,
+    render_table,
+    short_path,
+)
 from ._steps import assign_steps
 from ._stragglers import DEFAULT_STRAGGLER_MARGIN, RankReport, rank_report
+from .frame import _inherit
 
 __all__ = [
+    "BETWEEN_STEPS",
+    "PART_COLUMNS",
+    "PART_NAMES",
     "REPORT_FORMATS",
+    "STEP_PARTS",
+    "VALIDATION",
     "RankReport",
     "StepReport",
     "Throughput",
@@ -41,99 +56,9 @@ __all__ = [
     "render_json",
     "render_markdown",
     "render_table",
+    "short_path",
     "step_report",
 ]
-
-_EVENT_COLUMNS = [
-    "event",
-    "count",
-    "total_ns",
-    "mean_ns",
-    "p50_ns",
-    "p90_ns",
-    "p99_ns",
-    "max_ns",
-    "self_ns",
-    "share",
-]
-_STEP_PARTS = (
-    ("wall", "wall_ns"),
-    ("data wait", "data_wait_ns"),
-    ("compute", "compute_ns"),
-    ("other", "other_ns"),
-)
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """Training throughput over the counted (non-warmup) steps.
-
-    Rates are per process (steps over the summed step wall time) and then
-    added up over processes, so data-parallel ranks add their samples.
-    ``samples``/``samples_per_s`` are ``None`` unless every counted step has
-    a batch size (``ppetrace.batch_size``).
-    """
-
-    steps: int
-    wall_ns: int
-    steps_per_s: float
-    samples: int | None
-    samples_per_s: float | None
-    processes: int
-
-
-@dataclass
-class StepReport:
-    """A step report: plain data, rendered by the ``render_*`` functions.
-
-    - ``events``: one row per event name, columns ``event, count, total_ns,
-      mean_ns, p50_ns, p90_ns, p99_ns, max_ns, self_ns, share`` (share of the
-      counted steps' wall time spent in that event inside steps; NaN for
-      events never inside a step), plus ``device_total_ns`` and
-      ``device_mean_ns`` when spans carry device time. Sorted by total time.
-    - ``steps``: one row per counted step: ``step_index`` (per process),
-      ``pid, rank, epoch, step, batch_idx, batch_size, start_ns, end_ns,
-      wall_ns, data_wait_ns, compute_ns, other_ns, device_ns``.
-    - ``throughput``: a :class:`Throughput`.
-    - ``warmup_steps``: the requested warmup; ``excluded_steps``: how many
-      steps it removed; ``total_steps``: steps found; ``spans``: spans counted.
-    - ``tables``: extra named tables: those stored in the trace file (the
-      Pyinstrument profiler stores ``top_functions``) and any that other code
-      adds; the renderers print them last.
-    - ``ranks``: for steps of two ranks or more, a :class:`RankReport` (per-rank
-      step times, which rank arrived last at each step's gradient sync, and the
-      straggler verdict); ``None`` otherwise.
-    """
-
-    events: pd.DataFrame
-    steps: pd.DataFrame
-    throughput: Throughput
-    warmup_steps: int
-    excluded_steps: int
-    total_steps: int
-    spans: int
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
-    ranks: RankReport | None = None
-
-    @property
-    def step_summary(self) -> pd.DataFrame:
-        """Mean, p50, p90 and max of wall, data wait, compute and other per step,
-        with each part's share of the total wall time."""
-        rows = []
-        wall_total = float(self.steps["wall_ns"].sum()) if len(self.steps) else 0.0
-        for label, col in _STEP_PARTS:
-            values = self.steps[col].astype(float) if len(self.steps) else pd.Series(dtype=float)
-            rows.append(
-                {
-                    "part": label,
-                    "mean_ns": values.mean() if len(values) else np.nan,
-                    "p50_ns": values.quantile(0.5) if len(values) else np.nan,
-                    "p90_ns": values.quantile(0.9) if len(values) else np.nan,
-                    "max_ns": values.max() if len(values) else np.nan,
-                    "share": values.sum() / wall_total if wall_total > 0 else np.nan,
-                }
-            )
-        return pd.DataFrame(rows)
 
 
 def step_report(
@@ -179,13 +104,21 @@ def step_report(
     step_row = assignment.step_row
     in_step = step_row >= 0
     excluded = in_step & warm[np.where(in_step, step_row, 0)]
-    counted = frame.loc[~excluded]
-    counted_in_step = in_step[~excluded]
     kept_steps = steps.loc[~steps["warmup"].to_numpy(dtype=bool)]
     wall_total = float(kept_steps["wall_ns"].sum())
     own_self = assignment.self_ns
-    self_ns = None if own_self is None else own_self[~excluded]
-    events = _event_table(counted, counted_in_step, wall_total, self_ns)
+    self_all = frame["self_ns"].to_numpy(np.int64) if own_self is None else own_self
+    on_thread = assignment.on_thread
+    assert on_thread is not None and assignment.ppos is not None
+    val_root, val_share = _validation_rows(frame, assignment.ppos)
+    in_val = val_root >= 0
+    train = ~excluded & ~in_val
+    events = _event_table(frame.loc[train], on_thread[train], wall_total, self_all[train])
+    between = kept_steps["between_ns"].to_numpy(np.int64)
+    if len(between) and wall_total > 0 and between.sum() > 0:
+        events = _with_between_row(events, between, wall_total)
+    val_total = float(frame["dur_ns"].to_numpy(np.int64)[val_root[val_root == np.arange(n)]].sum())
+    validation = _event_table(frame.loc[in_val], val_share[in_val], val_total, self_all[in_val])
     return StepReport(
         events=events,
         steps=kept_steps.drop(columns=["warmup"]).reset_index(drop=True),
@@ -193,10 +126,67 @@ def step_report(
         warmup_steps=warmup_steps,
         excluded_steps=int(len(steps) - len(kept_steps)),
         total_steps=len(steps),
-        spans=len(counted),
+        spans=int(train.sum() + in_val.sum()),
         tables=_stored_tables(frame),
         ranks=rank_report(frame, assignment, kept_steps, margin=float(straggler_margin)),
+        validation=validation,
+        environment=_environment(frame),
     )
+
+
+def _environment(frame: pd.DataFrame) -> dict[str, Any]:
+    """The trace's ``otherData.environment`` (``frame.attrs["metadata"]``), or ``{}``."""
+    meta = frame.attrs.get("metadata")
+    env = meta.get("environment") if isinstance(meta, dict) else None
+    return dict(env) if isinstance(env, dict) else {}
+
+
+def _validation_rows(frame: pd.DataFrame, ppos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the row of its outermost ``trainer.validation`` ancestor-or-self (-1 if
+    none), and whether the row runs on that span's thread (its share counts)."""
+    n = len(frame)
+    names = frame["name"].to_numpy(dtype=object)
+    val_rows = np.flatnonzero(names == VALIDATION)
+    if not len(val_rows):
+        return np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=bool)
+    # the outermost: a validation row below another one takes that one's root
+    mark = np.full(n, np.nan)
+    mark[val_rows] = val_rows
+    up = np.where(ppos >= 0, ppos, 0)
+    above = np.where(ppos >= 0, _inherit(mark, ppos)[up], np.nan)
+    roots = val_rows[np.isnan(above[val_rows])]
+    mark = np.full(n, np.nan)
+    mark[roots] = roots
+    filled = _inherit(mark, ppos)
+    root = np.where(np.isnan(filled), -1, filled).astype(np.int64)
+    at = np.where(root >= 0, root, 0)
+    pid = frame["pid"].to_numpy(np.int64)
+    tid = frame["tid"].to_numpy(np.int64)
+    return root, (root >= 0) & (pid[at] == pid) & (tid[at] == tid)
+
+
+def _with_between_row(events: pd.DataFrame, between: np.ndarray, wall_total: float) -> pd.DataFrame:
+    """``events`` with the ``(between steps)`` row: per counted step, the wall time
+    outside its spans (so that ``share`` adds up to 1 over the steps)."""
+    gap = between.astype(float)
+    row: dict[str, Any] = {c: np.nan for c in events.columns}
+    row.update(
+        event=BETWEEN_STEPS,
+        count=len(gap),
+        total_ns=gap.sum(),
+        mean_ns=gap.mean(),
+        p50_ns=np.quantile(gap, 0.5),
+        p90_ns=np.quantile(gap, 0.9),
+        p99_ns=np.quantile(gap, 0.99),
+        max_ns=gap.max(),
+        self_ns=gap.sum(),
+        share=gap.sum() / wall_total,
+    )
+    out = pd.concat([events, pd.DataFrame([row], columns=events.columns)], ignore_index=True)
+    totals = out["total_ns"].to_numpy(dtype=float)
+    labels = out["event"].tolist()
+    order = sorted(range(len(out)), key=lambda i: (-totals[i], labels[i]))
+    return out.iloc[order].reset_index(drop=True)
 
 
 def _stored_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -214,12 +204,12 @@ def _stored_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def _event_table(
-    frame: pd.DataFrame, in_step: np.ndarray, wall_total: float, self_ns: np.ndarray | None
+    frame: pd.DataFrame, in_step: np.ndarray, wall_total: float, self_ns: np.ndarray
 ) -> pd.DataFrame:
+    """Per event: inclusive statistics, self time, and ``share``: the self time of the
+    rows in ``in_step`` over ``wall_total`` (NaN for an event with no such row)."""
     if not len(frame):
-        return pd.DataFrame({c: pd.Series(dtype=float) for c in _EVENT_COLUMNS}).astype(
-            {"event": object}
-        )
+        return _empty_events()
     dur = frame["dur_ns"].to_numpy(np.int64)
     # grouped by integer codes: any name works, whatever pandas' string storage
     codes, names = pd.factorize(frame["name"].to_numpy(dtype=object))
@@ -227,8 +217,9 @@ def _event_table(
         {
             "event": codes,
             "dur": dur,
-            "self": frame["self_ns"].to_numpy(np.int64) if self_ns is None else self_ns,
-            "in_step": np.where(in_step, dur, 0),
+            "self": self_ns,
+            "in_step": np.where(in_step, self_ns, 0),
+            "inside": in_step.astype(np.int8),
         }
     )
     g = data.groupby("event", sort=False)
@@ -246,7 +237,7 @@ def _event_table(
     out["p90_ns"] = q[0.9]
     out["p99_ns"] = q[0.99]
     step_sum = g["in_step"].sum()
-    any_in_step = g["in_step"].max() > 0
+    any_in_step = g["inside"].max() > 0
     if wall_total > 0:
         out["share"] = (step_sum / wall_total).where(any_in_step)
     else:
@@ -290,241 +281,3 @@ def _throughput(steps: pd.DataFrame) -> Throughput:
         samples_per_s=samples_per_s if known else None,
         processes=int(steps["pid"].nunique()),
     )
-
-
-# -- rendering ---------------------------------------------------------------------
-
-
-def _headline(report: StepReport) -> list[str]:
-    w = report.excluded_steps
-    lines = [
-        f"{fmt_count(report.throughput.steps)} steps "
-        f"({w} warmup step{'s' if w != 1 else ''} excluded; warmup_steps={report.warmup_steps}), "
-        f"{fmt_count(report.spans)} spans"
-    ]
-    t = report.throughput
-    if t.steps:
-        tp = f"Throughput: {t.steps_per_s:,.1f} steps/s"
-        if t.samples_per_s is not None:
-            tp += f", {t.samples_per_s:,.1f} samples/s"
-        if t.processes > 1:
-            tp += f" (sum over {t.processes} processes)"
-        lines.append(tp)
-    elif report.total_steps:
-        lines.append(
-            f"All {report.total_steps} steps are warmup: no per-step table or throughput "
-            "(lower warmup_steps)."
-        )
-    else:
-        lines.append("No trainer.step spans: no per-step table or throughput.")
-    return lines
-
-
-def _summary_rows(report: StepReport) -> list[list[str]]:
-    return [
-        [
-            str(r["part"]),
-            fmt_ns(r["mean_ns"]),
-            fmt_ns(r["p50_ns"]),
-            fmt_ns(r["p90_ns"]),
-            fmt_ns(r["max_ns"]),
-            fmt_pct(r["share"]),
-        ]
-        for _, r in report.step_summary.iterrows()
-    ]
-
-
-_SUMMARY_HEADER = ["per step", "mean", "p50", "p90", "max", "share"]
-
-
-def _event_rows(events: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    header = ["event", "count", "total", "mean", "p50", "p90", "p99", "max", "self", "share"]
-    device = "device_total_ns" in events.columns
-    if device:
-        header += ["device", "device mean"]
-    rows = []
-    for r in events.itertuples(index=False):
-        row = [
-            str(r.event),
-            fmt_count(r.count),
-            fmt_ns(r.total_ns),
-            fmt_ns(r.mean_ns),
-            fmt_ns(r.p50_ns),
-            fmt_ns(r.p90_ns),
-            fmt_ns(r.p99_ns),
-            fmt_ns(r.max_ns),
-            fmt_ns(r.self_ns),
-            fmt_pct(r.share),
-        ]
-        if device:
-            row += [fmt_ns(r.device_total_ns), fmt_ns(r.device_mean_ns)]
-        rows.append(row)
-    return header, rows
-
-
-def _generic_rows(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    header = [str(c) for c in table.columns]
-    rows = []
-    for rec in table.itertuples(index=False, name=None):
-        row = []
-        for col, value in zip(header, rec, strict=True):
-            if col.endswith("_ns"):
-                row.append(fmt_ns(value))
-            elif col == "share" or col.endswith("_share"):
-                row.append(fmt_pct(value))
-            else:
-                row.append("–" if json_value(value) is None else str(value))
-        rows.append(row)
-    return header, rows
-
-
-def _rank_rows(ranks: RankReport) -> tuple[list[str], list[list[str]]]:
-    header = ["rank", "steps", "mean", "p90", "data wait", "compute", "slowest", "lead"]
-    rows = [
-        [
-            str(r.rank),
-            fmt_count(r.steps),
-            fmt_ns(r.mean_ns),
-            fmt_ns(r.p90_ns),
-            fmt_ns(r.data_wait_mean_ns),
-            fmt_ns(r.compute_mean_ns),
-            f"{r.slowest} ({fmt_pct(r.slowest_share)})",
-            fmt_ns(r.lead_mean_ns),
-        ]
-        for r in ranks.table.itertuples(index=False)
-    ]
-    return header, rows
-
-
-def _rank_lines(ranks: RankReport) -> list[str]:
-    spread = ranks.steps["spread_ns"] if len(ranks.steps) else pd.Series(dtype=float)
-    lines = [
-        f"Per rank: {len(ranks.table)} ranks, {ranks.matched_steps} steps matched; slowest = "
-        f"last to reach {ranks.sync_event}, lead = its arrival after the others' median"
-    ]
-    if len(spread):
-        lines.append(
-            f"Spread per step (last - first arrival): median {fmt_ns(spread.median())}, "
-            f"p90 {fmt_ns(spread.quantile(0.9))}, max {fmt_ns(spread.max())}"
-        )
-    return lines
-
-
-def _top(report: StepReport, top: int | None) -> pd.DataFrame:
-    if top is None:
-        return report.events
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise ValueError(f"Expected a positive int for top, but received {top!r}.")
-    return report.events.head(top)
-
-
-def render_table(report: StepReport, *, top: int | None = None) -> str:
-    """The report as aligned plain text for a terminal; ``top`` keeps the K largest events."""
-    events = _top(report, top)
-    parts = ["ppetrace step report", *_headline(report), ""]
-    if report.throughput.steps:
-        parts += [text_table(_SUMMARY_HEADER, _summary_rows(report)), ""]
-    if report.ranks is not None:
-        h, r = _rank_rows(report.ranks)
-        parts += [*_rank_lines(report.ranks), text_table(h, r), report.ranks.verdict, ""]
-    header, rows = _event_rows(events)
-    parts.append(text_table(header, rows))
-    if top is not None and len(report.events) > len(events):
-        parts.append(f"({len(report.events) - len(events)} more events not shown)")
-    for name, table in report.tables.items():
-        h, r = _generic_rows(table)
-        parts += ["", name, text_table(h, r)]
-    return "\n".join(parts) + "\n"
-
-
-def render_markdown(report: StepReport, *, top: int | None = None) -> str:
-    """The report as GitHub-flavoured Markdown."""
-    events = _top(report, top)
-    parts = ["### ppetrace step report", ""]
-    parts += [f"- {line}" for line in _headline(report)]
-    parts.append("")
-    if report.throughput.steps:
-        parts += [markdown(_SUMMARY_HEADER, _summary_rows(report)), ""]
-    if report.ranks is not None:
-        h, r = _rank_rows(report.ranks)
-        parts += [f"- {line}" for line in _rank_lines(report.ranks)]
-        parts += ["", markdown(h, r), "", f"**{report.ranks.verdict}**", ""]
-    header, rows = _event_rows(events)
-    parts.append(markdown(header, rows))
-    if top is not None and len(report.events) > len(events):
-        parts += ["", f"_{len(report.events) - len(events)} more events not shown._"]
-    for name, table in report.tables.items():
-        h, r = _generic_rows(table)
-        parts += ["", f"#### {name}", "", markdown(h, r)]
-    return "\n".join(parts) + "\n"
-
-
-def render_csv(report: StepReport, *, top: int | None = None, table: str = "events") -> str:
-    """One table as CSV with raw numbers (ns): ``events`` (default), ``steps``,
-    ``summary``, ``ranks`` and ``rank_steps`` (multi-rank traces) or the name of an
-    extra table."""
-    tables = {"events": _top(report, top), "steps": report.steps, "summary": report.step_summary}
-    if report.ranks is not None:
-        tables["ranks"] = report.ranks.table
-        tables["rank_steps"] = report.ranks.steps
-    tables.update(report.tables)
-    frame = tables.get(table)
-    if frame is None:
-        raise ValueError(f"Expected one of the tables {', '.join(tables)}, but received {table!r}.")
-    buf = io.StringIO()
-    frame.to_csv(buf, index=False, lineterminator="\n")
-    return buf.getvalue()
-
-
-def render_json(report: StepReport, *, top: int | None = None) -> str:
-    """The whole report as a JSON document (times in ns, NaN as ``null``)."""
-    t = report.throughput
-    doc = {
-        "warmup_steps": report.warmup_steps,
-        "excluded_steps": report.excluded_steps,
-        "total_steps": report.total_steps,
-        "spans": report.spans,
-        "throughput": {
-            "steps": t.steps,
-            "wall_ns": t.wall_ns,
-            "steps_per_s": json_value(t.steps_per_s),
-            "samples": t.samples,
-            "samples_per_s": json_value(t.samples_per_s),
-            "processes": t.processes,
-        },
-        "step_summary": json_records(report.step_summary),
-        "events": json_records(_top(report, top)),
-        "steps": json_records(report.steps),
-        "tables": {name: json_records(tab) for name, tab in report.tables.items()},
-    }
-    ranks = report.ranks
-    if ranks is not None:
-        doc["ranks"] = {
-            "straggler": ranks.straggler,
-            "margin": ranks.margin,
-            "matched_steps": ranks.matched_steps,
-            "sync_event": ranks.sync_event,
-            "verdict": ranks.verdict,
-            "table": json_records(ranks.table),
-            "steps": json_records(ranks.steps),
-        }
-    return json.dumps(doc, indent=2) + "\n"
-
-
-#: Report renderers by format name (the CLI's ``--format``).
-REPORT_FORMATS: dict[str, Callable[..., str]] = {
-    "table": render_table,
-    "md": render_markdown,
-    "csv": render_csv,
-    "json": render_json,
-}
-
-
-def render(report: StepReport, fmt: str = "table", *, top: int | None = None) -> str:
-    """Render ``report`` in the format ``fmt``: one of ``table``, ``md``, ``csv``, ``json``."""
-    renderer = REPORT_FORMATS.get(fmt)
-    if renderer is None:
-        raise ValueError(
-            f"Unknown report format {fmt!r}; expected one of {', '.join(REPORT_FORMATS)}."
-        )
-    return renderer(report, top=top)

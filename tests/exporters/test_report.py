@@ -51,14 +51,20 @@ def test_per_step_wall_data_wait_compute_and_other(
     assert list(steps["step"]) == [1, 2, 3, 4]
     assert list(steps["compute_ns"]) == STEPS[1:]
     assert list(steps["data_wait_ns"]) == FETCH[1:]
-    assert list(steps["other_ns"]) == [GAP] * 4  # loop time between a step and the next fetch
+    assert list(steps["between_ns"]) == [GAP] * 4  # loop time between a step and the next fetch
+    assert list(steps["backward_ns"]) == [s // 3 for s in STEPS[1:]]
+    assert list(steps["forward_ns"]) == list(steps["optimizer_ns"]) == [0] * 4
+    # other: the step's own self time (the step less its backward) and the loop time
+    assert list(steps["other_ns"]) == [GAP + s - s // 3 for s in STEPS[1:]]
     assert list(steps["wall_ns"]) == [
         GAP + f + s for f, s in zip(FETCH[1:], STEPS[1:], strict=True)
     ]
     assert list(steps["batch_size"]) == [BATCH] * 4
     assert (
-        steps["wall_ns"] == steps["data_wait_ns"] + steps["compute_ns"] + steps["other_ns"]
+        steps["wall_ns"] == steps["data_wait_ns"] + steps["compute_ns"] + steps["between_ns"]
     ).all()
+    parts = ["data_wait_ns", "forward_ns", "backward_ns", "optimizer_ns", "other_ns"]
+    assert (steps["wall_ns"] == steps[parts].sum(axis=1)).all()
 
 
 def test_the_first_step_wall_time_starts_at_its_fetch(
@@ -67,7 +73,7 @@ def test_the_first_step_wall_time_starts_at_its_fetch(
     report = _report(_run(run_builder), warmup=0)
     first = report.steps.iloc[0]
     assert first["wall_ns"] == FETCH[0] + STEPS[0]
-    assert first["other_ns"] == 0
+    assert first["between_ns"] == 0
     assert report.excluded_steps == 0 and len(report.steps) == 5
 
 
@@ -91,9 +97,14 @@ def test_per_event_statistics_match_numpy_on_known_durations(
     step = events.loc["trainer.step"]
     assert step["count"] == 4 and step["total_ns"] == sum(STEPS[1:])
     assert step["self_ns"] == sum(STEPS[1:]) - backward.sum()
-    assert step["share"] == pytest.approx(sum(STEPS[1:]) / wall)
+    # share is self time: the step's own time only, never its children again
+    assert step["share"] == pytest.approx((sum(STEPS[1:]) - backward.sum()) / wall)
     fetch = events.loc["trainer.fetch_batch"]
     assert fetch["count"] == 4 and fetch["total_ns"] == sum(FETCH[1:])
+    between = events.loc["(between steps)"]
+    assert between["count"] == 4 and between["self_ns"] == 4 * GAP
+    # over the events inside steps and the loop time between them: all the step time
+    assert events["share"].sum() == pytest.approx(1.0)
     # spans outside steps are counted, with no share of step time
     assert events.loc["trainer.run", "count"] == 1
     assert np.isnan(events.loc["trainer.run", "share"])
@@ -141,9 +152,10 @@ def test_validation_and_checkpoint_between_steps_are_not_step_time(
             t += 6_020
     report = _report(rb, warmup=0)
     # step 2 waits 10 + 5,000 + 10 + 1,000 + 100 ns before its fetch: the validation and
-    # checkpoint (6,000 ns) are left out, the 120 ns around them are "other"
+    # checkpoint (6,000 ns) are left out, the 120 ns around them are loop time
     assert list(report.steps["wall_ns"]) == [1_050, 1_150, 1_170, 1_150]
-    assert list(report.steps["other_ns"]) == [0, 100, 120, 100]
+    assert list(report.steps["between_ns"]) == [0, 100, 120, 100]
+    assert list(report.steps["other_ns"]) == [1_000, 1_100, 1_120, 1_100]  # + step self
 
 
 def test_warmup_steps_and_the_spans_inside_them_are_excluded_per_process(
@@ -220,7 +232,7 @@ def test_terminal_table_is_aligned_and_uses_human_units(
 def test_top_keeps_the_largest_events(run_builder: Callable[..., RunBuilder]) -> None:
     report = _report(_run(run_builder))
     text = render_table(report, top=2)
-    assert "trainer.run" in text and "trainer.backward" not in text
+    assert "trainer.run " in text and "trainer.backward " not in text
     assert f"({len(report.events) - 2} more events not shown)" in text
     assert render_markdown(report, top=2).count("| trainer.") == 2
 
@@ -255,7 +267,14 @@ def test_json_holds_the_whole_report(run_builder: Callable[..., RunBuilder]) -> 
     assert by_event["trainer.step"]["total_ns"] == sum(STEPS[1:])
     assert by_event["trainer.run"]["share"] is None
     assert [s["wall_ns"] for s in doc["steps"]] == list(report.steps["wall_ns"])
-    assert [p["part"] for p in doc["step_summary"]] == ["wall", "data wait", "compute", "other"]
+    assert [p["part"] for p in doc["step_summary"]] == [
+        "wall",
+        "data wait",
+        "forward",
+        "backward",
+        "optimizer",
+        "other",
+    ]
 
 
 def test_extra_tables_are_rendered_in_every_format(
@@ -284,7 +303,9 @@ def test_bad_arguments_are_refused_with_clear_messages(
         render(report, "xml")
     with pytest.raises(ValueError, match="Expected a positive int for top, but received 0"):
         render_table(report, top=0)
-    with pytest.raises(ValueError, match="Expected one of the tables events, steps, summary"):
+    with pytest.raises(
+        ValueError, match="Expected one of the tables events, validation, steps, summary"
+    ):
         render_csv(report, table="nope")
 
 

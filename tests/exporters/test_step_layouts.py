@@ -52,10 +52,11 @@ def test_a_fetch_before_the_step_and_a_fetch_inside_it_count_the_same_data_wait(
     # the first step starts at its fetch; later ones at the previous step's end
     walls = [FETCH[0] + WORK[0]] + [GAP + f + w for f, w in zip(FETCH[1:], WORK[1:], strict=True)]
     assert list(a["wall_ns"]) == list(b["wall_ns"]) == walls
-    assert list(b["other_ns"]) == [0, GAP, GAP]
+    assert list(b["between_ns"]) == [0, GAP, GAP]
     for steps in (a, b):
-        parts = steps["data_wait_ns"] + steps["compute_ns"] + steps["other_ns"]
+        parts = steps["data_wait_ns"] + steps["compute_ns"] + steps["between_ns"]
         assert (steps["wall_ns"] == parts).all()
+        assert list(steps["other_ns"]) == list(steps["compute_ns"] + steps["between_ns"])
 
 
 def test_steps_recorded_after_the_fact_own_the_spans_inside_them_by_time(
@@ -86,6 +87,13 @@ def test_steps_recorded_after_the_fact_own_the_spans_inside_them_by_time(
     assert events.loc["trainer.step", "self_ns"] == sum(WORK) - 3 * (500 + 500 + 300)
     assert events.loc["trainer.backward", "self_ns"] == 3 * (500 - 100)
     assert events.loc["module.forward", "share"] == 3 * 500 / report.steps["wall_ns"].sum()
+    # the parts by the spans found by time: forward 500, backward 500 (with its child),
+    # optimizer 300, the step's own time is other
+    steps = report.steps
+    assert list(steps["forward_ns"]) == [500] * 3 and list(steps["backward_ns"]) == [500] * 3
+    assert list(steps["optimizer_ns"]) == [300] * 3
+    own = [w - 1_300 for w in WORK]
+    assert list(steps["other_ns"]) == [o + g for o, g in zip(own, [0, GAP, GAP], strict=True)]
     samples = event_samples(frame, warmup_steps=0)
     assert list(samples["module.forward"]) == [500.0] * 3  # one sample per step
 

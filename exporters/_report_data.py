@@ -1,0 +1,148 @@
+"""The step report's data: :class:`StepReport` and :class:`Throughput` (built by
+:func:`exporters.step_report`, rendered by :mod:`exporters._report_render`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._parts import PART_COLUMNS, PART_NAMES
+from ._stragglers import RankReport
+
+__all__ = ["BETWEEN_STEPS", "VALIDATION", "StepReport", "Throughput"]
+
+_EVENT_COLUMNS = [
+    "event",
+    "count",
+    "total_ns",
+    "mean_ns",
+    "p50_ns",
+    "p90_ns",
+    "p99_ns",
+    "max_ns",
+    "self_ns",
+    "share",
+]
+_STEP_PARTS = (("wall", "wall_ns"), *zip(PART_NAMES, PART_COLUMNS, strict=True))
+#: The events-table row for the step time that no span inside a step covers.
+BETWEEN_STEPS = "(between steps)"
+#: The spans reported apart from training steps (with everything below them).
+VALIDATION = "trainer.validation"
+
+
+def _empty_events() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=float) for c in _EVENT_COLUMNS}).astype(
+        {"event": object}
+    )
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Training throughput over the counted (non-warmup) steps.
+
+    Rates are per process (steps over the summed step wall time) and then
+    added up over processes, so data-parallel ranks add their samples.
+    ``samples``/``samples_per_s`` are ``None`` unless every counted step has
+    a batch size (``ppetrace.batch_size``).
+    """
+
+    steps: int
+    wall_ns: int
+    steps_per_s: float
+    samples: int | None
+    samples_per_s: float | None
+    processes: int
+
+
+@dataclass
+class StepReport:
+    """A step report: plain data, rendered by the ``render_*`` functions.
+
+    - ``events``: one row per event name outside validation, columns ``event,
+      count, total_ns, mean_ns, p50_ns, p90_ns, p99_ns, max_ns, self_ns,
+      share``. ``total_ns`` and the statistics are *inclusive* (a span with
+      its children); ``self_ns`` is without the children on its thread.
+      ``share`` is the self time inside the counted steps, on the step's
+      thread, over the steps' wall time: it adds up to 1 over the events
+      inside steps and the ``(between steps)`` row (loop time no span inside a
+      step covers); NaN for events never inside a step. Plus
+      ``device_total_ns`` and ``device_mean_ns`` when spans carry device time.
+      Sorted by total time.
+    - ``validation``: the same table for ``trainer.validation`` spans and every
+      span below them (reported apart from the training steps), ``share``
+      being self time over the summed ``trainer.validation`` time.
+    - ``steps``: one row per counted step: ``step_index`` (per process),
+      ``pid, rank, epoch, step, batch_idx, batch_size, start_ns, end_ns,
+      wall_ns``, the parts ``data_wait_ns, forward_ns, backward_ns,
+      optimizer_ns, other_ns`` (adding up to ``wall_ns``; see
+      :data:`exporters.STEP_PARTS`), ``compute_ns`` (the ``trainer.step``
+      span less the fetches inside it), ``between_ns`` (wall time outside
+      the step and its fetch) and ``device_ns``.
+    - ``throughput``: a :class:`Throughput`.
+    - ``warmup_steps``: the requested warmup; ``excluded_steps``: how many
+      steps it removed; ``total_steps``: steps found; ``spans``: spans counted.
+    - ``tables``: extra named tables: those stored in the trace file (the
+      Pyinstrument profiler stores ``top_functions``) and any that other code
+      adds; the renderers print them last.
+    - ``ranks``: for steps of two ranks or more, a :class:`RankReport` (per-rank
+      step times, which rank arrived last at each step's gradient sync, and the
+      straggler verdict); ``None`` otherwise.
+    - ``environment``: what the run ran on (the trace's
+      ``otherData.environment``: ``device``, ``torch_threads``, ``cpu_count``,
+      ...); empty when the trace does not say.
+    """
+
+    events: pd.DataFrame
+    steps: pd.DataFrame
+    throughput: Throughput
+    warmup_steps: int
+    excluded_steps: int
+    total_steps: int
+    spans: int
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    ranks: RankReport | None = None
+    validation: pd.DataFrame = field(default_factory=lambda: _empty_events())
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_summary(self) -> pd.DataFrame:
+        """Mean, p50, p90 and max of the wall time and of each part per step (data
+        wait, forward, backward, optimizer, other), with each part's share of the
+        total wall time (the parts' shares add up to 1)."""
+        rows = []
+        wall_total = float(self.steps["wall_ns"].sum()) if len(self.steps) else 0.0
+        for label, col in _STEP_PARTS:
+            values = self.steps[col].astype(float) if len(self.steps) else pd.Series(dtype=float)
+            rows.append(
+                {
+                    "part": label,
+                    "mean_ns": values.mean() if len(values) else np.nan,
+                    "p50_ns": values.quantile(0.5) if len(values) else np.nan,
+                    "p90_ns": values.quantile(0.9) if len(values) else np.nan,
+                    "max_ns": values.max() if len(values) else np.nan,
+                    "share": values.sum() / wall_total if wall_total > 0 else np.nan,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    @property
+    def threads_hint(self) -> str | None:
+        """A one-line hint when steps are bimodal (wall p90/p50 > 3) while torch runs
+        more than one thread and at least as many threads as the CPUs this process
+        may use; ``None`` otherwise (or when the trace does not record them)."""
+        threads = self.environment.get("torch_threads")
+        cpus = self.environment.get("cpu_count")
+        if not isinstance(threads, int) or not isinstance(cpus, int) or not len(self.steps):
+            return None
+        wall = self.steps["wall_ns"].astype(float)
+        p50, p90 = float(wall.quantile(0.5)), float(wall.quantile(0.9))
+        if not (p50 > 0 and p90 / p50 > 3 and threads > 1 and threads >= cpus):
+            return None
+        return (
+            f"Hint: step times are bimodal (p90/p50 = {p90 / p50:.1f}) and torch runs "
+            f"{threads} threads on {cpus} available CPU{'s' if cpus != 1 else ''}; if other "
+            "processes share them, try torch.set_num_threads(1) or OMP_NUM_THREADS=1."
+        )
