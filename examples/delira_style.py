@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,7 +83,8 @@ class Regressor(ppetrace.AbstractPyTorchNetwork):
 class History(ppetrace.CallbackInterface):
     """Collects the validation error per epoch from the collated predictions."""
 
-    def __init__(self, val: Regression) -> None:
+    def __init__(self, val: Regression, log: Callable[..., None] = print) -> None:
+        self.log = log  # trainer.print: above the progress bar
         self.targets = torch.from_numpy(val.y)
         self.val_mse: list[float] = []
 
@@ -91,7 +92,7 @@ class History(ppetrace.CallbackInterface):
         (preds,) = outputs
         mse = float(((preds - self.targets) ** 2).mean())
         self.val_mse.append(mse)
-        print(f"step {global_step:5d}  val[{key}] mse {mse:.4f}")
+        self.log(f"step {global_step:5d}  val[{key}] mse {mse:.4f}")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -119,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         trace_path=args.trace,
         progress=not args.no_progress,
     )
+    history.log = trainer.print  # the callback prints above the progress bar
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
     trainer.fit(
         net,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,6 +47,8 @@ class BlobClassifier(ppetrace.ModuleInterface):
             "shifted": TensorDataset(x + 0.5, y),  # a second, harder validation set
         }
         self.history: dict[str, list[Any]] = {"train_loss": [], "val_acc": []}
+        #: prints above the progress bar once main() sets it to trainer.print
+        self.log: Callable[..., None] = print
 
     # -- data and optimization ---------------------------------------------------
 
@@ -94,7 +96,7 @@ class BlobClassifier(ppetrace.ModuleInterface):
         preds, labels = outputs
         acc = float((preds == labels).float().mean())
         self.history["val_acc"].append((key, acc))
-        print(f"step {global_step:5d}  val[{key}] accuracy {acc:.3f}")
+        self.log(f"step {global_step:5d}  val[{key}] accuracy {acc:.3f}")
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, list[Any]]:
@@ -120,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[Any]]:
         trace_path=args.trace,
         progress=not args.no_progress,
     )
+    module.log = trainer.print  # callbacks print above the progress bar
     trainer.fit(module, batch_size=args.batch_size, val_batch_size=256)
     for epoch, loss in enumerate(module.history["train_loss"]):
         print(f"epoch {epoch}: mean train loss {loss:.4f}")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -120,6 +120,8 @@ class ReversalLM(ppetrace.ModuleInterface):
             *reversal_sentences(max(samples // 8, 64), length, symbols, seed=1)
         )
         self.history: dict[str, list[float]] = {"val_loss": [], "val_accuracy": []}
+        #: prints above the progress bar once main() sets it to trainer.print
+        self.log: Callable[..., None] = print
 
     # -- data and optimization -----------------------------------------------------
 
@@ -183,7 +185,7 @@ class ReversalLM(ppetrace.ModuleInterface):
         loss, accuracy = loss_sum / scored, correct / scored
         self.history["val_loss"].append(loss)
         self.history["val_accuracy"].append(accuracy)
-        print(
+        self.log(
             f"step {global_step:5d}  val loss {loss:.3f}  token accuracy {accuracy:.1%} "
             f"(chance {1 / self.symbols:.0%})"
         )
@@ -220,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[float]]:
         progress=not args.no_progress,
         trace_path=args.trace,
     )
+    model.log = trainer.print  # callbacks print above the progress bar
     trainer.fit(model, batch_size=args.batch_size, val_batch_size=256)
 
     print()

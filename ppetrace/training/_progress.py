@@ -6,6 +6,7 @@ nothing until ``interval`` seconds have passed on the injected clock; only
 then does it read the loss (one ``.item()``, which syncs the device) and
 redraw. So the per-batch cost is one clock read. The Trainer checks the
 loss value read there for a non-finite loss (``_nonfinite``).
+:meth:`ProgressBar.write` prints above the bar (``Trainer.print``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class ProgressBar:
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(batches - self._shown)
         self._shown = batches
+
+    def write(self, text: str, *, file: IO[str] | None = None, end: str = "\n") -> None:
+        """Write ``text`` above the bar (``tqdm.write``: the bar is cleared, the text
+        written to ``file`` (default ``sys.stdout``), and the bar drawn again below)."""
+        type(self.bar).write(text, file=file, end=end)
 
     def close(self, batches: int, step: int, loss: Any) -> None:
         """Draw the final state and close the bar."""

@@ -88,6 +88,7 @@ class TrainerView(Protocol):
     _batch_in_epoch: int
     _batches_seen: int
     _epoch_rng: dict[str, Any] | None
+    _progress_bar: Any
 
     def update_state(self, state: Mapping[str, Any]) -> None: ...
 

@@ -88,10 +88,13 @@ def session(
                     initial=self._batches_seen,
                     initial_step=self.global_step,
                 )
-                bar = run.progress
-                cleanups.insert(
-                    0, lambda: bar.close(self._batches_seen, self.global_step, run.last_loss)
-                )
+                bar = self._progress_bar = run.progress
+
+                def close_bar() -> None:
+                    self._progress_bar = None
+                    bar.close(self._batches_seen, self.global_step, run.last_loss)
+
+                cleanups.insert(0, close_bar)
         yield
     except BaseException:
         run_cleanups(cleanups, failing=True)

@@ -250,6 +250,20 @@ class Trainer:
         self._epoch_rng: dict[str, Any] | None = None
         self._models: dict[str, torch.nn.Module] = {}
         self._optimizers: dict[str, Any] = {}
+        #: the progress bar drawn now (inside fit with progress on a terminal), or None
+        self._progress_bar: Any = None
+
+    def print(
+        self, *values: Any, sep: str = " ", end: str = "\n", file: IO[str] | None = None
+    ) -> None:
+        """``print(*values)`` for callbacks and training code: while the progress bar is
+        drawn, the text goes above it (``tqdm.write``) instead of garbling it; otherwise
+        it is a plain ``print`` (to ``file``, default ``sys.stdout``)."""
+        bar = self._progress_bar
+        if bar is None:
+            print(*values, sep=sep, end=end, file=file)
+        else:
+            bar.write(sep.join(str(v) for v in values), file=file, end=end)
 
     # -- state -------------------------------------------------------------------
 

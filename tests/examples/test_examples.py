@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ def test_quickstart_writes_a_trace_and_prints_the_report(
     out = capsys.readouterr().out
     assert "steps/s" in out
     assert "trainer.step" in out
+    assert re.search(r"^train: loss \d+\.\d{3}, accuracy \d+\.\d% \(chance 10%\)$", out, re.M)
+    assert re.search(r"^val: loss \d+\.\d{3}, accuracy \d+\.\d%", out, re.M)
     assert (
         f"Wrote {trace}: open it in Perfetto UI (https://ui.perfetto.dev) or speedscope (https://www.speedscope.app)."
         in out
