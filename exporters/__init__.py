@@ -11,7 +11,9 @@ without torch. The data flows along the modules:
 - :mod:`exporters.frame`: :func:`spans_to_frame`, one row per span;
 - :mod:`exporters.report`: :func:`step_report` and its renderers;
 - :mod:`exporters.comparison`: :func:`compare` (runs as samples, a gate, a noise
-  floor; :func:`summarize_run` reduces a run first) and its renderers.
+  floor; :func:`summarize_run` reduces a run first) and its renderers;
+- :mod:`exporters.html`: :func:`render_html` and :func:`render_comparison_html`,
+  self-contained HTML pages with plotly charts (the ``ppetrace[html]`` extra).
 
 ``import exporters`` is cheap (ppetrace imports it on every start): the
 modules above, with pandas and scipy, load on first use of a name.
@@ -94,9 +96,12 @@ if TYPE_CHECKING:
     )
     from .frame import COLUMNS as COLUMNS
     from .frame import spans_to_frame as spans_to_frame
+    from .html import render_comparison_html as render_comparison_html
+    from .html import render_html as render_html
     from .report import (
         REPORT_FORMATS as REPORT_FORMATS,
     )
+    from .report import STEP_PARTS as STEP_PARTS
     from .report import (
         RankReport as RankReport,
     )
@@ -148,6 +153,9 @@ _LAZY = {
     "render_markdown": ".report",
     "render_table": ".report",
     "step_report": ".report",
+    "STEP_PARTS": ".report",
+    "render_html": ".html",
+    "render_comparison_html": ".html",
     "COMPARE_FORMATS": ".comparison",
     "DEFAULT_NOISE_FLOOR": ".comparison",
     "RunSummary": ".comparison",

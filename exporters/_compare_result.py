@@ -104,6 +104,9 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     #: whether any run had an environment record (``otherData.environment``)
     environment_recorded: bool = False
+    #: ``trainer.step`` samples in ns per run, ``{"base": [...], "candidate": [...]}``
+    #: (runs that have them), for :func:`exporters.render_comparison_html`
+    step_samples: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def events(self) -> pd.DataFrame:

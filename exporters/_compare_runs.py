@@ -15,14 +15,14 @@ joins them into one frame per run, so a folder of rank files counts as one run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ._compare_stats import log_median_se
-from ._steps import assign_steps
+from ._steps import STEP, assign_steps
 
 __all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
 
@@ -72,11 +72,14 @@ class EventStat:
 class RunSummary:
     """One run as :func:`exporters.compare` sees it: ``events`` (name ->
     :class:`EventStat`), the ``environment`` recorded in the trace's
-    ``otherData`` (``None`` when it has none) and ``source`` (its file, if any)."""
+    ``otherData`` (``None`` when it has none), ``source`` (its file, if any) and
+    ``step_samples``: its ``trainer.step`` samples in ns, kept for the step-time
+    distributions of :func:`exporters.render_comparison_html` (``None`` without)."""
 
     events: Mapping[str, EventStat]
     environment: Mapping[str, Any] | None = None
     source: str | None = None
+    step_samples: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_samples(
@@ -102,7 +105,13 @@ class RunSummary:
                     f"event {name!r}, but received {what}."
                 )
             events[str(name)] = _stat(array)
-        return cls(events, None if environment is None else dict(environment), source)
+        step = samples.get(STEP)
+        return cls(
+            events,
+            None if environment is None else dict(environment),
+            source,
+            None if step is None else np.asarray(step, dtype=float),
+        )
 
 
 def _stat(samples: np.ndarray) -> EventStat:

@@ -375,4 +375,8 @@ def compare(
         ),
         notes=notes,
         environment_recorded=any(r.environment is not None for r in (*b_runs, *c_runs)),
+        step_samples={
+            side: [r.step_samples for r in runs if r.step_samples is not None]
+            for side, runs in (("base", b_runs), ("candidate", c_runs))
+        },
     )

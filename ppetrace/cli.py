@@ -36,6 +36,8 @@ from exporters._defaults import (
     DEFAULT_NOISE_FLOOR,
     DEFAULT_THRESHOLD,
 )
+from ppetrace._cli_html import add_html_option, write_html
+from ppetrace._cli_io import _BadInput, _emit, _write
 from ppetrace._version import __version__
 
 __all__ = ["main", "parse_duration_ns", "parse_gate", "parse_percent", "parse_threshold"]
@@ -43,10 +45,6 @@ __all__ = ["main", "parse_duration_ns", "parse_gate", "parse_percent", "parse_th
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_BAD_INPUT = 2
-
-
-class _BadInput(Exception):
-    """A user error: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -188,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="show only the K events with the most total time",
     )
     report.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    add_html_option(report)
 
     comp = sub.add_parser(
         "compare",
@@ -251,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--format", choices=("table", "md", "json"), default="table", dest="fmt")
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    add_html_option(comp)
     _add_warmup(comp)
     comp.add_argument(
         "--rank",
@@ -359,29 +359,6 @@ def _read_frame(path: str, err: IO[str]) -> Any:
     return frame
 
 
-def _write(stream: IO[str], text: str) -> None:
-    """Write ``text``; characters the stream cannot encode (a lone surrogate in a
-    span name, an emoji on a Latin-1 terminal) are written as backslash escapes."""
-    try:
-        stream.write(text)
-    except UnicodeEncodeError:
-        encoding = getattr(stream, "encoding", None) or "utf-8"
-        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
-
-
-def _emit(text: str, output: str | None, out: IO[str]) -> None:
-    if output is None:
-        _write(out, text)
-        return
-    try:
-        Path(output).write_text(text, encoding="utf-8", errors="backslashreplace")
-    except OSError as exc:
-        raise _BadInput(
-            f"Expected a writable file path for --output, but writing {output} failed: "
-            f"{exc.strerror or exc}. Pass a file path in a folder you can write to."
-        ) from None
-
-
 def _report(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
@@ -390,6 +367,7 @@ def _report(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     _emit(exporters.render(report, args.fmt, top=args.top), args.output, out)
     if args.output is not None:
         err.write(f"ppetrace: wrote {args.output}\n")
+    write_html(args.html, lambda: exporters.render_html(report), err)
     return EXIT_OK
 
 
@@ -482,6 +460,7 @@ def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if args.output is not None:
         verdict = "gated regression" if comparison.has_regression else "no gated regression"
         err.write(f"ppetrace: wrote {args.output} ({verdict})\n")
+    write_html(args.html, lambda: exporters.render_comparison_html(comparison), err)
     if args.strict_env and not comparison.environment_recorded:
         _write(
             err,
