@@ -56,8 +56,18 @@ _VERDICT_COLORS = {
 }
 
 
-def _ms(values: Any) -> np.ndarray:
-    return np.asarray(values, dtype=float) / 1e6
+_UNITS = (("s", 1e9), ("ms", 1e6), ("µs", 1e3), ("ns", 1.0))
+
+
+def _unit(values_ns: Any) -> tuple[str, float]:
+    """The time unit that suits ``values_ns`` (by their median) and its size in ns."""
+    v = np.abs(np.asarray(values_ns, dtype=float))
+    v = v[np.isfinite(v)]
+    typical = float(np.median(v)) if len(v) else 0.0
+    for unit, scale in _UNITS:
+        if typical >= scale:
+            return unit, scale
+    return "ns", 1.0
 
 
 def _check(value: Any, kind: type, what: str) -> None:
@@ -154,7 +164,11 @@ def _step_line(page: Page, all_steps: pd.DataFrame) -> None:
     steps = steps.sort_values("start_ns")
     n = len(steps)
     x = np.arange(1, n + 1, dtype=float)
-    parts = {name: _ms(steps[col]) for name, col in zip(PART_NAMES, PART_COLUMNS, strict=True)}
+    unit, scale = _unit(steps["wall_ns"])
+    parts = {
+        name: steps[col].to_numpy(dtype=float) / scale
+        for name, col in zip(PART_NAMES, PART_COLUMNS, strict=True)
+    }
     note = f"Every step of {who}" if who else "Every step"
     note += " (per-rank step times below)." if who else "."
     if n > MAX_STEP_POINTS:
@@ -182,7 +196,7 @@ def _step_line(page: Page, all_steps: pd.DataFrame) -> None:
     layout = {
         "title": {"text": "Step time over the run, by part"},
         "xaxis": {"title": {"text": "step"}},
-        "yaxis": {"title": {"text": "ms"}, "rangemode": "tozero"},
+        "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
         "hovermode": "x unified",
     }
     page.heading("Step time over the run")
@@ -191,7 +205,8 @@ def _step_line(page: Page, all_steps: pd.DataFrame) -> None:
 
 
 def _histogram(page: Page, steps: pd.DataFrame) -> None:
-    wall = _ms(steps["wall_ns"])
+    unit, scale = _unit(steps["wall_ns"])
+    wall = steps["wall_ns"].to_numpy(dtype=float) / scale
     counts, edges = np.histogram(wall, bins=min(80, max(10, int(np.sqrt(len(wall))))))
     centers = (edges[:-1] + edges[1:]) / 2
     marks = {f"p{q}": float(np.percentile(wall, q)) for q in (50, 90, 99)}
@@ -211,15 +226,16 @@ def _histogram(page: Page, steps: pd.DataFrame) -> None:
     annotations = [
         {
             "x": v,
-            "y": 1,
+            "y": y,
             "xref": "x",
             "yref": "paper",
-            "text": f"{name} {fmt_ns(v * 1e6)}",
+            "text": f"{name} {fmt_ns(v * scale)}",
             "showarrow": False,
-            "yanchor": "bottom",
-            "textangle": -30,
+            "xanchor": "left",
+            "yanchor": "top",
+            "bgcolor": "rgba(255,255,255,0.8)",
         }
-        for name, v in marks.items()
+        for (name, v), y in zip(marks.items(), (1.0, 0.92, 0.84), strict=True)
     ]
     data = [
         {
@@ -233,7 +249,7 @@ def _histogram(page: Page, steps: pd.DataFrame) -> None:
     ]
     layout = {
         "title": {"text": "Step times (wall)"},
-        "xaxis": {"title": {"text": "ms"}},
+        "xaxis": {"title": {"text": unit}},
         "yaxis": {"title": {"text": "steps"}},
         "shapes": shapes,
         "annotations": annotations,
@@ -286,12 +302,13 @@ def _device(page: Page, report: StepReport) -> None:
         return
     dev = dev.sort_values("device_total_ns", ascending=False).head(_SHARE_BARS)
     names = [str(e) for e in dev["event"]][::-1]
+    unit, scale = _unit(dev["device_total_ns"])
     data = [
         {
             "type": "bar",
             "orientation": "h",
             "name": "device",
-            "x": _ms(dev["device_total_ns"])[::-1],
+            "x": (dev["device_total_ns"].to_numpy(dtype=float) / scale)[::-1],
             "y": names,
             "marker": {"color": "#9467bd"},
         },
@@ -299,14 +316,14 @@ def _device(page: Page, report: StepReport) -> None:
             "type": "bar",
             "orientation": "h",
             "name": "host (inclusive)",
-            "x": _ms(dev["total_ns"])[::-1],
+            "x": (dev["total_ns"].to_numpy(dtype=float) / scale)[::-1],
             "y": names,
             "marker": {"color": "#bdbdbd"},
         },
     ]
     layout = {
         "title": {"text": "Device time per event (CUDA events) beside host time"},
-        "xaxis": {"title": {"text": "ms, summed over the run"}},
+        "xaxis": {"title": {"text": f"{unit}, summed over the run"}},
         "yaxis": {"automargin": True},
         "barmode": "group",
         "margin": {"l": 220, "t": 50, "r": 20, "b": 50},
@@ -316,7 +333,7 @@ def _device(page: Page, report: StepReport) -> None:
 
 
 def _box(name: str, values: np.ndarray, color: str | None = None) -> dict[str, Any]:
-    """A box of ``values`` (ms) from its quartiles and 1.5 IQR fences: the page's size
+    """A box of ``values`` from its quartiles and 1.5 IQR fences: the page's size
     does not grow with the number of values."""
     q1, med, q3 = np.percentile(values, [25, 50, 75])
     iqr = q3 - q1
@@ -344,13 +361,15 @@ def _ranks(page: Page, report: StepReport) -> None:
         return
     steps = report.steps
     ranks = pd.to_numeric(steps["rank"], errors="coerce")
+    unit, scale = _unit(steps["wall_ns"])
+    wall = steps["wall_ns"].to_numpy(dtype=float) / scale
     data = [
-        _box(f"rank {int(r)}", _ms(steps.loc[(ranks == r).to_numpy(), "wall_ns"]))
+        _box(f"rank {int(r)}", wall[(ranks == r).to_numpy()])
         for r in sorted(ranks.dropna().unique())
     ]
     layout = {
         "title": {"text": "Step time per rank"},
-        "yaxis": {"title": {"text": "ms"}, "rangemode": "tozero"},
+        "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
         "showlegend": False,
     }
     page.heading("Ranks")
@@ -451,7 +470,8 @@ def _distributions(page: Page, comparison: Comparison) -> None:
     cand = [np.asarray(s, dtype=float) for s in sides.get("candidate", []) if len(s)]
     if not base or not cand:
         return
-    pooled = {"base": _ms(np.concatenate(base)), "candidate": _ms(np.concatenate(cand))}
+    unit, scale = _unit(np.concatenate(base))
+    pooled = {"base": np.concatenate(base) / scale, "candidate": np.concatenate(cand) / scale}
     both = np.concatenate(list(pooled.values()))
     edges = np.histogram_bin_edges(both, bins=min(80, max(10, int(np.sqrt(len(both))))))
     colors = {"base": "#7f7f7f", "candidate": "#1f77b4"}
@@ -471,14 +491,14 @@ def _distributions(page: Page, comparison: Comparison) -> None:
         )
     layout = {
         "title": {"text": "trainer.step times: base against candidate"},
-        "xaxis": {"title": {"text": "ms"}},
+        "xaxis": {"title": {"text": unit}},
         "yaxis": {"title": {"text": "fraction of steps"}},
         "barmode": "overlay",
     }
     page.heading("Step-time distributions")
     page.chart("step-distributions", data, layout)
     boxes = [
-        _box(f"{side} run {i + 1}", _ms(s), colors[side])
+        _box(f"{side} run {i + 1}", s / scale, colors[side])
         for side, runs in (("base", base), ("candidate", cand))
         for i, s in enumerate(runs)
     ]
@@ -487,7 +507,7 @@ def _distributions(page: Page, comparison: Comparison) -> None:
         boxes,
         {
             "title": {"text": "trainer.step per run"},
-            "yaxis": {"title": {"text": "ms"}},
+            "yaxis": {"title": {"text": unit}},
             "showlegend": False,
         },
         height=360,

@@ -41,6 +41,14 @@ def _run(rb: RunBuilder, steps: list[int], *, fetch: int = 200, evil: bool = Fal
         t += dur + 30
 
 
+SCALE = {"ns": 1.0, "µs": 1e3, "ms": 1e6, "s": 1e9}
+
+
+def scale(axis: dict[str, Any]) -> float:
+    """ns per unit of a chart axis titled with its unit."""
+    return SCALE[axis["title"]["text"].split(",")[0]]
+
+
 def figures(page: str) -> dict[str, Any]:
     """The page's figure data (``const FIGURES=...``), as plotly.js receives it."""
     found = re.search(r"const FIGURES=(.*?);\n", page, re.S)
@@ -76,15 +84,17 @@ def test_the_report_page_is_self_contained_and_its_charts_hold_the_report(
     # stacked parts: every step, adding up to its wall time
     line = figs["step-time"]["data"]
     assert [t["name"] for t in line] == ["data wait", "forward", "backward", "optimizer", "other"]
+    unit = scale(figs["step-time"]["layout"]["yaxis"])
+    assert unit == 1e3  # steps of 3 to 12 µs are drawn in µs
     stacked = np.sum([t["y"] for t in line], axis=0)
-    np.testing.assert_allclose(stacked, report.steps["wall_ns"] / 1e6, rtol=1e-5)
+    np.testing.assert_allclose(stacked, report.steps["wall_ns"] / unit, rtol=1e-5)
     assert len(line[0]["x"]) == 39
     # the histogram counts every step; p50/p90/p99 are marked where they are
     hist = figs["step-histogram"]
     assert sum(hist["data"][0]["y"]) == 39
-    wall_ms = report.steps["wall_ns"].to_numpy() / 1e6
+    wall = report.steps["wall_ns"].to_numpy() / scale(hist["layout"]["xaxis"])
     marks = [s["x0"] for s in hist["layout"]["shapes"]]
-    np.testing.assert_allclose(marks, np.percentile(wall_ms, [50, 90, 99]), rtol=1e-5)
+    np.testing.assert_allclose(marks, np.percentile(wall, [50, 90, 99]), rtol=1e-5)
     # self time per event, summing to 100% of step time
     share = figs["self-share"]["data"][0]
     assert sum(share["x"]) == pytest.approx(100.0, abs=0.01)
@@ -109,11 +119,12 @@ def test_long_runs_are_downsampled_and_the_page_says_so(
     )
     page = render_html(dataclasses.replace(report, steps=steps))
     assert "Downsampled: 25,001 steps are more than 20,000, so each point is the mean of 2" in page
-    line = figures(page)["step-time"]["data"]
+    fig = figures(page)["step-time"]
+    line, unit = fig["data"], scale(fig["layout"]["yaxis"])
     assert len(line[0]["x"]) == 12_501
     means = np.sum([t["y"] for t in line], axis=0)
-    np.testing.assert_allclose(means[0], steps["wall_ns"][:2].mean() / 1e6, rtol=1e-5)
-    np.testing.assert_allclose(means[-1], steps["wall_ns"].iloc[-1] / 1e6, rtol=1e-5)
+    np.testing.assert_allclose(means[0], steps["wall_ns"][:2].mean() / unit, rtol=1e-5)
+    np.testing.assert_allclose(means[-1], steps["wall_ns"].iloc[-1] / unit, rtol=1e-5)
 
 
 def test_several_ranks_and_device_time_get_their_charts(
@@ -129,7 +140,8 @@ def test_several_ranks_and_device_time_get_their_charts(
     assert [b["name"] for b in boxes] == ["rank 0", "rank 1"]
     assert boxes[0]["median"][0] < boxes[1]["median"][0]
     device = figs["device-time"]["data"][0]
-    assert device["y"] == ["trainer.backward"] and device["x"] == [2 * 7 * 500 / 1e6]
+    unit = scale(figs["device-time"]["layout"]["xaxis"])
+    assert device["y"] == ["trainer.backward"] and device["x"] == [2 * 7 * 500 / unit]
 
 
 def test_the_comparison_page_shows_changes_with_their_intervals_and_both_distributions(
