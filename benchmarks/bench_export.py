@@ -2,7 +2,10 @@
 
 Budgets (DESIGN.md, issue 16): 1,000,000 spans -> Chrome trace in <= 3 s,
 -> frame in <= 2 s; the 1M-span trace file -> frame (``read_chrome_trace``)
-in <= 2 s, with a peak RSS of at most 2.5x the file's size. The spans look
+in <= 2 s, with a peak RSS of at most 2.5x the file's size; ``ppetrace report
+TRACE --html OUT.html`` on that file (the whole command in a new process:
+start-up, read, report and page) in <= 5 s, writing a page of <= 10 MB (skipped,
+saying so, when plotly is not installed). The spans look
 like a traced training run: per step a fetch, a step and eight hooks under it,
 with ppetrace's usual attributes, handed over in recorder-sized batches of
 65,536 rows, as ppetrace's recorder does.
@@ -44,6 +47,8 @@ BUDGET_TRACE_S = 3.0
 BUDGET_FRAME_S = 2.0
 BUDGET_READ_S = 2.0
 BUDGET_READ_RSS = 2.5  # peak RSS over the file's size
+BUDGET_HTML_S = 5.0
+BUDGET_HTML_BYTES = 10_000_000
 BATCH = 65_536
 _HOOKS = (
     "runtime.train_pre_step",
@@ -214,6 +219,29 @@ def read_in_fresh_process(path: Path) -> dict[str, float]:
     }
 
 
+def report_html(path: Path, out: Path) -> dict[str, float] | None:
+    """``ppetrace report PATH --html OUT`` in a new process (text to /dev/null): its wall
+    and CPU seconds and the page's size; ``None`` when plotly is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("plotly") is None:
+        return None
+    before = os.times()
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "ppetrace", "report", str(path), "--html", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
+    wall = time.perf_counter() - start
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
+    return {"wall_s": wall, "cpu_s": cpu, "bytes": out.stat().st_size}
+
+
 def parser_figures(path: Path, events: int = 200_000) -> dict[str, float]:
     """µs (CPU) per event to decode ``events`` of the file's event lines with each parser."""
     from exporters.chrome._parse import _EVENTS, _TYPED
@@ -289,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         read_s = _time(lambda: read_chrome_trace(path), "read")
         fresh = read_in_fresh_process(path)
         parsers = parser_figures(path, min(200_000, n)) if args.parsers else {}
+        html = report_html(path, Path(tmp) / "report.html")
         gz_s = _time(write_gz)
     ref_after = reference_json_dumps_us(batches)
     ref = (ref_before + ref_after) / 2
@@ -320,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         "read_rss_budget": BUDGET_READ_RSS,
         "read_rss_pass": fresh["peak_rss"] / size <= BUDGET_READ_RSS,
         "parser_us_per_event": parsers,
+        "report_html_s": None if html is None else round(html["wall_s"], 4),
+        "report_html_cpu_s": None if html is None else round(html["cpu_s"], 4),
+        "report_html_bytes": None if html is None else int(html["bytes"]),
+        "report_html_budget_s": BUDGET_HTML_S,
+        "report_html_budget_bytes": BUDGET_HTML_BYTES,
+        "report_html_pass": None
+        if html is None
+        else bool(html["wall_s"] * scale <= BUDGET_HTML_S and html["bytes"] <= BUDGET_HTML_BYTES),
         "chrome_trace_gz_s": round(gz_s, 4),
         "reference_json_dumps_us": round(ref, 3),
         "machine_speed_vs_design": round(speed, 3),
@@ -356,6 +393,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{fresh['base_rss'] / 1e6:.0f} MB after the imports)  budget {BUDGET_READ_RSS:.1f}x  "
         f"{verdict(bool(results['read_rss_pass']))}"
     )
+    if html is None:
+        print("  report --html         : skipped (plotly is not installed: the [html] extra)")
+    else:
+        print(
+            f"  report --html         : {html['wall_s']:7.3f} s  (cpu {html['cpu_s']:.3f} s; the "
+            f"whole command in a new process; page {html['bytes'] / 1e6:.1f} MB)  budget "
+            f"{BUDGET_HTML_S:.1f} s, {BUDGET_HTML_BYTES / 1e6:.0f} MB  "
+            f"{verdict(bool(results['report_html_pass']))}"
+        )
     for name, us in parsers.items():
         print(f"  decode only, {name:22s}: {us:6.2f} µs/event (cpu)")
     print(f"  spans -> .json.gz     : {gz_s:7.3f} s  (gzip, no budget)")
@@ -371,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
     passed = ("chrome_trace_pass", "frame_pass", "read_pass", "read_rss_pass")
-    return 0 if all(results[k] for k in passed) else 1
+    html_ok = results["report_html_pass"] is not False  # None: skipped, said so above
+    return 0 if all(results[k] for k in passed) and html_ok else 1
 
 
 if __name__ == "__main__":
