@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HTML_EXTRA_HINT", "Page", "plotly_js"]
+__all__ = ["HTML_EXTRA_HINT", "HtmlDependencyError", "Page", "plotly_js", "to_json"]
 
 #: How to get plotly, named in the error when it is missing.
 HTML_EXTRA_HINT = "pip install 'ppetrace[html]'"
@@ -72,21 +72,32 @@ def esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def plain(value: Any) -> Any:
-    """``value`` as JSON-safe data: arrays as lists, NaN and infinities as ``None``,
-    floats to 6 significant digits (the page's size)."""
+def to_json(value: Any) -> str:
+    """``value`` as compact JSON: arrays and lists of numbers written in bulk, NaN and
+    infinities as ``null``, floats to 6 significant digits (the page's size)."""
     if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
+        pairs = ",".join(f"{json.dumps(str(k))}:{to_json(v)}" for k, v in value.items())
+        return "{" + pairs + "}"
+    if isinstance(value, np.ndarray) and value.dtype.kind in "fiu":
+        return _numbers(value.astype(float, copy=False).ravel().tolist())
+    if isinstance(value, (list, tuple, np.ndarray)):
+        items = list(value)
+        if all(type(v) in (float, int) for v in items):
+            return _numbers(items)
+        return "[" + ",".join(to_json(v) for v in items) + "]"
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
     if isinstance(value, (float, np.floating)):
-        f = float(value)
-        return None if not math.isfinite(f) else float(f"{f:.6g}")
-    return value
+        return _numbers([float(value)])[1:-1]
+    if value is None:
+        return "null"
+    return json.dumps(str(value))
+
+
+def _numbers(values: list[Any]) -> str:
+    return "[" + ",".join(f"{v:.6g}" if math.isfinite(v) else "null" for v in values) + "]"
 
 
 class Page:
@@ -142,8 +153,7 @@ class Page:
 
     def html(self) -> str:
         """The document: one file, plotly.js and the data inline, no request allowed."""
-        figures = json.dumps(plain(self._figures), separators=(",", ":"), allow_nan=False)
-        figures = figures.replace("</", "<\\/")  # never closes the script element
+        figures = to_json(self._figures).replace("</", "<\\/")  # never closes the script element
         script = (
             "const FIGURES=" + figures + ";\n"
             "for (const [id, fig] of Object.entries(FIGURES)) {\n"
