@@ -12,6 +12,7 @@ a process that has not imported torch records ``torch: None``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -48,15 +49,42 @@ def _cpu_model() -> str | None:
     return platform.processor() or platform.machine() or None
 
 
-def _cpu_count() -> int | None:
-    """The CPUs this process may run on (its affinity where the OS has one)."""
+def _cgroup_cpus(root: str = "/sys/fs/cgroup") -> int | None:
+    """The CPUs a cgroup quota allows this process (rounded up), or None without a quota:
+    cgroup v2's ``cpu.max`` (``"150000 100000"``), else v1's ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``."""
+    try:
+        with open(os.path.join(root, "cpu.max"), encoding="ascii") as f:
+            quota, _, period = f.read().strip().partition(" ")
+    except OSError:
+        try:
+            with open(os.path.join(root, "cpu", "cpu.cfs_quota_us"), encoding="ascii") as f:
+                quota = f.read().strip()
+            with open(os.path.join(root, "cpu", "cpu.cfs_period_us"), encoding="ascii") as f:
+                period = f.read().strip()
+        except OSError:
+            return None
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:  # "max": no quota
+        return None
+    if q <= 0 or p <= 0:
+        return None
+    return max(1, -(-q // p))
+
+
+def _cpu_count(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """The CPUs this process may run on: its affinity where the OS has one, and no more
+    than its cgroup's CPU quota allows (containers)."""
+    count = os.cpu_count()
     affinity = getattr(os, "sched_getaffinity", None)
     if affinity is not None:
-        try:
-            return len(affinity(0))
-        except OSError:
-            pass
-    return os.cpu_count()
+        with contextlib.suppress(OSError):
+            count = len(affinity(0))
+    quota = _cgroup_cpus(cgroup_root)
+    if quota is not None and count is not None:
+        return min(count, quota)
+    return count
 
 
 def _device_name(torch: Any, device: str) -> str:
@@ -78,7 +106,8 @@ def capture_environment(*, device: object = None) -> dict[str, Any]:
 
     Fields (:data:`ENVIRONMENT_FIELDS`): ``python`` (version), ``torch``
     (version, or ``None`` when torch is not imported), ``cpu_model``,
-    ``cpu_count`` (CPUs this process may use), ``torch_threads``
+    ``cpu_count`` (CPUs this process may use: its affinity, within its cgroup's CPU
+    quota), ``torch_threads``
     (``torch.get_num_threads()``, or ``None``), ``device`` (``str(device)``,
     with the GPU's name once CUDA is initialized; ``None`` when not given) and
     ``ppetrace`` (version). Never imports torch and never raises.

@@ -61,3 +61,23 @@ def test_a_trainers_trace_records_the_environment(tmp_path: Path) -> None:
     env = read_chrome_trace(tmp_path / "t.json").attrs["metadata"]["environment"]
     assert env == capture_environment(device=trainer.device)
     assert env["torch_threads"] == torch.get_num_threads() and env["torch"] == torch.__version__
+
+
+def test_cpu_count_is_the_affinity_within_the_cgroup_quota(tmp_path: Path) -> None:
+    import os
+
+    from ppetrace.tracing._environment import _cpu_count
+
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert _cpu_count(str(tmp_path)) == mine  # no cgroup files: the affinity
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert _cpu_count(str(tmp_path)) == mine  # no quota
+    (tmp_path / "cpu.max").write_text("50000 100000\n")  # half a CPU: one, rounded up
+    assert _cpu_count(str(tmp_path)) == 1
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert _cpu_count(str(v1)) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert _cpu_count(str(v1)) == mine
