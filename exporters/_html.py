@@ -61,10 +61,11 @@ def plotly_js() -> str:
     bundle = Path(spec.origin).parent / "package_data" / "plotly.min.js"
     try:
         return bundle.read_text(encoding="utf-8")
-    except OSError:
-        from plotly.offline import get_plotlyjs  # an unusual layout: ask plotly
-
-        return str(get_plotlyjs())
+    except OSError as exc:
+        raise HtmlDependencyError(
+            f"Expected plotly's JavaScript bundle at {bundle}, but it cannot be read "
+            f"({exc.strerror or exc}); reinstall plotly with: {HTML_EXTRA_HINT}"
+        ) from None
 
 
 def esc(text: Any) -> str:
