@@ -182,7 +182,12 @@ def _with_between_row(events: pd.DataFrame, between: np.ndarray, wall_total: flo
         self_ns=gap.sum(),
         share=gap.sum() / wall_total,
     )
+    row.update(count=len(gap), total_ns=int(between.sum()), self_ns=int(between.sum()))
+    row.update(max_ns=int(between.max()))
     out = pd.concat([events, pd.DataFrame([row], columns=events.columns)], ignore_index=True)
+    for col, dtype in events.dtypes.items():  # whole numbers stay whole
+        if dtype.kind in "iu" and out[col].notna().all():
+            out[col] = out[col].astype(dtype)
     totals = out["total_ns"].to_numpy(dtype=float)
     labels = out["event"].tolist()
     order = sorted(range(len(out)), key=lambda i: (-totals[i], labels[i]))
