@@ -363,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         "chrome_trace_s_at_design_speed": round(trace_s * speed, 4),
         "frame_s_at_design_speed": round(frame_s * speed, 4),
         "read_s_at_design_speed": round(read_s * speed, 4),
+        "report_html_s_at_design_speed": None if html is None else round(html["wall_s"] * speed, 4),
         "chrome_trace_vs_json_dumps": round(trace_s / n * 1e6 / ref, 3),
     }
 
@@ -413,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  at DESIGN.md's machine speed: Chrome trace {trace_s * speed:.2f} s, "
         f"frame {frame_s * speed:.2f} s, read {read_s * speed:.2f} s"
+        + ("" if html is None else f", report --html {html['wall_s'] * speed:.2f} s")
     )
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
