@@ -21,6 +21,7 @@ from typing import Any
 from .. import tracing
 from ..tracing._recorder import trace
 from ._hooks import Hooks
+from ._ranks import rank_info, rank_trace_path
 from ._stepper import StepTracker
 
 __all__ = ["Instrumentation", "active", "instrument"]
@@ -166,7 +167,9 @@ def instrument(
       training step get ``ppetrace.stage = "val"``.
 
     ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`);
-    without it the spans go to whatever :func:`ppetrace.configure` set up.
+    without it the spans go to whatever :func:`ppetrace.configure` set up. Under
+    torchrun (``RANK`` and ``WORLD_SIZE`` set) each rank writes its own file,
+    ``trace.json`` -> ``trace.ranks/rank<R>.json`` (``handle.trace_path``).
     ``profilers`` are ``ppetrace.profilers`` objects (``Pyinstrument``,
     ``TorchProfiler``, ``CudaTimer``, ...), stepped per batch handed over with
     gradients enabled on this thread; ``device`` is what they read as the
@@ -186,6 +189,10 @@ def instrument(
             "Expected a file path (str or os.PathLike) or None for trace_path, but received "
             f"{type(trace_path).__name__}."
         )
+    if trace_path is not None:
+        ranks = rank_info()  # under torchrun: one file per rank, not one file for all
+        if ranks is not None:
+            trace_path = rank_trace_path(trace_path, ranks.rank)
     profs = list(profilers)
     for i, prof in enumerate(profs):
         missing = [m for m in _PROFILER_METHODS if not callable(getattr(prof, m, None))]

@@ -271,9 +271,9 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
         ranks = rank_info()
     except ValueError as exc:
         raise BadRunInput(str(exc)) from None
-    trace = Path(opts.trace) if opts.trace else default_trace_path(opts.module or target, ranks)
-    if ranks is not None:
-        trace = rank_trace_path(trace, ranks.rank)
+    given = Path(opts.trace) if opts.trace else default_trace_path(opts.module or target, ranks)
+    # instrument() puts a rank's spans in its own file: this one
+    trace = given if ranks is None else rank_trace_path(given, ranks.rank)
     try:
         trace.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -284,7 +284,7 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
 
     from ._instrument import instrument
 
-    handle = instrument(trace_path=trace, module_depth=opts.module_depth, profilers=profilers)
+    handle = instrument(trace_path=given, module_depth=opts.module_depth, profilers=profilers)
     code, sig = 0, None
     try:
         code, sig = _execute(kind, target, opts.args, err)

@@ -499,3 +499,18 @@ def test_a_trainer_imported_after_instrument_is_not_traced_twice(tmp_path: Path)
     counts = _frame(path)["name"].value_counts()
     for name in ("trainer.step", "trainer.backward", "trainer.optimizer_step"):
         assert counts[name] == 3, name
+
+
+def test_under_torchrun_each_rank_writes_its_own_file(
+    tmp_path: Path, make_loader: Loader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, data = _model(), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+            _train(model, data, opt)
+        assert handle.trace_path == tmp_path / "t.ranks" / f"rank{rank}.json"
+        assert _frame(handle.trace_path)["name"].value_counts()["trainer.step"] == 2
+    assert not (tmp_path / "t.json").exists()
