@@ -19,7 +19,12 @@ import torch.distributed as dist
 import ppetrace
 from exporters import load_chrome_trace, read_chrome_trace
 from exporters.chrome._ranks import read_header
-from ppetrace.integrations.distributed import rank_trace_path, sync_clock, trace_collectives
+from ppetrace.integrations.distributed import (
+    rank_trace_path,
+    sync_clock,
+    trace_collectives,
+    untraced,
+)
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 SKEW_NS = 5_000_000  # ddp_worker.SKEW_NS
@@ -96,6 +101,8 @@ def test_collectives_are_traced_inside_the_block_and_restored_after(
         work = dist.all_reduce(torch.ones(1), async_op=True)
         work.wait()
         dist.barrier()
+        untraced("barrier")()  # ppetrace's own call: no span
+        assert untraced("all_reduce") is original
     assert dist.all_reduce is original
     dist.all_reduce(torch.ones(1))  # not traced any more
     ppetrace.flush()

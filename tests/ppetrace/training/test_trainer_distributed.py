@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import ppetrace
+from exporters import read_chrome_trace
 from ppetrace.training._distributed import (
     Distributed,
     ShardSampler,
@@ -102,6 +103,17 @@ def test_rank_0_receives_the_files_it_cannot_see(torchrun_run: Path) -> None:
     # rank 1's file lay in a folder rank 0 was told it cannot see: it came over the group
     assert files[1].read_bytes() == (torchrun_run / "F1private" / "rank1.json").read_bytes()
     assert files[1].read_bytes() == b"rank 1 " * 1001
+
+
+def test_ppetraces_own_collectives_are_not_traced_as_the_users(torchrun_run: Path) -> None:
+    # A: a checkpoint per epoch (gather_object and a barrier), B: one every 3 steps, G: the
+    # gradient all-reduce before a partial group; none of them is the user's dist.* call
+    for phase in ("A", "G"):
+        names = read_chrome_trace(torchrun_run / phase / "trace.json")["name"]
+        assert not names.str.startswith("dist.").any(), (phase, names.unique())
+    for rank in (0, 1):
+        names = read_chrome_trace(torchrun_run / "B" / "trace.ranks" / f"rank{rank}.json")["name"]
+        assert (names == "trainer.step").any() and not names.str.startswith("dist.").any()
 
 
 # -- the pieces, in this process --------------------------------------------------------
