@@ -51,6 +51,8 @@ def trace_file_first(self: TrainerView, call: str) -> Iterator[None]:
         yield
     except BaseException:
         tracing.remove_exporter(exporter)
+        if getattr(self, "_dist", None) is not None:  # no merge: this rank's file is all
+            self.last_trace_path = exporter.path
         raise
     _attached[self] = exporter
 
@@ -100,6 +102,8 @@ def session(
         yield
     except BaseException:
         run_cleanups(cleanups, failing=True)
+        if dist is not None and exporter is not None:  # no merge: this rank's file is all
+            self.last_trace_path = exporter.path
         raise
     else:
         run_cleanups(cleanups, failing=False)

@@ -110,8 +110,10 @@ class Trainer:
             and its count (``trace.validate.json``, ``trace.test.json``,
             ``trace.fit2.json``; ``.json.gz`` stays gzip), so no call
             overwrites a trace this Trainer wrote. :attr:`last_trace_path`
-            is the file of the current or last call, :attr:`trace_paths` all
-            of them in call order; each call logs its file at INFO level.
+            is the file of the current or last call (under torchrun the merged
+            file, or this rank's file when the call raised: nothing is merged
+            then), :attr:`trace_paths` all of them in call order; each call
+            logs its file at INFO level.
         profilers: :class:`StepProfiler` objects.
         amp: mixed precision: bf16 autocast on CPU, float16 autocast with a
             GradScaler on CUDA (runtime options ``autocast``/``grad_scaler``).

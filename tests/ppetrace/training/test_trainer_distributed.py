@@ -116,6 +116,13 @@ def test_ppetraces_own_collectives_are_not_traced_as_the_users(torchrun_run: Pat
         assert (names == "trainer.step").any() and not names.str.startswith("dist.").any()
 
 
+def test_a_failed_call_names_the_rank_file_as_its_last_trace(torchrun_run: Path) -> None:
+    for rank, result in enumerate(results(torchrun_run)):
+        written = torchrun_run / "B" / "trace.ranks" / f"rank{rank}.json"
+        assert result["B_crash_trace"] == str(written) and written.is_file()
+    assert not (torchrun_run / "B" / "trace.json").exists()  # no merge after a failure
+
+
 # -- the pieces, in this process --------------------------------------------------------
 
 
