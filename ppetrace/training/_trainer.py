@@ -130,7 +130,10 @@ class Trainer:
             non-finite loss is seen; ``"raise"``: also raise
             ``FloatingPointError`` there and check after every step. The loss is
             looked at only where it reaches the host anyway (no device sync in a
-            step; see ``ppetrace.training._nonfinite``).
+            step; see ``ppetrace.training._nonfinite``). Under DDP each rank
+            checks its own loss: ``"raise"`` raises on the ranks that saw a
+            non-finite one, and the others wait in their next collective until
+            torchrun's agent stops them.
         distributed: ``"auto"``: under torchrun (or in an existing process
             group), train with DistributedDataParallel, distributed samplers,
             rank-0 checkpoints and per-rank traces merged by rank 0 (see
