@@ -123,6 +123,16 @@ def test_a_failed_call_names_the_rank_file_as_its_last_trace(torchrun_run: Path)
     assert not (torchrun_run / "B" / "trace.json").exists()  # no merge after a failure
 
 
+def test_a_partial_last_group_is_averaged_over_the_ranks_before_it_steps(
+    torchrun_run: Path,
+) -> None:
+    r0, r1 = results(torchrun_run)
+    # 5 batches, groups of 2: two full groups and one partial group, each one step; each
+    # rank had its own data, so without the all-reduce the last step would differ
+    assert r0["G"]["steps"] == r1["G"]["steps"] == 3
+    assert r0["G"]["digest"] == r1["G"]["digest"]
+
+
 # -- the pieces, in this process --------------------------------------------------------
 
 
