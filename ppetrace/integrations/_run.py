@@ -195,7 +195,11 @@ def _schedule(text: str | None) -> Any:
     try:
         return Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
     except (TypeError, ValueError) as exc:
-        raise BadRunInput(f"Expected a valid --schedule, but {text!r} is not: {exc}") from None
+        raise BadRunInput(
+            f"Expected a valid --schedule wait,warmup,active,repeat, but {text!r} is not: "
+            f"{str(exc).rstrip('.')}. Give wait, warmup and repeat >= 0 and active >= 1, "
+            "e.g. 1,1,3,1."
+        ) from None
 
 
 def _profilers(opts: RunOptions) -> list[Any]:
@@ -231,10 +235,10 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
         except BadRunInput:
             raise
         except Exception as exc:
-            message = " ".join(str(exc).split())
+            message = " ".join(str(exc).split()).rstrip(".")
             raise BadRunInput(
                 f"Expected an importable module for -m, but importing {name!r} failed: "
-                f"{type(exc).__name__}: {message}"
+                f"{type(exc).__name__}: {message}. Fix the error that importing it raises."
             ) from None
         finally:
             if saved is not None:
@@ -248,14 +252,19 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
     if opts.script is None:
         raise BadRunInput(
             "Expected a script to run (ppetrace run [options] script.py [args...]) or -m "
-            "module, but received neither."
+            "module, but received neither. Name the script, or -m and a module, after the "
+            "options."
         )
     path = Path(opts.script)
     if not path.exists():
-        raise BadRunInput(f"Expected a Python script at {opts.script}, but no such file exists.")
+        raise BadRunInput(
+            f"Expected a Python script at {opts.script}, but no such file exists. Check the "
+            f"path; a relative one starts at the working directory, {os.getcwd()}."
+        )
     if path.is_dir() and not (path / "__main__.py").is_file():
         raise BadRunInput(
-            f"Expected a Python script at {opts.script}, but it is a folder without __main__.py."
+            f"Expected a Python script at {opts.script}, but it is a folder without "
+            "__main__.py. Name the script inside it, or add a __main__.py."
         )
     return "script", str(path.resolve())
 
@@ -279,7 +288,8 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     except OSError as exc:
         raise BadRunInput(
             f"Expected a folder for the trace that can be created, but making {trace.parent} "
-            f"failed: {exc.strerror or exc}."
+            f"failed: {exc.strerror or exc}. Pass --trace with a path in a folder you can "
+            "write to."
         ) from None
 
     from ._instrument import instrument

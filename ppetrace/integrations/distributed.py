@@ -119,7 +119,10 @@ def sync_clock(
     import torch.distributed as dist
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"Expected a positive int for rounds, but received {rounds!r}.")
+        raise ValueError(
+            f"Expected a positive int for rounds, but received {rounds!r}. Pass 1 or more "
+            f"(default {DEFAULT_ROUNDS}: more rounds find a shorter round trip, a tighter bound)."
+        )
     rank = dist.get_rank()
     size = dist.get_world_size(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))

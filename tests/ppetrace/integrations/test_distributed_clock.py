@@ -132,5 +132,7 @@ def test_a_rank_alone_has_no_offset(group: None) -> None:
     ticks = iter(range(100, 200))
     sync = sync_clock(rounds=3, clock=lambda: next(ticks))
     assert (sync.offset_ns, sync.error_ns, sync.rounds) == (0, 0, 3)
-    with pytest.raises(ValueError, match="Expected a positive int for rounds, but received 0"):
+    with pytest.raises(
+        ValueError, match=r"Expected a positive int for rounds, but received 0\. Pass 1 or more"
+    ):
         sync_clock(rounds=0)
