@@ -23,6 +23,7 @@ from ..tracing._recorder import trace
 from ._hooks import Hooks
 from ._ranks import rank_info, rank_trace_path
 from ._stepper import StepTracker
+from .distributed import HEADER_RESERVE
 
 __all__ = ["Instrumentation", "active", "instrument"]
 
@@ -59,6 +60,8 @@ class Instrumentation:
         self.runtime = types.SimpleNamespace(device_spec=device)
         #: the ChromeTraceExporter writing ``trace_path``, or None
         self.trace_exporter: Any = None
+        #: ChromeTraceExporter options beyond the path (a rank's file under torchrun)
+        self.exporter_options: dict[str, Any] = {}
         self.closed = False
         timer = next((p for p in profilers if _is_span_wrapper(p)), None)
         self._tracker = StepTracker(profilers, timer)
@@ -90,7 +93,7 @@ class Instrumentation:
             if self.trace_path is not None:
                 from exporters.chrome import ChromeTraceExporter
 
-                self.trace_exporter = ChromeTraceExporter(self.trace_path)
+                self.trace_exporter = ChromeTraceExporter(self.trace_path, **self.exporter_options)
                 tracing.add_exporter(self.trace_exporter)
             for prof in self.profilers:
                 prof.setup(self)
@@ -189,10 +192,10 @@ def instrument(
             "Expected a file path (str or os.PathLike) or None for trace_path, but received "
             f"{type(trace_path).__name__}."
         )
-    if trace_path is not None:
-        ranks = rank_info()  # under torchrun: one file per rank, not one file for all
-        if ranks is not None:
-            trace_path = rank_trace_path(trace_path, ranks.rank)
+    ranks = rank_info() if trace_path is not None else None
+    if trace_path is not None and ranks is not None:
+        # under torchrun: one file per rank, not one file for all
+        trace_path = rank_trace_path(trace_path, ranks.rank)
     profs = list(profilers)
     for i, prof in enumerate(profs):
         missing = [m for m in _PROFILER_METHODS if not callable(getattr(prof, m, None))]
@@ -216,6 +219,11 @@ def instrument(
         handle = Instrumentation(
             trace_path=trace_path, module_depth=module_depth, profilers=profs, device=device
         )
+        if ranks is not None:  # HTA's distributedInfo; room for the clock fields at the end
+            handle.exporter_options = {
+                "distributed_info": {"rank": ranks.rank, "world_size": ranks.world_size},
+                "header_reserve": HEADER_RESERVE,
+            }
         _active.append(handle)
     try:
         handle._start()

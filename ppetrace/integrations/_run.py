@@ -8,8 +8,10 @@ interrupted (Ctrl-C) or terminated (SIGTERM), prints the step report to
 stderr and returns the target's own exit code. A signal is re-raised once the
 trace is written, so the caller sees the process end by it, as without
 ppetrace. Under torchrun each rank writes ``<trace>.ranks/rank<R>.json``
-(:mod:`._ranks`) and rank 0 alone prints its report; no process group is ever
-created here.
+(:mod:`._ranks`); once the script has started its process group, the ranks
+share rank 0's trace id and measure their clocks, and at its end rank 0 merges
+the rank files into ``<trace>`` (:mod:`._run_ranks`); rank 0 alone prints its
+report. No process group is ever created here.
 """
 
 from __future__ import annotations
@@ -295,17 +297,31 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     from ._instrument import instrument
 
     handle = instrument(trace_path=given, module_depth=opts.module_depth, profilers=profilers)
+    ranked = None
+    if ranks is not None and ranks.world_size > 1:
+        from ._run_ranks import RankRun
+
+        ranked = RankRun(handle, given)
+        ranked.install()
     code, sig = 0, None
     try:
         code, sig = _execute(kind, target, opts.args, err)
+        if ranked is not None and code == 0 and sig is None:
+            ranked.finish()  # the group is still alive: rank 0 merges now
     finally:
         try:
+            if ranked is not None:
+                ranked.uninstall()
             handle.close()
         finally:
             err.write(f"ppetrace: wrote {trace}\n")
+            if ranked is not None and ranked.merged_written:
+                err.write(f"ppetrace: merged the rank traces into {given}\n")
             err.flush()
     if opts.report and (ranks is None or ranks.rank == 0):
-        _print_report(trace, opts.warmup, err)
+        _print_report(
+            given if ranked is not None and ranked.merged_written else trace, opts.warmup, err
+        )
     return RunResult(code, sig, trace)
 
 

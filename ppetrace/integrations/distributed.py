@@ -55,6 +55,7 @@ __all__ = [
     "RankTraces",
     "clock_ns",
     "rank_trace_path",
+    "share_trace_id",
     "sync_clock",
     "trace_collectives",
     "untraced",
@@ -180,12 +181,11 @@ class RankTraces:
         fields, ``distributedInfo`` and room for the end measurement."""
         import torch
 
-        sync = sync_clock(self.group)
+        sync = self.measure_start()
         origin = torch.zeros(1, dtype=torch.int64)
         if self.rank == 0:
             origin[0] = clock_ns() // 1_000_000_000 * 1_000_000_000
         untraced("broadcast")(origin, src=0, group=self.group)
-        self._start = sync.as_dict()
         return {
             "origin_ns": int(origin[0]) - sync.offset_ns,
             "clock_offset_ns": sync.offset_ns,
@@ -201,6 +201,13 @@ class RankTraces:
                 "clock_sync": {"reference_rank": 0, "start": self._start},
             },
         }
+
+    def measure_start(self) -> ClockSync:
+        """The first clock measurement (collective), which :meth:`finish` records beside
+        its own; :meth:`exporter_options` takes it."""
+        sync = sync_clock(self.group)
+        self._start = sync.as_dict()
+        return sync
 
     def rank_path(self, path: Path) -> Path:
         """This rank's file for the merged trace ``path``."""
@@ -324,6 +331,26 @@ def _traced(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     traced.__ppetrace_original__ = fn  # type: ignore[attr-defined]
     return traced
+
+
+def share_trace_id(group: Any = None) -> None:
+    """Every rank of ``group`` records into rank 0's trace id from now on: one run, one
+    trace (collective; ``group`` takes CPU tensors)."""
+    import torch
+    import torch.distributed as dist
+
+    halves = torch.zeros(2, dtype=torch.int64)
+    if dist.get_rank() == 0:
+        tid = RECORDER.trace_id
+        halves[0] = (tid >> 64) - (1 << 64 if tid >> 127 else 0)
+        low = tid & ((1 << 64) - 1)
+        halves[1] = low - (1 << 64) if low >> 63 else low
+    untraced("broadcast")(halves, src=0, group=group)
+    hi, lo = (int(v) % (1 << 64) for v in halves.tolist())
+    tid = (hi << 64) | lo
+    if tid and tid != RECORDER.trace_id:
+        RECORDER.trace_id = tid
+        RECORDER.apply()
 
 
 def untraced(name: str) -> Callable[..., Any]:

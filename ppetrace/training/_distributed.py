@@ -45,8 +45,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from ..integrations.distributed import RankTraces, rank_trace_path, untraced
-from ..tracing._recorder import RECORDER
+from ..integrations.distributed import RankTraces, rank_trace_path, share_trace_id, untraced
 from ._adapters import Adapter, InterfaceAdapter
 from ._checkpoint import save_atomic
 
@@ -237,18 +236,7 @@ class Distributed:
 
     def _share_trace_id(self) -> None:
         """Every rank records into rank 0's trace id: one run, one trace."""
-        halves = torch.zeros(2, dtype=torch.int64)
-        if self.rank == 0:
-            tid = RECORDER.trace_id
-            halves[0] = (tid >> 64) - (1 << 64 if tid >> 127 else 0)
-            low = tid & ((1 << 64) - 1)
-            halves[1] = low - (1 << 64) if low >> 63 else low
-        untraced("broadcast")(halves, src=0, group=self.cpu_group)
-        hi, lo = (int(v) % (1 << 64) for v in halves.tolist())
-        tid = (hi << 64) | lo
-        if tid and tid != RECORDER.trace_id:
-            RECORDER.trace_id = tid
-            RECORDER.apply()
+        share_trace_id(self.cpu_group)
 
     # -- device and module ------------------------------------------------------------
 
