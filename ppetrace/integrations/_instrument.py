@@ -21,7 +21,9 @@ from typing import Any
 from .. import tracing
 from ..tracing._recorder import trace
 from ._hooks import Hooks
+from ._ranks import rank_info, rank_trace_path
 from ._stepper import StepTracker
+from .distributed import HEADER_RESERVE
 
 __all__ = ["Instrumentation", "active", "instrument"]
 
@@ -58,6 +60,8 @@ class Instrumentation:
         self.runtime = types.SimpleNamespace(device_spec=device)
         #: the ChromeTraceExporter writing ``trace_path``, or None
         self.trace_exporter: Any = None
+        #: ChromeTraceExporter options beyond the path (a rank's file under torchrun)
+        self.exporter_options: dict[str, Any] = {}
         self.closed = False
         timer = next((p for p in profilers if _is_span_wrapper(p)), None)
         self._tracker = StepTracker(profilers, timer)
@@ -89,7 +93,7 @@ class Instrumentation:
             if self.trace_path is not None:
                 from exporters.chrome import ChromeTraceExporter
 
-                self.trace_exporter = ChromeTraceExporter(self.trace_path)
+                self.trace_exporter = ChromeTraceExporter(self.trace_path, **self.exporter_options)
                 tracing.add_exporter(self.trace_exporter)
             for prof in self.profilers:
                 prof.setup(self)
@@ -166,7 +170,9 @@ def instrument(
       training step get ``ppetrace.stage = "val"``.
 
     ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`);
-    without it the spans go to whatever :func:`ppetrace.configure` set up.
+    without it the spans go to whatever :func:`ppetrace.configure` set up. Under
+    torchrun (``RANK`` and ``WORLD_SIZE`` set) each rank writes its own file,
+    ``trace.json`` -> ``trace.ranks/rank<R>.json`` (``handle.trace_path``).
     ``profilers`` are ``ppetrace.profilers`` objects (``Pyinstrument``,
     ``TorchProfiler``, ``CudaTimer``, ...), stepped per batch handed over with
     gradients enabled on this thread; ``device`` is what they read as the
@@ -186,6 +192,10 @@ def instrument(
             "Expected a file path (str or os.PathLike) or None for trace_path, but received "
             f"{type(trace_path).__name__}."
         )
+    ranks = rank_info() if trace_path is not None else None
+    if trace_path is not None and ranks is not None:
+        # under torchrun: one file per rank, not one file for all
+        trace_path = rank_trace_path(trace_path, ranks.rank)
     profs = list(profilers)
     for i, prof in enumerate(profs):
         missing = [m for m in _PROFILER_METHODS if not callable(getattr(prof, m, None))]
@@ -209,6 +219,11 @@ def instrument(
         handle = Instrumentation(
             trace_path=trace_path, module_depth=module_depth, profilers=profs, device=device
         )
+        if ranks is not None:  # HTA's distributedInfo; room for the clock fields at the end
+            handle.exporter_options = {
+                "distributed_info": {"rank": ranks.rank, "world_size": ranks.world_size},
+                "header_reserve": HEADER_RESERVE,
+            }
         _active.append(handle)
     try:
         handle._start()

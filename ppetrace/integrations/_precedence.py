@@ -7,7 +7,8 @@ aside (call through, record nothing), so no fetch, forward, backward or
 optimizer step is traced twice. The Trainer's flag is read from
 ``ppetrace.training._session.running`` without importing the training package
 (which ``instrument()`` does not need): until a script imports it, no Trainer
-can be running.
+can be running, and when it does, ``_session`` puts itself in :data:`session`,
+so hooks installed before the import see its Trainer calls too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ __all__ = ["drivers", "standing_aside"]
 
 _SESSION = "ppetrace.training._session"
 #: ``ppetrace.training._session`` once it is imported (its ``running`` counts Trainer
-#: calls); :func:`standing_aside` looks it up, the hooks then read it directly
+#: calls): it registers itself here on import (and :func:`standing_aside` looks it up
+#: if it was imported some other way); the hooks read it directly
 session: list[ModuleType | None] = [None]
 #: LightningProfiler sessions set up and not torn down yet
 drivers = [0]

@@ -39,7 +39,8 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
     if not (rank.strip().isdigit() and world.strip().isdigit()) or int(world) < 1:
         raise ValueError(
             "Expected RANK and WORLD_SIZE to be non-negative integers (WORLD_SIZE >= 1), as "
-            f"torchrun sets them, but received RANK={rank!r}, WORLD_SIZE={world!r}."
+            f"torchrun sets them, but received RANK={rank!r}, WORLD_SIZE={world!r}. Start "
+            "the script with torchrun, or unset both for a single process."
         )
     return RankInfo(int(rank), int(world))
 
@@ -64,6 +65,9 @@ def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:
     in place before it merges them. The merged file stays outside that folder, because
     HolisticTraceAnalysis takes a file without ``distributedInfo`` for rank 0."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"Expected a non-negative int for rank, but received {rank!r}.")
+        raise ValueError(
+            f"Expected a non-negative int for rank, but received {rank!r}. Pass this "
+            "process's rank: torch.distributed.get_rank(), or int(os.environ['RANK'])."
+        )
     stem, _ = split_suffix(path)
     return stem.with_name(stem.name + ".ranks") / f"rank{rank}.json"

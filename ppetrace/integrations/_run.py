@@ -8,8 +8,10 @@ interrupted (Ctrl-C) or terminated (SIGTERM), prints the step report to
 stderr and returns the target's own exit code. A signal is re-raised once the
 trace is written, so the caller sees the process end by it, as without
 ppetrace. Under torchrun each rank writes ``<trace>.ranks/rank<R>.json``
-(:mod:`._ranks`) and rank 0 alone prints its report; no process group is ever
-created here.
+(:mod:`._ranks`); once the script has started its process group, the ranks
+share rank 0's trace id and measure their clocks, and at its end rank 0 merges
+the rank files into ``<trace>`` (:mod:`._run_ranks`); rank 0 alone prints its
+report. No process group is ever created here.
 """
 
 from __future__ import annotations
@@ -195,7 +197,11 @@ def _schedule(text: str | None) -> Any:
     try:
         return Schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
     except (TypeError, ValueError) as exc:
-        raise BadRunInput(f"Expected a valid --schedule, but {text!r} is not: {exc}") from None
+        raise BadRunInput(
+            f"Expected a valid --schedule wait,warmup,active,repeat, but {text!r} is not: "
+            f"{str(exc).rstrip('.')}. Give wait, warmup and repeat >= 0 and active >= 1, "
+            "e.g. 1,1,3,1."
+        ) from None
 
 
 def _profilers(opts: RunOptions) -> list[Any]:
@@ -231,10 +237,10 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
         except BadRunInput:
             raise
         except Exception as exc:
-            message = " ".join(str(exc).split())
+            message = " ".join(str(exc).split()).rstrip(".")
             raise BadRunInput(
                 f"Expected an importable module for -m, but importing {name!r} failed: "
-                f"{type(exc).__name__}: {message}"
+                f"{type(exc).__name__}: {message}. Fix the error that importing it raises."
             ) from None
         finally:
             if saved is not None:
@@ -248,14 +254,19 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
     if opts.script is None:
         raise BadRunInput(
             "Expected a script to run (ppetrace run [options] script.py [args...]) or -m "
-            "module, but received neither."
+            "module, but received neither. Name the script, or -m and a module, after the "
+            "options."
         )
     path = Path(opts.script)
     if not path.exists():
-        raise BadRunInput(f"Expected a Python script at {opts.script}, but no such file exists.")
+        raise BadRunInput(
+            f"Expected a Python script at {opts.script}, but no such file exists. Check the "
+            f"path; a relative one starts at the working directory, {os.getcwd()}."
+        )
     if path.is_dir() and not (path / "__main__.py").is_file():
         raise BadRunInput(
-            f"Expected a Python script at {opts.script}, but it is a folder without __main__.py."
+            f"Expected a Python script at {opts.script}, but it is a folder without "
+            "__main__.py. Name the script inside it, or add a __main__.py."
         )
     return "script", str(path.resolve())
 
@@ -271,31 +282,46 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
         ranks = rank_info()
     except ValueError as exc:
         raise BadRunInput(str(exc)) from None
-    trace = Path(opts.trace) if opts.trace else default_trace_path(opts.module or target, ranks)
-    if ranks is not None:
-        trace = rank_trace_path(trace, ranks.rank)
+    given = Path(opts.trace) if opts.trace else default_trace_path(opts.module or target, ranks)
+    # instrument() puts a rank's spans in its own file: this one
+    trace = given if ranks is None else rank_trace_path(given, ranks.rank)
     try:
         trace.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BadRunInput(
             f"Expected a folder for the trace that can be created, but making {trace.parent} "
-            f"failed: {exc.strerror or exc}."
+            f"failed: {exc.strerror or exc}. Pass --trace with a path in a folder you can "
+            "write to."
         ) from None
 
     from ._instrument import instrument
 
-    handle = instrument(trace_path=trace, module_depth=opts.module_depth, profilers=profilers)
+    handle = instrument(trace_path=given, module_depth=opts.module_depth, profilers=profilers)
+    ranked = None
+    if ranks is not None and ranks.world_size > 1:
+        from ._run_ranks import RankRun
+
+        ranked = RankRun(handle, given)
+        ranked.install()
     code, sig = 0, None
     try:
         code, sig = _execute(kind, target, opts.args, err)
+        if ranked is not None and code == 0 and sig is None:
+            ranked.finish()  # the group is still alive: rank 0 merges now
     finally:
         try:
+            if ranked is not None:
+                ranked.uninstall()
             handle.close()
         finally:
             err.write(f"ppetrace: wrote {trace}\n")
+            if ranked is not None and ranked.merged_written:
+                err.write(f"ppetrace: merged the rank traces into {given}\n")
             err.flush()
     if opts.report and (ranks is None or ranks.rank == 0):
-        _print_report(trace, opts.warmup, err)
+        _print_report(
+            given if ranked is not None and ranked.merged_written else trace, opts.warmup, err
+        )
     return RunResult(code, sig, trace)
 
 

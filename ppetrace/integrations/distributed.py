@@ -18,7 +18,8 @@ other). Gives out:
   ``ppetrace.bytes``, the bytes of the tensors this rank hands in
   (``ppetrace.async_op`` is set for ``async_op=True``, whose span covers the
   launch only). Collectives that torch issues itself (DDP's gradient
-  all-reduce, ``all_gather_object``) are not traced.
+  all-reduce, ``all_gather_object``) are not traced, nor are ppetrace's own
+  (checkpoint barriers, clock pings, the merge): they call :func:`untraced`.
 - :func:`rank_trace_path`: ``trace.json`` -> ``trace.ranks/rank<R>.json``, the
   per-rank layout HolisticTraceAnalysis reads as a folder, and :class:`RankTraces`:
   each rank's ``ChromeTraceExporter`` options (times on rank 0's clock,
@@ -54,8 +55,10 @@ __all__ = [
     "RankTraces",
     "clock_ns",
     "rank_trace_path",
+    "share_trace_id",
     "sync_clock",
     "trace_collectives",
+    "untraced",
 ]
 
 #: The ``torch.distributed`` functions :func:`trace_collectives` traces.
@@ -117,7 +120,10 @@ def sync_clock(
     import torch.distributed as dist
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"Expected a positive int for rounds, but received {rounds!r}.")
+        raise ValueError(
+            f"Expected a positive int for rounds, but received {rounds!r}. Pass 1 or more "
+            f"(default {DEFAULT_ROUNDS}: more rounds find a shorter round trip, a tighter bound)."
+        )
     rank = dist.get_rank()
     size = dist.get_world_size(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
@@ -174,14 +180,12 @@ class RankTraces:
         of this rank's file: times on rank 0's clock from a common origin, the clock
         fields, ``distributedInfo`` and room for the end measurement."""
         import torch
-        import torch.distributed as dist
 
-        sync = sync_clock(self.group)
+        sync = self.measure_start()
         origin = torch.zeros(1, dtype=torch.int64)
         if self.rank == 0:
             origin[0] = clock_ns() // 1_000_000_000 * 1_000_000_000
-        dist.broadcast(origin, src=0, group=self.group)
-        self._start = sync.as_dict()
+        untraced("broadcast")(origin, src=0, group=self.group)
         return {
             "origin_ns": int(origin[0]) - sync.offset_ns,
             "clock_offset_ns": sync.offset_ns,
@@ -198,6 +202,13 @@ class RankTraces:
             },
         }
 
+    def measure_start(self) -> ClockSync:
+        """The first clock measurement (collective), which :meth:`finish` records beside
+        its own; :meth:`exporter_options` takes it."""
+        sync = sync_clock(self.group)
+        self._start = sync.as_dict()
+        return sync
+
     def rank_path(self, path: Path) -> Path:
         """This rank's file for the merged trace ``path``."""
         return rank_trace_path(path, self.rank)
@@ -208,7 +219,6 @@ class RankTraces:
         ``merged`` (files it cannot see are sent over the group); every rank returns once
         the merged file is written. Beyond :data:`MERGE_MAX_RANKS` ranks nothing is
         merged (returns ``False``): the rank files stay for ``ppetrace merge`` or HTA."""
-        import torch.distributed as dist
 
         from exporters.chrome import merge_traces
         from exporters.chrome._ranks import update_other_data
@@ -231,7 +241,7 @@ class RankTraces:
         if self.rank == 0:
             merge_traces(merged, files)
             _log.info("ppetrace: merged %d rank traces into %s", len(files), merged)
-        dist.barrier(group=self.group)  # the merged file exists when fit returns
+        untraced("barrier")(group=self.group)  # the merged file exists when fit returns
         return True
 
     def _collect(self, mine: Path, merged: Path) -> list[Path]:
@@ -243,7 +253,7 @@ class RankTraces:
 
         size = mine.stat().st_size
         info: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object((str(mine), size), info, dst=0, group=self.group)
+        untraced("gather_object")((str(mine), size), info, dst=0, group=self.group)
         wanted: list[Any] = [None]
         if self.rank == 0:
             assert info is not None
@@ -252,7 +262,7 @@ class RankTraces:
                 for r, (p, n) in enumerate(info)
                 if not (os.path.isfile(p) and os.path.getsize(p) == n)
             ]
-        dist.broadcast_object_list(wanted, src=0, group=self.group)
+        untraced("broadcast_object_list")(wanted, src=0, group=self.group)
         files = [rank_trace_path(merged, r) for r in range(self.world_size)]
         for r in wanted[0]:  # one file at a time: rank 0 holds at most one in memory
             length = torch.zeros(1, dtype=torch.int64)
@@ -321,6 +331,35 @@ def _traced(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     traced.__ppetrace_original__ = fn  # type: ignore[attr-defined]
     return traced
+
+
+def share_trace_id(group: Any = None) -> None:
+    """Every rank of ``group`` records into rank 0's trace id from now on: one run, one
+    trace (collective; ``group`` takes CPU tensors)."""
+    import torch
+    import torch.distributed as dist
+
+    halves = torch.zeros(2, dtype=torch.int64)
+    if dist.get_rank() == 0:
+        tid = RECORDER.trace_id
+        halves[0] = (tid >> 64) - (1 << 64 if tid >> 127 else 0)
+        low = tid & ((1 << 64) - 1)
+        halves[1] = low - (1 << 64) if low >> 63 else low
+    untraced("broadcast")(halves, src=0, group=group)
+    hi, lo = (int(v) % (1 << 64) for v in halves.tolist())
+    tid = (hi << 64) | lo
+    if tid and tid != RECORDER.trace_id:
+        RECORDER.trace_id = tid
+        RECORDER.apply()
+
+
+def untraced(name: str) -> Callable[..., Any]:
+    """``torch.distributed.<name>`` without the span :func:`trace_collectives` adds: what
+    ppetrace calls for itself, so that ``dist.<name>`` spans are the user's calls only."""
+    import torch.distributed as dist
+
+    fn = _originals.get(name) or getattr(dist, name)
+    return getattr(fn, "__ppetrace_original__", fn)
 
 
 @contextlib.contextmanager

@@ -45,8 +45,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from ..integrations.distributed import RankTraces, rank_trace_path
-from ..tracing._recorder import RECORDER
+from ..integrations.distributed import RankTraces, rank_trace_path, share_trace_id, untraced
 from ._adapters import Adapter, InterfaceAdapter
 from ._checkpoint import save_atomic
 
@@ -237,18 +236,7 @@ class Distributed:
 
     def _share_trace_id(self) -> None:
         """Every rank records into rank 0's trace id: one run, one trace."""
-        halves = torch.zeros(2, dtype=torch.int64)
-        if self.rank == 0:
-            tid = RECORDER.trace_id
-            halves[0] = (tid >> 64) - (1 << 64 if tid >> 127 else 0)
-            low = tid & ((1 << 64) - 1)
-            halves[1] = low - (1 << 64) if low >> 63 else low
-        _dist.broadcast(halves, src=0, group=self.cpu_group)
-        hi, lo = (int(v) % (1 << 64) for v in halves.tolist())
-        tid = (hi << 64) | lo
-        if tid and tid != RECORDER.trace_id:
-            RECORDER.trace_id = tid
-            RECORDER.apply()
+        share_trace_id(self.cpu_group)
 
     # -- device and module ------------------------------------------------------------
 
@@ -283,9 +271,10 @@ class Distributed:
     def average_gradients(self, module: torch.nn.Module) -> None:
         """All-reduce and average the gradients (a last partial group of a loader without
         ``len()`` ran under ``no_sync``)."""
+        all_reduce = untraced("all_reduce")
         for p in module.parameters():
             if p.grad is not None:
-                _dist.all_reduce(p.grad)
+                all_reduce(p.grad)
                 p.grad.div_(self.world_size)
 
     # -- data ---------------------------------------------------------------------------
@@ -332,7 +321,7 @@ class Distributed:
         """Every rank's collated outputs joined in rank order (tensors concatenated on
         dim 0, dicts key by key, lists joined); every rank gets the same result."""
         parts: list[Any] = [None] * self.world_size
-        _dist.all_gather_object(parts, tuple(outputs), group=self.cpu_group)
+        untraced("all_gather_object")(parts, tuple(outputs), group=self.cpu_group)
         parts = [p for p in parts if p]
         if not parts:
             return ()
@@ -347,10 +336,10 @@ class Distributed:
         atomically; every rank then waits for it at a barrier."""
         own = {"rng": state["rng"], "epoch_rng": state["trainer"].get("epoch_rng")}
         ranks: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        _dist.gather_object(own, ranks, dst=0, group=self.cpu_group)
+        untraced("gather_object")(own, ranks, dst=0, group=self.cpu_group)
         if self.rank == 0:
             save_atomic({**state, "ranks": ranks}, path)
-        _dist.barrier(group=self.cpu_group)
+        untraced("barrier")(group=self.cpu_group)
 
     def own_state(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
         """``checkpoint`` with this rank's RNG states in place of rank 0's, when it has

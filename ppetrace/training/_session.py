@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from .. import tracing
+from ..integrations import _precedence
 from ..integrations.distributed import trace_collectives
 from ._progress import ProgressBar, progress_wanted
 from ._run import Run, TrainerView, run_cleanups
@@ -28,6 +30,9 @@ _log = logging.getLogger("ppetrace")
 #: Trainer calls (fit, validate, test) running now; while it is not 0 the global hooks of
 #: ``ppetrace.instrument()`` stand aside, so that nothing is traced twice.
 running = 0
+# The hooks of an instrument() started before this module was imported read this module
+# through _precedence.session: without it they would trace the Trainer's steps again.
+_precedence.session[0] = sys.modules[__name__]
 # Trainer -> the exporter trace_file_first attached for the session that follows
 _attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -46,6 +51,8 @@ def trace_file_first(self: TrainerView, call: str) -> Iterator[None]:
         yield
     except BaseException:
         tracing.remove_exporter(exporter)
+        if getattr(self, "_dist", None) is not None:  # no merge: this rank's file is all
+            self.last_trace_path = exporter.path
         raise
     _attached[self] = exporter
 
@@ -98,6 +105,8 @@ def session(
         yield
     except BaseException:
         run_cleanups(cleanups, failing=True)
+        if dist is not None and exporter is not None:  # no merge: this rank's file is all
+            self.last_trace_path = exporter.path
         raise
     else:
         run_cleanups(cleanups, failing=False)

@@ -110,8 +110,10 @@ class Trainer:
             and its count (``trace.validate.json``, ``trace.test.json``,
             ``trace.fit2.json``; ``.json.gz`` stays gzip), so no call
             overwrites a trace this Trainer wrote. :attr:`last_trace_path`
-            is the file of the current or last call, :attr:`trace_paths` all
-            of them in call order; each call logs its file at INFO level.
+            is the file of the current or last call (under torchrun the merged
+            file, or this rank's file when the call raised: nothing is merged
+            then), :attr:`trace_paths` all of them in call order; each call
+            logs its file at INFO level.
         profilers: :class:`StepProfiler` objects.
         amp: mixed precision: bf16 autocast on CPU, float16 autocast with a
             GradScaler on CUDA (runtime options ``autocast``/``grad_scaler``).
@@ -128,7 +130,10 @@ class Trainer:
             non-finite loss is seen; ``"raise"``: also raise
             ``FloatingPointError`` there and check after every step. The loss is
             looked at only where it reaches the host anyway (no device sync in a
-            step; see ``ppetrace.training._nonfinite``).
+            step; see ``ppetrace.training._nonfinite``). Under DDP each rank
+            checks its own loss: ``"raise"`` raises on the ranks that saw a
+            non-finite one, and the others wait in their next collective until
+            torchrun's agent stops them.
         distributed: ``"auto"``: under torchrun (or in an existing process
             group), train with DistributedDataParallel, distributed samplers,
             rank-0 checkpoints and per-rank traces merged by rank 0 (see

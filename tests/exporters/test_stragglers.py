@@ -87,10 +87,24 @@ def test_compare_counts_a_folder_of_rank_files_as_one_run(torchrun_run: Path) ->
     assert code == 0, err.getvalue()
     rows = {r["event"]: r for r in json.loads(out.getvalue())["events"]}
     assert rows["trainer.step"]["base_runs"] == 1  # two rank files, one run
-    code = main(["compare", str(torchrun_run / "C" / "trace.json"),
-                 str(torchrun_run / "C" / "trace.json"), "--rank", "1", "--format", "json"],
+    merged = str(torchrun_run / "C" / "trace.json")
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["compare", merged, merged, "--rank", "1", "--format", "json"],
                 stdout=out, stderr=err)  # fmt: skip
-    assert code == 0
+    assert code == 0, err.getvalue()
+    rows = {r["event"]: r for r in json.loads(out.getvalue())["events"]}
+    # rank 1 alone: its 24 steps less the warmup one, and its forwards, 10 ms slower
+    # than rank 0's, at their own median
+    frame = read_chrome_trace(merged)
+    mine = frame[(frame["rank"] == 1) & (frame["name"] == "module.train_step")]
+    expected = float(mine.sort_values("start_ns")["dur_ns"].iloc[1:].median())
+    assert rows["module.train_step"]["base_n"] == rows["trainer.step"]["base_n"] == 23
+    assert rows["module.train_step"]["base_median_ns"] == pytest.approx(expected)
+    assert expected > 5_000_000  # rank 0's are far shorter: not a median of both
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["compare", merged, merged, "--rank", "5"], stdout=out, stderr=err)
+    assert code == 2
+    assert "Expected spans of rank 5" in err.getvalue() and "ranks 0, 1" in err.getvalue()
 
 
 # -- the straggler rule on exact, synthetic spans ----------------------------------------

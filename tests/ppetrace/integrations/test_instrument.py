@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -460,3 +462,55 @@ def test_profilers_step_once_per_batch_even_with_modules_inside_the_loader(
     ] + [("teardown", -1)]
     forward = _names(_frame(tmp_path / "t.json"), "module.forward")
     assert (forward["ppetrace.module"] == "Linear").sum() == 2 * 16  # the transform, traced
+
+
+TRAINER_AFTER_INSTRUMENT = """
+import sys
+import torch
+from torch import nn
+import ppetrace
+
+handle = ppetrace.instrument(trace_path=sys.argv[1])
+assert "ppetrace.training" not in sys.modules  # the Trainer comes after the hooks
+from ppetrace import Trainer
+
+torch.manual_seed(0)
+net = nn.Linear(4, 2)
+batches = [(torch.randn(2, 4), torch.randint(0, 2, (2,))) for _ in range(3)]
+Trainer(max_epochs=1, progress=False, val_every_n_epochs=None).fit(
+    net,
+    batches,  # a list, not a DataLoader: no fetch hook runs to find the Trainer
+    optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+    loss_fn=nn.functional.cross_entropy,
+)
+handle.close()
+print(handle.steps)
+"""
+
+
+def test_a_trainer_imported_after_instrument_is_not_traced_twice(tmp_path: Path) -> None:
+    script, path = tmp_path / "late.py", tmp_path / "t.json"
+    script.write_text(TRAINER_AFTER_INSTRUMENT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"]  # the hooks counted no step of their own
+    counts = _frame(path)["name"].value_counts()
+    for name in ("trainer.step", "trainer.backward", "trainer.optimizer_step"):
+        assert counts[name] == 3, name
+
+
+def test_under_torchrun_each_rank_writes_its_own_file(
+    tmp_path: Path, make_loader: Loader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, data = _model(), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+            _train(model, data, opt)
+        assert handle.trace_path == tmp_path / "t.ranks" / f"rank{rank}.json"
+        assert _frame(handle.trace_path)["name"].value_counts()["trainer.step"] == 2
+    assert not (tmp_path / "t.json").exists()

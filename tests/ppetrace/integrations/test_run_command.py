@@ -115,12 +115,29 @@ def test_sys_exit_3_gives_exit_3_with_the_trace_written(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _script(tmp_path, "print('never runs')\n")
+    blocker = tmp_path / "a_file"  # the trace's folder would have to be made inside a file
+    blocker.write_text("")
     cases = [
         (["no_such_script.py"], "Expected a Python script at no_such_script.py, but no such"),
+        (["no_such_script.py"], "file exists. Check the path; a relative one starts at"),
+        ([str(tmp_path)], "folder without __main__.py. Name the script inside it, or add"),
         (["-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz' was found"),
         (["-m", "json"], "'json' is a package without one"),
         ([], "Expected a script to run"),
+        ([], "but received neither. Name the script, or -m and a module, after the options."),
         (["--schedule", "1,2", "--profile", "torch", "x.py"], "four integers wait,warmup"),
+        (
+            ["--schedule", "1,1,0,1", "--profile", "torch", "x.py"],
+            "Expected a valid --schedule wait,warmup,active,repeat, but '1,1,0,1' is not: "
+            "Expected a positive int for active (recorded steps in each window), but received "
+            "0. Give wait, warmup and repeat >= 0 and active >= 1, e.g. 1,1,3,1.",
+        ),
+        (
+            ["--trace", str(blocker / "t.json"), str(script)],
+            "Expected a folder for the trace that can be created, but making",
+        ),
+        (["--trace", str(blocker / "t.json"), str(script)], "in a folder you can write to."),
         (["--schedule", "0,1,3,1", "x.py"], "--profile pyinstrument or --profile torch with"),
         (["--module-depth", "-1", "x.py"], "non-negative integer for --module-depth"),
         (["--profile", "perf", "x.py"], "invalid choice: 'perf'"),
@@ -129,6 +146,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
         code, err = _run(*argv)
         assert code == 2, argv
         assert err.count("\n") == 1 and message in err, (argv, err)
+    monkeypatch.setenv("RANK", "one")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    code, err = _run(str(script))
+    assert code == 2 and "RANK='one', WORLD_SIZE='2'. Start the script with torchrun, or" in err
+    monkeypatch.delenv("RANK")
     broken = tmp_path / "broken_pkg_xyz"
     broken.mkdir()
     (broken / "__init__.py").write_text("raise RuntimeError('cannot import me')\n")
@@ -137,6 +159,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
     assert (
         code == 2 and "importing 'broken_pkg_xyz.train' failed: RuntimeError: cannot import" in err
     )
+    assert "cannot import me. Fix the error that importing it raises." in err
 
 
 def test_the_default_trace_name_and_the_per_rank_layout(tmp_path: Path) -> None:
@@ -153,6 +176,11 @@ def test_the_default_trace_name_and_the_per_rank_layout(tmp_path: Path) -> None:
     assert rank_info({"RANK": "1"}) is None
     with pytest.raises(ValueError, match="RANK and WORLD_SIZE to be non-negative integers"):
         rank_info({"RANK": "one", "WORLD_SIZE": "2"})
+    with pytest.raises(
+        ValueError,
+        match=r"Expected a non-negative int for rank, but received -1\. Pass this process's rank",
+    ):
+        rank_trace_path("t.json", -1)
 
 
 def test_under_torchrun_each_rank_writes_its_file_and_only_rank_0_reports(

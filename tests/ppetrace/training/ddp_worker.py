@@ -22,7 +22,12 @@ C. 24 steps with an explicit all_reduce per step, rank 1 slow, then 40 barriers,
 D. a ModuleInterface, the same wrapped in DDP by the user, a delira network;
 E. gradient accumulation: the gradients after each backward;
 F. a rank file that rank 0 cannot see (as without a shared filesystem: rank 0's
-   ``os.path.isfile`` says no for rank 1's private folder) is sent over the group.
+   ``os.path.isfile`` says no for rank 1's private folder) is sent over the group;
+G. a loader without ``len()`` and an odd batch count with ``grad_accumulation=2``: the
+   last group steps alone, after ppetrace's own gradient all-reduce, with a trace.
+
+Phases A (checkpoints) and B (a cut run) also write traces: ppetrace's own collectives
+(the checkpoint barrier) must not be among them, and a cut run names its rank's file.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ torch.set_num_threads(1)
 results: dict[str, Any] = {"rank": RANK}
 saves = {"n": 0}
 _save = _distributed.save_atomic
+started: list[Any] = []  # the Trainer of the latest plain_fit, also when its fit raises
 
 
 def counting_save(*args: Any, **kwargs: Any) -> Any:
@@ -145,9 +151,10 @@ def plain_fit(phase: str, *, epochs: int = 2, crash_at: int | None = None, **fit
         progress=False,
         checkpoint_dir=OUT / f"{phase}_ckpt",
         checkpoint_every_n_steps=3 if crash_at is not None else None,
-        trace_path=OUT / phase / "trace.json" if phase == "A" else None,
+        trace_path=OUT / phase / "trace.json" if phase in ("A", "B") else None,
         callbacks=[watch],
     )
+    started[:] = [trainer]
     trainer.fit(
         model,
         DataLoader(indexed(64, 1), batch_size=8, shuffle=True),
@@ -179,6 +186,7 @@ try:
     plain_fit("B", crash_at=4)
 except RuntimeError as exc:
     results["B_crash"] = str(exc)
+    results["B_crash_trace"] = str(started[0].last_trace_path)
 _, resumed, _ = plain_fit("B2", resume_from=OUT / "B_ckpt" / "last.pt")
 ckpt = torch.load(OUT / "B_ckpt" / "last.pt", weights_only=True)
 results["B"] = {
@@ -304,6 +312,34 @@ if RANK == 0:  # rank 1's private folder is not on rank 0's filesystem
 files = group.traces._collect(own, merged)
 os.path.isfile = seen  # type: ignore[assignment]
 results["F"] = {"files": [str(f) for f in files]}
+
+
+# -- G: the partial last group of a loader without len() ---------------------------------
+class Batches:
+    """5 batches of this rank's own data and no ``len()``: with ``grad_accumulation=2``
+    the Trainer learns that the last group is partial only when the loader runs out."""
+
+    def __iter__(self) -> Any:
+        g = torch.Generator().manual_seed(70 + RANK)
+        for _ in range(5):
+            yield torch.randn(4, 9, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+torch.manual_seed(0)
+partial = torch.nn.Linear(9, 3)
+trainer = ppetrace.Trainer(
+    progress=False,
+    grad_accumulation=2,
+    val_every_n_epochs=None,
+    trace_path=OUT / "G" / "trace.json",
+)
+trainer.fit(
+    partial,
+    Batches(),
+    optimizer=torch.optim.SGD(partial.parameters(), lr=0.5),
+    loss_fn=F.cross_entropy,
+)
+results["G"] = {"digest": digest(partial), "steps": trainer.global_step}
 
 (OUT / f"result_rank{RANK}.json").write_text(json.dumps(results))
 dist.barrier()

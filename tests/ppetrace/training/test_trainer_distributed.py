@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import ppetrace
+from exporters import read_chrome_trace
 from ppetrace.training._distributed import (
     Distributed,
     ShardSampler,
@@ -102,6 +103,34 @@ def test_rank_0_receives_the_files_it_cannot_see(torchrun_run: Path) -> None:
     # rank 1's file lay in a folder rank 0 was told it cannot see: it came over the group
     assert files[1].read_bytes() == (torchrun_run / "F1private" / "rank1.json").read_bytes()
     assert files[1].read_bytes() == b"rank 1 " * 1001
+
+
+def test_ppetraces_own_collectives_are_not_traced_as_the_users(torchrun_run: Path) -> None:
+    # A: a checkpoint per epoch (gather_object and a barrier), B: one every 3 steps, G: the
+    # gradient all-reduce before a partial group; none of them is the user's dist.* call
+    for phase in ("A", "G"):
+        names = read_chrome_trace(torchrun_run / phase / "trace.json")["name"]
+        assert not names.str.startswith("dist.").any(), (phase, names.unique())
+    for rank in (0, 1):
+        names = read_chrome_trace(torchrun_run / "B" / "trace.ranks" / f"rank{rank}.json")["name"]
+        assert (names == "trainer.step").any() and not names.str.startswith("dist.").any()
+
+
+def test_a_failed_call_names_the_rank_file_as_its_last_trace(torchrun_run: Path) -> None:
+    for rank, result in enumerate(results(torchrun_run)):
+        written = torchrun_run / "B" / "trace.ranks" / f"rank{rank}.json"
+        assert result["B_crash_trace"] == str(written) and written.is_file()
+    assert not (torchrun_run / "B" / "trace.json").exists()  # no merge after a failure
+
+
+def test_a_partial_last_group_is_averaged_over_the_ranks_before_it_steps(
+    torchrun_run: Path,
+) -> None:
+    r0, r1 = results(torchrun_run)
+    # 5 batches, groups of 2: two full groups and one partial group, each one step; each
+    # rank had its own data, so without the all-reduce the last step would differ
+    assert r0["G"]["steps"] == r1["G"]["steps"] == 3
+    assert r0["G"]["digest"] == r1["G"]["digest"]
 
 
 # -- the pieces, in this process --------------------------------------------------------

@@ -1,0 +1,132 @@
+"""``ppetrace run`` under torchrun: rank files on rank 0's clock, one trace id, merged by rank 0.
+
+One 2-process torchrun launch (gloo, loopback) of ``ppetrace run`` on a script that
+starts its own process group, trains 3 steps under DDP and destroys the group.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporters import load_chrome_trace, read_chrome_trace
+from exporters.chrome._ranks import read_header
+
+SCRIPT = """
+import torch
+import torch.distributed as dist
+from torch import nn
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(dist.get_rank())
+for _ in range(3):
+    model(torch.randn(2, 4, generator=g)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def test_ppetrace_run_under_torchrun_merges_the_ranks_on_one_clock(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    script, trace = tmp_path / "ddp.py", tmp_path / "out" / "trace.json"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+           "MASTER_ADDR": "127.0.0.1"}  # fmt: skip
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc_per_node", "2", "-m", "ppetrace", "run", "--trace", str(trace), str(script),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"the torchrun run did not end in 180 s:\n{err[-6000:]}")
+    assert proc.returncode == 0, err[-6000:]
+    assert err.count(f"ppetrace: merged the rank traces into {trace}") == 2  # both ranks
+    assert err.count("ppetrace step report") == 1  # rank 0's, of the merged file
+    headers = [read_header(trace.parent / "trace.ranks" / f"rank{r}.json") for r in (0, 1)]
+    assert all(h is not None for h in headers)
+    h0, h1 = headers
+    assert h0 is not None and h1 is not None
+    for rank, h in enumerate(headers):
+        assert h is not None and h.distributed_info == {"rank": rank, "world_size": 2}
+        sync = h.other_data["clock_sync"]
+        assert sync["start"]["rounds"] == 16 and sync["end"]["at_ns"] > sync["start"]["at_ns"]
+        assert h.other_data["clock_offset_ns"] == sync["start"]["offset_ns"]
+        assert h.other_data["backend"] == "gloo"
+    assert h0.other_data["clock_offset_ns"] == 0 and h1.other_data["clock_error_ns"] > 0
+    merged = load_chrome_trace(trace)
+    # one run, one trace id: rank 1 took rank 0's
+    assert merged.metadata["trace_id"] == h0.other_data["trace_id"] == h1.other_data["trace_id"]
+    assert merged.metadata["ranks"] == [0, 1] and merged.metadata["world_size"] == 2
+    frame = read_chrome_trace(trace)
+    steps = frame[frame["name"] == "trainer.step"]
+    assert steps.groupby("rank").size().to_dict() == {0: 3, 1: 3}
+
+
+ALIVE = """
+import torch
+import torch.distributed as dist
+from torch import nn
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+{end}
+"""
+
+
+@pytest.mark.parametrize("end", ["", "raise ValueError('boom')"])
+def test_a_group_alive_at_the_end_is_merged_and_a_failed_script_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    """In this process: torchrun's variables, and a script whose group (of one process
+    here) is still alive when it ends, or that raises."""
+    import torch.distributed as dist
+
+    from ppetrace.cli import main
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    script, trace = tmp_path / "alive.py", tmp_path / "trace.json"
+    script.write_text(ALIVE.format(end=end))
+    init, destroy = dist.init_process_group, dist.destroy_process_group
+    err = io.StringIO()
+    try:
+        code = main(["run", "--no-report", "--trace", str(trace), str(script)], stderr=err)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert (dist.init_process_group, dist.destroy_process_group) == (init, destroy)  # restored
+    mine = tmp_path / "trace.ranks" / "rank0.json"
+    assert read_chrome_trace(mine)["name"].value_counts()["trainer.step"] == 2
+    if end:  # the other ranks may be in a collective: no merge
+        assert code == 1 and not trace.exists()
+        assert "clock_sync" not in read_header(mine).other_data  # type: ignore[union-attr]
+        return
+    assert code == 0 and f"ppetrace: merged the rank traces into {trace}" in err.getvalue()
+    assert read_chrome_trace(trace)["name"].value_counts()["trainer.step"] == 2
+    assert read_header(mine).other_data["clock_sync"]["end"]["rounds"] == 16  # type: ignore[union-attr]
