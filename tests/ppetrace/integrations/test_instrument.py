@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -211,8 +210,11 @@ def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
     ]
     assert len(val_fetches) == 2 + 1
     assert val_fetches["end_ns"].max() == validations["end_ns"].iloc[0]
-    events = report.events.set_index("event")
-    assert np.isnan(events.loc["trainer.validation", "share"])
+    # validation is reported apart from the training steps, with its forwards
+    assert "trainer.validation" not in set(report.events["event"])
+    val_events = report.validation.set_index("event")
+    assert val_events.loc["trainer.validation", "count"] == 2
+    assert val_events.loc["module.forward", "count"] == 2 * 2 * 4
 
 
 def test_an_inference_script_gets_forward_and_fetch_spans_and_no_steps(
