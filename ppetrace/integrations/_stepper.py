@@ -38,29 +38,17 @@ from typing import Any
 
 import torch
 
+from ..runtime._convert import batch_size
 from ..tracing._recorder import RECORDER
 from ._record import RowBuffer, current_parent
 
-__all__ = ["Candidate", "StepTracker", "ThreadState", "batch_size"]
+__all__ = ["Candidate", "StepTracker", "ThreadState"]
 
 _log = logging.getLogger("ppetrace")
 _perf_ns = time.perf_counter_ns
 _grad_enabled = torch.is_grad_enabled
 TRAIN = "train"
 VAL = "val"
-
-
-def batch_size(batch: Any) -> int | None:
-    """The leading dimension of the batch's first tensor (tuple, list or dict batches)."""
-    first = batch
-    kind = type(batch)
-    if kind is tuple or kind is list:
-        first = batch[0] if batch else None
-    elif kind is dict:
-        first = next(iter(batch.values()), None)
-    if isinstance(first, torch.Tensor) and first.ndim:
-        return int(first.shape[0])
-    return None
 
 
 class Candidate:

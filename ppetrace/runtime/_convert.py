@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["apply_to_tensors"]
+__all__ = ["apply_to_tensors", "batch_size"]
 
 _Tensor = torch.Tensor
 
@@ -72,3 +72,17 @@ def _rebuild_mapping(obj: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
         return kind(items)
     except TypeError:  # a constructor that takes something else
         return items
+
+
+def batch_size(batch: Any) -> int | None:
+    """The leading dimension of the batch's first tensor (a tensor, or a tuple, list or
+    dict batch), else None."""
+    first = batch
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        first = batch[0] if batch else None
+    elif kind is dict:
+        first = next(iter(batch.values()), None)
+    if isinstance(first, _Tensor) and first.ndim:
+        return int(first.shape[0])
+    return None

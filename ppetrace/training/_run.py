@@ -22,6 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from ..interfaces.module_interface import Stage
 from ..profilers import SpanWrapper
 from ..runtime._base import BaseRuntime
+from ..runtime._convert import batch_size
 from ..runtime._hooks import StepHooks
 from ..tracing._recorder import trace
 from ._adapters import Adapter
@@ -120,20 +121,6 @@ def known_batch_sizes(loader: Any) -> tuple[int, int, int] | None:
     except TypeError:
         return None
     return size, samples // size, 0 if sampler.drop_last else samples % size
-
-
-def batch_size(batch: Any) -> int | None:
-    """The leading dimension of the batch's first tensor, if it has one (the batch size of
-    a loader whose sizes are not known in advance, see :func:`known_batch_sizes`)."""
-    first = batch
-    kind = type(batch)
-    if kind is tuple or kind is list:
-        first = batch[0] if batch else None
-    elif kind is dict:
-        first = next(iter(batch.values()), None)
-    if isinstance(first, torch.Tensor) and first.ndim:
-        return int(first.shape[0])
-    return None
 
 
 def describe(value: Any) -> str:
