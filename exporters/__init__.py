@@ -6,7 +6,8 @@ without torch. The data flows along the modules:
 
 - :mod:`exporters.chrome`: :class:`ChromeTraceExporter` (an OpenTelemetry
   ``SpanExporter`` that streams a Chrome trace), :func:`read_chrome_trace`,
-  :func:`load_chrome_trace`, :func:`merge_traces` and :func:`repair_chrome_trace`
+  :func:`load_chrome_trace`, :func:`merge_traces`, :func:`repair_chrome_trace` and
+  :func:`trace_parts`
   (writer, reader, merger and repair in modules of their own);
 - :mod:`exporters.frame`: :func:`spans_to_frame`, one row per span;
 - :mod:`exporters.report`: :func:`step_report` and its renderers;
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
     )
     from .chrome import (
         repair_chrome_trace as repair_chrome_trace,
+    )
+    from .chrome import (
+        trace_parts as trace_parts,
     )
     from .comparison import (
         COMPARE_FORMATS as COMPARE_FORMATS,
@@ -141,6 +145,7 @@ _LAZY = {
     "read_chrome_trace": ".chrome",
     "Repaired": ".chrome",
     "repair_chrome_trace": ".chrome",
+    "trace_parts": ".chrome",
     "COLUMNS": ".frame",
     "spans_to_frame": ".frame",
     "REPORT_FORMATS": ".report",

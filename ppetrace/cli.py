@@ -376,7 +376,8 @@ _TRACE_SUFFIXES = (".json", ".json.gz")
 
 def _trace_paths(spec: str, label: str) -> list[str]:
     """The trace files that BASE or CAND names: a file, a folder's ``*.json`` and
-    ``*.json.gz`` files, or the files a glob matches; sorted by name."""
+    ``*.json.gz`` files, or the files a glob matches; sorted by name. A run written in
+    parts counts once: by its part 0, which brings the others."""
     path = Path(spec)
     if path.is_dir():
         found = sorted(
@@ -387,7 +388,7 @@ def _trace_paths(spec: str, label: str) -> list[str]:
                 f"Expected trace files (*.json or *.json.gz) in the folder {spec} given as "
                 f"{label}, but it has none."
             )
-        return found
+        return _first_parts(found)
     if path.exists() or not glob.has_magic(spec):
         return [spec]
     found = sorted(p for p in glob.glob(spec) if Path(p).is_file())
@@ -396,7 +397,15 @@ def _trace_paths(spec: str, label: str) -> list[str]:
             f"Expected {label} to be a trace file, a folder of traces or a glob that matches "
             f"trace files, but the glob {spec!r} matches no file."
         )
-    return found
+    return _first_parts(found)
+
+
+def _first_parts(paths: list[str]) -> list[str]:
+    """``paths`` without the later parts of a run whose part 0 is among them."""
+    import exporters
+
+    later = {Path(q).resolve() for p in paths for q in exporters.trace_parts(p)[1:]}
+    return [p for p in paths if Path(p).resolve() not in later]
 
 
 def _summaries(

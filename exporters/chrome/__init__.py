@@ -50,6 +50,10 @@ A JSON object in the Chrome "JSON Object Format", which Perfetto UI
 - ``M`` events name each process (``process_name``, with the rank, and
   ``process_sort_index``; no pid, which viewers add themselves) and each
   thread (``thread_name``).
+- A run written with ``max_part_bytes`` is split into parts (``trace.json``,
+  ``trace.1.json``, ...), each a whole trace with ``otherData["part"]`` and
+  ``otherData["first_part"]`` added (see ``_split``); the readers and the
+  merger take part 0 as the whole run.
 - Each event is on its own line, so a file cut off by a killed process loses
   at most the event being written; :func:`read_chrome_trace` reads such a
   file and warns, and :func:`repair_chrome_trace` (``ppetrace repair``)
@@ -78,6 +82,7 @@ from ._encode import OWNERS, owner_of
 from ._merge import merge_traces
 from ._reader import ChromeTrace, TraceTruncatedWarning, load_chrome_trace, read_chrome_trace
 from ._repair import Repaired, repair_chrome_trace
+from ._split import trace_parts
 from ._writer import ChromeTraceExporter
 
 __all__ = [
@@ -91,4 +96,5 @@ __all__ = [
     "read_chrome_trace",
     "Repaired",
     "repair_chrome_trace",
+    "trace_parts",
 ]

@@ -103,6 +103,15 @@ class SpanColumns:
         self._not_hex = False
         self._dicts = False
 
+    def mark(self) -> tuple[Any, ...]:
+        """Where the columns stand now, for :meth:`reset`."""
+        return len(self._parts), len(self.meta), len(self._pairs), self._id_key, self._not_hex
+
+    def reset(self, mark: tuple[Any, ...]) -> None:
+        """Drop what was taken since :meth:`mark` gave ``mark`` (a file read again)."""
+        parts, meta, pairs, self._id_key, self._not_hex = mark
+        del self._parts[parts:], self.meta[meta:], self._pairs[pairs:]
+
     def add(self, events: list[Event]) -> None:
         """Take a chunk of events (only the columns are kept)."""
         phases = list(map(_ph, events))

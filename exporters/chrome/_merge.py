@@ -29,6 +29,7 @@ from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
 from ._ranks import TraceHeader, _open_read, read_header, trace_files
 from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
+from ._split import first_parts, run_parts
 
 _SPAN_LINE = b'{"ph":"X","cat":'
 _PID_RE = re.compile(rb'"pid":(-?\d+)')
@@ -110,6 +111,8 @@ class _Input:
     named: set[int] = field(default_factory=set)
     #: ranks that process names give (``"... rank 3 ..."``), for parsed files
     named_ranks: dict[int, int] = field(default_factory=dict)
+    #: the later parts of a run written in parts (``max_part_bytes``), merged as this input
+    more: list[_Input] = field(default_factory=list)
 
     @property
     def clock_offset_ns(self) -> int:
@@ -155,7 +158,20 @@ def _expand(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
             out.extend(found)
         else:
             out.append(p)
-    return out
+    return first_parts(out)  # a run in parts is one input: its part 0
+
+
+def _load_run(path: Path) -> _Input:
+    """An input and, for a run written in parts, its later parts (in ``more``)."""
+    item = _load(path)
+    for q in run_parts(path)[1:]:
+        part = _load(q)
+        item.more.append(part)
+        item.pids = sorted(set(item.pids) | set(part.pids))
+        item.named |= part.named
+        item.named_ranks.update(part.named_ranks)
+        item.truncated = item.truncated or part.truncated
+    return item
 
 
 def _load(path: Path) -> _Input:
@@ -389,7 +405,8 @@ def merge_traces(
     """Merge per-rank or per-process trace files into one timeline at ``out``.
 
     ``inputs`` are files or folders of trace files (a folder contributes every
-    ``*.json``/``*.json.gz`` in it). They are merged in rank order
+    ``*.json``/``*.json.gz`` in it; a run written in parts is one input, read from
+    its part 0 with every later part). They are merged in rank order
     (``distributedInfo``, else ``otherData`` rank; files without one last, in
     the order given), one process track each, sorted by rank in viewers. Each
     input keeps its pid and process name; when two inputs share a pid, the
@@ -405,7 +422,7 @@ def merge_traces(
     """
     if not inputs:
         raise ValueError("Expected at least one trace file to merge, but received none.")
-    items = [_load(p) for p in _expand(inputs)]
+    items = [_load_run(p) for p in _expand(inputs)]
     order = sorted(range(len(items)), key=lambda i: (items[i].rank is None, items[i].rank or 0, i))
     items = [items[i] for i in order]
     bases = [t.origin_ns + t.clock_offset_ns for t in items]
@@ -416,7 +433,7 @@ def merge_traces(
     taken: set[int] = set()
     sources = []
     processes: dict[str, dict[str, Any]] = {}
-    plans: list[tuple[_Rewriter, list[bytes]]] = []
+    plans: list[tuple[list[_Rewriter], list[bytes]]] = []
     for item, base in zip(items, bases, strict=True):
         remap: dict[int, int] = {}
         for pid in item.pids:
@@ -441,17 +458,21 @@ def merge_traces(
                 "original_pid": pid,
                 "rank": item.rank if item.rank is not None else item.named_ranks.get(pid),
             }
-        plans.append((_Rewriter(item, base - origin, _drift(item.metadata), remap), names))
-        sources.append(
-            {
-                "path": item.path,
-                "clock_offset_ns": item.clock_offset_ns,
-                "origin_ns": item.origin_ns,
-                "pids": {str(p): remap[p] for p in item.pids},
-                "truncated": item.truncated,
-                "otherData": item.metadata,
-            }
+        drift = _drift(item.metadata)
+        plans.append(
+            ([_Rewriter(t, base - origin, drift, remap) for t in (item, *item.more)], names)
         )
+        source = {
+            "path": item.path,
+            "clock_offset_ns": item.clock_offset_ns,
+            "origin_ns": item.origin_ns,
+            "pids": {str(p): remap[p] for p in item.pids},
+            "truncated": item.truncated,
+            "otherData": item.metadata,
+        }
+        if item.more:
+            source["parts"] = [item.path, *(t.path for t in item.more)]
+        sources.append(source)
     trace_ids = {t.metadata.get("trace_id") for t in items}
     ranks = sorted({t.rank for t in items if t.rank is not None})
     other: dict[str, Any] = {
@@ -475,10 +496,11 @@ def merge_traces(
     with _open_binary(out_path) as f:  # one input in memory at a time
         f.write(head.encode("ascii"))
         writer = _EventWriter(f)
-        for rewriter, names in plans:
+        for rewriters, names in plans:
             for name in names:
                 writer.event(name)
-            rewriter.write(writer)
+            for rewriter in rewriters:
+                rewriter.write(writer)
         writer.flush()
         f.write(b"\n]}\n")
     count = writer.count

@@ -185,31 +185,34 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _read_columns(p: Path) -> tuple[SpanColumns, dict[str, Any], bool, int]:
-    """The spans' columns of a file, its metadata, whether it was cut off, and its
-    number of events."""
+def _read_columns(
+    p: Path, into: SpanColumns | None = None
+) -> tuple[SpanColumns, dict[str, Any], bool, int]:
+    """The spans' columns of a file (added to ``into`` when given), its metadata, whether
+    it was cut off, and its number of events."""
     from ._events import SpanColumns
 
     parsed = Parsed()
     chunks = stream(p, parsed)
     if chunks is not None:
-        columns = SpanColumns()
+        columns = into if into is not None else SpanColumns()
+        mark = columns.mark()
         count = 0
         try:
             for chunk in chunks:
                 columns.add(chunk)
                 count += len(chunk)
             return columns, _metadata(parsed.top), parsed.truncated, count
-        except _Fallback:
-            pass  # a layout the line reader does not take: the whole document
+        except _Fallback:  # a layout the line reader does not take: the whole document
+            columns.reset(mark)
     doc, truncated = document(p)
     events, metadata = _events_of(doc, p, truncated)
-    columns = SpanColumns()
+    columns = into if into is not None else SpanColumns()
     columns.add_dicts(events)
     return columns, metadata, truncated, len(events)
 
 
-def read_chrome_trace(path: str | os.PathLike[str]) -> pd.DataFrame:
+def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd.DataFrame:
     """The spans of a Chrome trace file as a frame (schema: :mod:`exporters.frame`).
 
     Reads ppetrace's own files and any Chrome trace made of ``X`` events (or
@@ -223,24 +226,45 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> pd.DataFrame:
     Pyinstrument profiler writes ``top_functions``), ``tables``, which
     :func:`exporters.step_report` adds to its report.
 
+    A run written in parts (``ChromeTraceExporter(max_part_bytes=...)``) is
+    read whole from its first file: ``trace.json`` brings ``trace.1.json``,
+    ``trace.2.json``, ... (see :func:`exporters.trace_parts`), and
+    ``frame.attrs["parts"]`` lists the files read (when there are several).
+    ``parts=False`` reads the one file given, as does naming a later part.
+
     A cut-off file is read up to its last complete event with a
     :class:`TraceTruncatedWarning`. Raises ``FileNotFoundError`` for a missing
     file and :class:`TraceError`, naming the file, for anything else it cannot
     read. ppetrace's files are decoded a block of lines at a time with
     msgspec, so memory stays near the size of the frame.
     """
+    from ._split import run_parts
+
     p = Path(path)
-    with _naming(str(p)), _no_gc():
-        columns, metadata, truncated, count = _read_columns(p)
-        if truncated:
-            _warn_truncated(p, count)
-        frame = columns.frame(_origin(metadata), metadata)
-        tables = _tables(columns.meta)
+    paths = run_parts(p) if parts and p.is_file() else [p]
+    columns: SpanColumns | None = None
+    cut = False
+    metadata: dict[str, Any] = {}
+    with _no_gc():
+        for i, q in enumerate(paths):
+            with _naming(str(q)):
+                columns, meta, truncated, count = _read_columns(q, columns)
+            if truncated:
+                _warn_truncated(q, count)
+            cut = cut or truncated
+            if i == 0:
+                metadata = meta
+        assert columns is not None
+        with _naming(str(p)):
+            frame = columns.frame(_origin(metadata), metadata)
+            tables = _tables(columns.meta)
     if tables:
         frame.attrs["tables"] = tables  # plain data: pandas copies attrs around
     frame.attrs["metadata"] = metadata
     frame.attrs["path"] = str(p)
-    frame.attrs["truncated"] = truncated
+    frame.attrs["truncated"] = cut
+    if len(paths) > 1:
+        frame.attrs["parts"] = [str(q) for q in paths]
     return frame
 
 

@@ -11,12 +11,13 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._spans import SpanBatch, SpanRow, rows_from_readable_spans
+from ._appender import _Appender
 from ._encode import (
     _NS_PER_S,
     _dumps,
@@ -27,67 +28,11 @@ from ._encode import (
     _us,
     owner_of,
 )
+from ._split import _NAMING, MIN_PART_BYTES, _check_part_bytes, part_path
 
 __all__ = ["ChromeTraceExporter"]
 
 _log = logging.getLogger("exporters")
-
-_ASYNC_BYTES = 1 << 20  # writes at least this large run on the writer thread
-
-
-class _Appender:
-    """Appends to the trace file in call order, a large write on a thread of its own.
-
-    A part of 16,384 spans is about 5 MB of JSON. While the kernel copies one
-    part into the file (the GIL is released meanwhile), the exporter encodes the
-    next. At most one write is in flight: each call first waits for the one
-    before, so a killed process loses at most the last batch, as with direct
-    writes. An error of a write on the thread is returned by the next call
-    (or by :meth:`wait`), with the number of spans that write held. In a
-    forked child every write is direct.
-    """
-
-    def __init__(self, file: IO[bytes]) -> None:
-        self.file = file
-        self._pid = os.getpid()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._spans = 0  # spans in the write in flight
-        self.good = 0  # bytes written and flushed without an error
-
-    def wait(self) -> tuple[BaseException | None, int]:
-        """Wait for the write in flight; return its error (or None) and its span count."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-        error, self._error = self._error, None
-        spans, self._spans = self._spans, 0
-        return error, spans if error is not None else 0
-
-    def append(self, data: bytes, spans: int = 0) -> tuple[BaseException | None, int]:
-        """Write ``data`` (holding ``spans`` spans) and flush, on the thread when large;
-        return the error of the write before, and its span count. An error of a direct
-        write is raised."""
-        before = self.wait()
-        if len(data) >= _ASYNC_BYTES and os.getpid() == self._pid:
-            self._spans = spans
-            self._thread = threading.Thread(
-                target=self._write, args=(data,), name="exporters-chrome-writer"
-            )
-            self._thread.start()
-        else:
-            self.file.write(data)
-            self.file.flush()
-            self.good += len(data)
-        return before
-
-    def _write(self, data: bytes) -> None:
-        try:
-            self.file.write(data)
-            self.file.flush()
-            self.good += len(data)
-        except BaseException as exc:  # reported by the next append or wait
-            self._error = exc
 
 
 class ChromeTraceExporter(SpanExporter):
@@ -120,6 +65,17 @@ class ChromeTraceExporter(SpanExporter):
     the file keeps what was written before it (readable as a cut-off trace),
     and the spans of every later batch count in :attr:`spans_lost`.
     ppetrace's ``stats()`` reports them per sink as ``exporter_error``.
+
+    ``max_part_bytes`` (None: one file) writes the run in parts: once a part
+    holds at least that many bytes of JSON (counted before gzip), the next
+    write closes it and goes on in the next part, ``trace.1.json``,
+    ``trace.2.json``, ... (``t.json.gz``: ``t.1.json.gz``). A part ends
+    between events, so it can exceed the size by one write (at most 16,384
+    spans, about 5 MB). Each part is a whole Chrome trace: the run's
+    ``otherData`` plus ``part`` (its index) and ``first_part`` (part 0's file
+    name), and the ``M`` events that name the processes and threads so far.
+    :attr:`parts` lists the files; :func:`read_chrome_trace` given part 0
+    reads them all. It cannot be combined with ``header_reserve``.
     """
 
     def __init__(
@@ -131,7 +87,10 @@ class ChromeTraceExporter(SpanExporter):
         origin_ns: int | None = None,
         distributed_info: Mapping[str, Any] | None = None,
         header_reserve: int = 0,
+        max_part_bytes: int | None = None,
+        _min_part_bytes: int = MIN_PART_BYTES,
     ) -> None:
+        """``_min_part_bytes`` is for tests only: the smallest ``max_part_bytes`` taken."""
         for name, value in (("clock_offset_ns", clock_offset_ns), ("origin_ns", origin_ns)):
             if (value is not None or name == "clock_offset_ns") and (
                 isinstance(value, bool) or not isinstance(value, int)
@@ -144,7 +103,14 @@ class ChromeTraceExporter(SpanExporter):
                 f"Expected an int number of bytes for header_reserve, but received "
                 f"{header_reserve!r}."
             )
+        self._max_part = _check_part_bytes(max_part_bytes, _min_part_bytes, header_reserve)
         self.path = Path(path)
+        self._part = 0  # the index of the part being written
+        self._part_path = self.path
+        self._part_bytes = 0  # bytes written to it
+        self._paths = [self.path]
+        # (name, pid, tid) -> the M event that names a process or thread, for later parts
+        self._naming: dict[tuple[Any, Any, Any], str] = {}
         self.errors = 0
         self.spans_lost = 0
         self.last_error: str | None = None
@@ -203,6 +169,12 @@ class ChromeTraceExporter(SpanExporter):
             return self._fix_origin(None)
 
     @property
+    def parts(self) -> list[Path]:
+        """The files written so far: ``[path]``, then the later parts (``max_part_bytes``)."""
+        with self._lock:
+            return list(self._paths)
+
+    @property
     def events_written(self) -> int:
         """How many events (``X``, ``M`` and added ones) are in the file so far."""
         return self._events_written
@@ -249,7 +221,10 @@ class ChromeTraceExporter(SpanExporter):
             self._other["pid"] = self._pid
         self._other["origin_ns"] = origin
         self._header_written = True
-        head = '{"displayTimeUnit":"ns","otherData":' + _dumps(self._other) + " " * self._reserve
+        other = self._other
+        if self._max_part is not None:
+            other = {**other, "part": self._part, "first_part": self.path.name}
+        head = '{"displayTimeUnit":"ns","otherData":' + _dumps(other) + " " * self._reserve
         if self._distributed is not None:
             # spaced as Kineto writes it: HolisticTraceAnalysis finds the rank with the
             # pattern '"rank":\s+(\d+)', on the first line that has it
@@ -281,13 +256,27 @@ class ChromeTraceExporter(SpanExporter):
             self.spans_lost += spans
             return
         try:
+            if (
+                self._max_part is not None
+                and self._header_written
+                and self._part_bytes >= self._max_part
+            ):
+                f = self._next_part(f)
+                if f is None:
+                    self.spans_lost += spans
+                    return
+                here = set(events)
+                events = [e for e in self._naming.values() if e not in here] + events
             text = "" if self._header_written else self._header(earliest_ns)
             if events:
                 text += ("\n" if self._first_event else ",\n") + ",\n".join(events)
                 self._first_event = False
             data = text.encode("ascii")
             if encoded is not None and encoded[1]:
-                data = data + encoded[0] if data else encoded[0]
+                body = encoded[0]
+                if self._first_event and body.startswith(b","):  # the first event of a part
+                    body = body[1:]
+                data = data + body if data else body
                 self._first_event = False
             error, lost = f.wait()
             if error is not None:  # the write before failed: this one is not made
@@ -295,15 +284,38 @@ class ChromeTraceExporter(SpanExporter):
                 self.spans_lost += spans
                 return
             f.append(data, spans)  # raises if a direct write fails
+            self._part_bytes += len(data)
             self._events_written += len(events) + (encoded[1] if encoded is not None else 0)
         except Exception as exc:
             self._fail(exc, spans)
+
+    def _next_part(self, f: _Appender) -> _Appender | None:
+        """Close the part being written and open the next one (None if that failed: then
+        the exporter is broken). Lock held."""
+        error, lost = f.wait()
+        if error is not None:
+            self._report(error, lost)
+            return None
+        f.append(b"\n]}\n")  # raises if the write fails
+        self._report(*f.wait())
+        if self._broken:
+            return None
+        f.file.close()  # raises on an error: then the exporter is broken
+        path = part_path(self.path, self._part + 1)
+        self._file = nxt = _Appender(_open_binary(path))
+        self._part += 1
+        self._part_path = path
+        self._paths.append(path)
+        self._part_bytes = 0
+        self._header_written = False
+        self._first_event = True
+        return nxt
 
     def _fail(self, exc: BaseException, spans: int) -> None:
         """A write failed: count it and its spans, log it once, write nothing more."""
         self.errors += 1
         self.spans_lost += spans
-        self.last_error = f"writing {self.path} failed: {type(exc).__name__}: {exc}"
+        self.last_error = f"writing {self._part_path} failed: {type(exc).__name__}: {exc}"
         if not self._broken:
             self._broken = True
             self._cut()
@@ -318,10 +330,10 @@ class ChromeTraceExporter(SpanExporter):
         """Cut a plain file back to its last whole write (a failed write can leave part
         of an event); best effort, never raises."""
         f = self._file
-        if f is None or self.path.name.endswith(".gz"):
+        if f is None or self._part_path.name.endswith(".gz"):
             return
         with contextlib.suppress(OSError):
-            os.truncate(self.path, f.good)
+            os.truncate(self._part_path, f.good)
 
     def _report(self, error: BaseException | None, spans: int = 0) -> None:
         """Count and log the error of a write that ran on the writer thread."""
@@ -337,15 +349,19 @@ class ChromeTraceExporter(SpanExporter):
             rank = res.get("ppetrace.rank")
             # no "(pid N)": Perfetto and speedscope add the pid to the name themselves
             label = f"{service} rank {rank}" if isinstance(rank, int) else service
-            out.append(
+            event = (
                 f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,'
                 f'"args":{{"name":{_quote(label)}}}}}'
             )
+            out.append(event)
+            self._naming["process_name", pid, 0] = event
             if isinstance(rank, int):
-                out.append(
+                event = (
                     f'{{"ph":"M","name":"process_sort_index","pid":{pid},"tid":0,'
                     f'"args":{{"sort_index":{int(rank)}}}}}'
                 )
+                out.append(event)
+                self._naming["process_sort_index", pid, 0] = event
         named = self._thread_names
         names = batch.thread_names
         for tid in dict.fromkeys(map(_get_tid, rows)):
@@ -355,10 +371,12 @@ class ChromeTraceExporter(SpanExporter):
                 continue  # already named (a placeholder is replaced once a name is known)
             named[key] = real
             label = real or f"thread {tid}"
-            out.append(
+            event = (
                 f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},'
                 f'"args":{{"name":{_quote(label)}}}}}'
             )
+            out.append(event)
+            self._naming["thread_name", pid, tid] = event
         return out
 
     def _prefix(self, pid: int, name: str) -> str:
@@ -454,6 +472,10 @@ class ChromeTraceExporter(SpanExporter):
                 if lead:
                     body = "{" + ",".join(lead) + ("," if len(body) > 2 else "") + body[1:]
                 encoded.append(body)
+                if ev["ph"] == "M" and ev.get("name") in _NAMING:
+                    key = (ev.get("name"), ev.get("pid"), ev.get("tid", 0))
+                    with contextlib.suppress(TypeError):  # an unhashable pid: not repeated
+                        self._naming[key] = body
             if self._file is None:
                 _log.warning("exporters: %r is shut down; %d events dropped", self, len(encoded))
                 return
@@ -498,10 +520,10 @@ class ChromeTraceExporter(SpanExporter):
                 except Exception as exc:
                     if not self._broken:
                         self._fail(exc, 0)
-                if self._broken and not self.path.name.endswith(".gz"):
+                if self._broken and not self._part_path.name.endswith(".gz"):
                     # closing may have flushed buffered bytes of the failed write
                     with contextlib.suppress(OSError):
-                        os.truncate(self.path, f.good)
+                        os.truncate(self._part_path, f.good)
 
     def __enter__(self) -> ChromeTraceExporter:
         return self

@@ -1,0 +1,107 @@
+"""A run written in parts (``ChromeTraceExporter(max_part_bytes=...)``): their names and
+how to find them.
+
+Part 0 is the path given (``trace.json``); part ``i`` is ``trace.<i>.json``
+(``t.json.gz`` -> ``t.<i>.json.gz``; a name without ``.json`` gets ``.<i>``
+appended). Every part is a whole Chrome trace whose ``otherData`` is the
+run's, plus ``part`` (its index) and ``first_part`` (part 0's file name). A
+part belongs to the run of part 0 when its header says so: ``part`` is its
+index, ``first_part`` names part 0, and ``start_time_ns``, ``origin_ns`` and
+``pid`` are part 0's. The parts are found by name, in order, up to the first index that is
+missing (the count is not known when part 0 is closed, so no part records it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._ranks import read_header
+
+__all__ = ["first_parts", "part_path", "run_parts", "trace_parts"]
+
+_HEAD_LIMIT = 1 << 16
+MIN_PART_BYTES = 1 << 20  # the smallest max_part_bytes
+#: ``M`` events that name a process or thread: every part repeats them
+_NAMING = frozenset({"process_name", "process_sort_index", "thread_name", "thread_sort_index"})
+
+
+def _check_part_bytes(value: int | None, minimum: int, header_reserve: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"Expected max_part_bytes to be None or an int of at least {minimum} bytes, "
+            f"but received {value!r}. Pass a larger size, such as 1 << 30 for "
+            "1 GiB parts, or None for one file."
+        )
+    if header_reserve > 0:
+        raise ValueError(
+            f"Expected header_reserve=0 with max_part_bytes, but received header_reserve="
+            f"{header_reserve}: update_other_data rewrites one file's header, and a run in "
+            "parts has several. Leave out one of the two options."
+        )
+    return value
+
+
+def part_path(first: Path, index: int) -> Path:
+    """The path of part ``index`` of the run whose part 0 is ``first``."""
+    if index == 0:
+        return first
+    name = first.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return first.with_name(f"{name[: -len(suffix)]}.{index}{suffix}")
+    return first.with_name(f"{name}.{index}")
+
+
+def _other(path: Path) -> dict[str, Any] | None:
+    try:
+        # most headers fit in 64 KB; a large otherData (a long environment) gets 1 MB
+        header = read_header(path, limit=_HEAD_LIMIT) or read_header(path)
+    except (OSError, EOFError, ValueError):  # unreadable, or corrupt gzip
+        return None
+    return None if header is None else header.other_data
+
+
+def _belongs(first: dict[str, Any], first_name: str, other: dict[str, Any] | None, i: int) -> bool:
+    return (
+        other is not None
+        and other.get("part") == i
+        and other.get("first_part") == first_name
+        and other.get("start_time_ns") == first.get("start_time_ns")
+        and other.get("origin_ns") == first.get("origin_ns")
+        and other.get("pid") == first.get("pid")
+    )
+
+
+def run_parts(path: str | Path) -> list[Path]:
+    """Every part of the run whose part 0 is ``path``, in order (``[path]`` for a file
+    written in one piece, or one that is not part 0)."""
+    first = Path(path)
+    other = _other(first)
+    if other is None or other.get("part") != 0 or not isinstance(other.get("first_part"), str):
+        return [first]
+    out = [first]
+    while True:
+        nxt = part_path(first, len(out))
+        if not nxt.is_file() or not _belongs(other, first.name, _other(nxt), len(out)):
+            return out
+        out.append(nxt)
+
+
+def trace_parts(path: str | os.PathLike[str]) -> list[Path]:
+    """The files of the run whose first file is ``path``, in order: ``[path]`` for a run
+    written in one file, else ``[path, <stem>.1.json, ...]`` (written with
+    ``ChromeTraceExporter(max_part_bytes=...)``; each part's header is checked)."""
+    return run_parts(Path(path))
+
+
+def first_parts(paths: Sequence[str | Path]) -> list[Path]:
+    """``paths`` without the files that are part 1, 2, ... of a run whose part 0 is among
+    them (reading part 0 reads those too), in the order given."""
+    found = [Path(p) for p in paths]
+    taken = {q.resolve() for p in found for q in run_parts(p)[1:]}
+    return [p for p in found if p.resolve() not in taken]

@@ -1,0 +1,174 @@
+"""A run written in parts (max_part_bytes): each part a whole trace, read back as one run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from exporters import (
+    ChromeTraceExporter,
+    SpanBatch,
+    TraceTruncatedWarning,
+    merge_traces,
+    read_chrome_trace,
+    trace_parts,
+)
+
+PART_BYTES = 4_000  # about 13 spans: each batch of 20 below closes a part
+ROWS_PER_BATCH = 20
+
+
+def _batches(builder: Any, steps: int = 46) -> list[SpanBatch]:
+    """7 batches of 20 spans (46 steps of 3 spans, an epoch and a run)."""
+    builder.training([10_000 + i for i in range(steps)])
+    rows = sorted(builder.rows, key=lambda r: r.start_ns)
+    whole = builder.batch(rows)
+    return [
+        SpanBatch(rows[i : i + ROWS_PER_BATCH], whole.resource, whole.pid, whole.thread_names)
+        for i in range(0, len(rows), ROWS_PER_BATCH)
+    ]
+
+
+def _write(path: Path, batches: list[SpanBatch], max_part_bytes: int | None) -> list[Path]:
+    exporter = ChromeTraceExporter(path, max_part_bytes=max_part_bytes, _min_part_bytes=1)
+    for i, batch in enumerate(batches):
+        exporter.export_batch(batch)
+        if i == 0:  # a track another component names (a device): later parts name it too
+            gpu = {"ph": "M", "name": "thread_name", "tid": 99, "args": {"name": "gpu"}}
+            exporter.add_events([gpu])
+    exporter.shutdown()
+    assert exporter.errors == 0 and exporter.spans_lost == 0
+    return exporter.parts
+
+
+def _load(path: Path) -> tuple[dict[str, Any], bytes]:
+    data = (gzip.open if path.name.endswith(".gz") else open)(path, "rb").read()
+    return json.loads(data), data
+
+
+@pytest.mark.parametrize("name", ["trace.json", "trace.json.gz"])
+def test_each_part_is_a_whole_trace_with_its_own_names(
+    tmp_path: Path, run_builder: Callable[..., Any], name: str
+) -> None:
+    builder = run_builder()
+    batches = _batches(builder)
+    parts = _write(tmp_path / name, batches, PART_BYTES)
+    stem, suffix = name.split(".", 1)
+    assert parts == [tmp_path / name] + [
+        tmp_path / f"{stem}.{i}.{suffix}" for i in range(1, len(parts))
+    ]
+    assert len(parts) == len(batches)  # every batch after the first starts a part
+    assert trace_parts(tmp_path / name) == parts
+    spans = 0
+    for i, part in enumerate(parts):
+        doc, data = _load(part)  # strict JSON on its own
+        other = doc["otherData"]
+        assert other["part"] == i and other["first_part"] == name
+        assert other["trace_id"] == f"{builder.TRACE_ID:032x}"
+        if i < len(parts) - 1:
+            assert len(data) >= PART_BYTES
+        names = {(e["name"], e.get("tid")) for e in doc["traceEvents"] if e["ph"] == "M"}
+        assert {
+            ("process_name", 0),
+            ("process_sort_index", 0),
+            ("thread_name", builder.tid),
+        } <= names
+        assert ("thread_name", 99) in names or i == 0
+        assert len([e for e in doc["traceEvents"] if e["ph"] == "M"]) == len(names)
+        spans += sum(e["ph"] == "X" for e in doc["traceEvents"])
+    assert spans == len(builder.rows)
+
+
+def test_reading_part_0_gives_the_frame_of_the_run_in_one_file(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    builder = run_builder()
+    batches = _batches(builder)
+    parts = _write(tmp_path / "split" / "trace.json", batches, PART_BYTES)
+    _write(tmp_path / "whole" / "trace.json", batches, None)
+    assert trace_parts(tmp_path / "whole" / "trace.json") == [tmp_path / "whole" / "trace.json"]
+    split = read_chrome_trace(parts[0])
+    assert split.attrs["parts"] == [str(p) for p in parts]
+    assert split.attrs["metadata"]["part"] == 0
+    whole = read_chrome_trace(tmp_path / "whole" / "trace.json")
+    assert {k: v for k, v in split.attrs["metadata"].items() if "part" not in k} == (
+        whole.attrs["metadata"]
+    )
+    split.attrs, whole.attrs = {}, {}
+    pd.testing.assert_frame_equal(split, whole)
+    assert split["span_id"].is_unique and len(split) == len(builder.rows)
+    parents = split.loc[split["parent_id"] != 0, "parent_id"]
+    assert parents.isin(split["span_id"]).all()  # children in later parts find their parents
+    # one part alone: asked for, or named
+    alone = read_chrome_trace(parts[0], parts=False)
+    assert len(alone) == ROWS_PER_BATCH and "parts" not in alone.attrs
+    second = read_chrome_trace(parts[1])
+    assert len(second) == ROWS_PER_BATCH and second.attrs["metadata"]["part"] == 1
+    assert set(second["span_id"]).isdisjoint(alone["span_id"])
+
+
+def test_parts_of_an_earlier_run_are_not_read(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    path = tmp_path / "trace.json"
+    old = _write(path, _batches(run_builder()), PART_BYTES)
+    assert len(old) > 2
+    later = run_builder()
+    later.training([5_000] * 3, start=10**9)  # another run, written over the old one
+    assert _write(path, [later.batch()], PART_BYTES) == [path]
+    assert trace_parts(path) == [path]
+    assert len(read_chrome_trace(path)) == len(later.rows)
+
+
+def test_a_cut_off_last_part_is_read_with_a_warning(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    builder = run_builder()
+    parts = _write(tmp_path / "trace.json", _batches(builder), PART_BYTES)
+    last = parts[-1]
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) * 2 // 3])  # a killed process
+    with pytest.warns(TraceTruncatedWarning, match=r"trace\.\d+\.json is cut off"):
+        frame = read_chrome_trace(parts[0])
+    assert frame.attrs["truncated"] is True
+    before = sum(len(read_chrome_trace(p, parts=False)) for p in parts[:-1])
+    assert before < len(frame) < len(builder.rows)
+
+
+def test_merge_takes_a_run_in_parts_as_one_process(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    builder = run_builder()
+    folder = tmp_path / "runs"
+    parts = _write(folder / "trace.json", _batches(builder), PART_BYTES)
+    other = run_builder(pid=777, rank=1)
+    other.training([3_000] * 2)
+    with ChromeTraceExporter(folder / "other.json") as exporter:
+        exporter.export_batch(other.batch())
+    for source, inputs in (([parts[0]], 1), ([folder], 2), ([*parts, folder / "other.json"], 2)):
+        merged = merge_traces(tmp_path / "merged.json", source)
+        frame = read_chrome_trace(tmp_path / "merged.json")
+        mine = frame[frame["pid"] == builder.pid]
+        assert mine["span_id"].is_unique and len(mine) == len(builder.rows)
+        assert merged.metadata["merged_from"][0]["parts"] == [str(p) for p in parts]
+        assert len(merged.metadata["merged_from"]) == inputs
+        pids = {builder.pid, other.pid} if inputs == 2 else {builder.pid}
+        assert set(frame["pid"]) == pids
+
+
+def test_max_part_bytes_is_checked(tmp_path: Path) -> None:
+    never = tmp_path / "never.json"
+    for bad in (1000, True, 1.5e9, "1G"):
+        with pytest.raises(ValueError, match=r"max_part_bytes to be None or an int of at least"):
+            ChromeTraceExporter(never, max_part_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"header_reserve=0 with max_part_bytes.*Leave out"):
+        ChromeTraceExporter(never, max_part_bytes=1 << 30, header_reserve=512)
+    assert not never.exists()
+    with ChromeTraceExporter(never, max_part_bytes=1 << 20) as exporter:  # the minimum
+        assert exporter.parts == [never]

@@ -1,0 +1,65 @@
+"""The CLI reads a run written in parts (max_part_bytes) as one run."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from exporters import ChromeTraceExporter, SpanBatch, SpanRow, read_chrome_trace
+from ppetrace.cli import main
+
+T0 = 1_700_000_000_000_000_000
+STEPS = 30
+
+
+def write_parts(path: Path, median_ns: int, seed: int, pid: int = 1234) -> list[Path]:
+    """A run of STEPS steps (a fetch and a step each), one batch per step, in parts of
+    about 2 steps."""
+    rng = np.random.default_rng(seed)
+    exporter = ChromeTraceExporter(path, max_part_bytes=600, _min_part_bytes=1)
+    t = T0 + seed * 10**9  # runs of different seeds start apart, as real runs do
+    resource = {"service.name": "cli", "ppetrace.rank": 0}
+    for i in range(STEPS):
+        dur = int(rng.lognormal(np.log(median_ns), 0.05))
+        rows = [
+            SpanRow("trainer.fetch_batch", 2 * i + 10, 0, 7, t, t + 200, 1, {}),
+            SpanRow(
+                "trainer.step", 2 * i + 11, 0, 7, t + 300, t + 300 + dur, 1, {"ppetrace.step": i}
+            ),
+        ]
+        exporter.export_batch(SpanBatch(rows, resource, pid))
+        t += 300 + dur
+    exporter.shutdown()
+    assert len(exporter.parts) >= STEPS // 3
+    return exporter.parts
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_report_and_compare_count_a_run_in_parts_once(tmp_path: Path) -> None:
+    base = write_parts(tmp_path / "base" / "run.json", 1_000_000, 1)
+    write_parts(tmp_path / "cand" / "run.json.gz", 1_400_000, 2)
+    code, out, err = run("report", str(base[0]), "--warmup", "0")
+    assert code == 0 and err == "", err
+    assert f"{STEPS} steps" in out
+    code, out, err = run("compare", str(tmp_path / "base"), str(tmp_path / "cand"))
+    assert code == 1, err
+    assert out.startswith("ppetrace compare: 1 gated regression (1 run vs 1 run)")
+    code, out, _ = run("compare", str(tmp_path / "base" / "*.json"), str(base[0]))
+    assert code == 0 and "(1 run vs 1 run)" in out
+
+
+def test_merge_of_a_run_in_parts(tmp_path: Path) -> None:
+    parts = write_parts(tmp_path / "run.json", 1_000_000, 1)
+    out_file = tmp_path / "merged.json"
+    code, out, err = run("merge", str(out_file), str(parts[0]))
+    assert code == 0 and out.startswith("Merged 1 trace (") and "1 process)" in out, err
+    frame = read_chrome_trace(out_file)
+    assert len(frame) == 2 * STEPS and frame["span_id"].is_unique
+    assert (frame["name"] == "trainer.step").sum() == STEPS
