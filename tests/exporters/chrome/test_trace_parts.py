@@ -172,3 +172,19 @@ def test_max_part_bytes_is_checked(tmp_path: Path) -> None:
     assert not never.exists()
     with ChromeTraceExporter(never, max_part_bytes=1 << 20) as exporter:  # the minimum
         assert exporter.parts == [never]
+
+
+def test_a_large_batch_goes_on_in_the_next_part_between_events(
+    tmp_path: Path, run_builder: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporters.chrome import _encode
+
+    monkeypatch.setattr(_encode, "_PART_ROWS", 7)  # a batch is written 7 spans at a time
+    builder = run_builder()
+    builder.training([10_000] * 46)
+    parts = _write(tmp_path / "trace.json", [builder.batch()], 1_000)
+    spans = [sum(e["ph"] == "X" for e in _load(part)[0]["traceEvents"]) for part in parts]
+    # 140 spans, 7 to a part; then the part that _write's add_events opened (names only)
+    assert spans == [7] * 20 + [0]
+    frame = read_chrome_trace(parts[0])
+    assert sorted(frame["span_id"]) == sorted(r.span_id for r in builder.rows)
