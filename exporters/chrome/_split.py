@@ -14,6 +14,7 @@ missing (the count is not known when part 0 is closed, so no part records it).
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def _other(path: Path) -> dict[str, Any] | None:
     try:
         # most headers fit in 64 KB; a large otherData (a long environment) gets 1 MB
         header = read_header(path, limit=_HEAD_LIMIT) or read_header(path)
-    except (OSError, EOFError, ValueError):  # unreadable, or corrupt gzip
+    except (OSError, EOFError, ValueError, zlib.error):  # unreadable, or corrupt gzip
         return None
     return None if header is None else header.other_data
 
