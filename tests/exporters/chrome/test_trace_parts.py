@@ -188,3 +188,24 @@ def test_a_large_batch_goes_on_in_the_next_part_between_events(
     assert spans == [7] * 20 + [0]
     frame = read_chrome_trace(parts[0])
     assert sorted(frame["span_id"]) == sorted(r.span_id for r in builder.rows)
+
+
+def test_a_part_that_cannot_be_opened_is_counted_and_the_parts_before_stay_whole(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    builder = run_builder()
+    batches = _batches(builder)
+    (tmp_path / "trace.2.json").mkdir()  # the third part cannot be created
+    exporter = ChromeTraceExporter(
+        tmp_path / "trace.json", max_part_bytes=PART_BYTES, _min_part_bytes=1
+    )
+    for batch in batches:
+        exporter.export_batch(batch)
+    exporter.shutdown()
+    assert exporter.errors == 1 and "trace.2.json" not in str(exporter.parts)
+    assert exporter.spans_lost == len(builder.rows) - 2 * ROWS_PER_BATCH
+    assert exporter.last_error is not None and "IsADirectoryError" in exporter.last_error
+    for part in exporter.parts:
+        _load(part)  # closed, strict JSON
+    frame = read_chrome_trace(tmp_path / "trace.json")
+    assert len(frame) == 2 * ROWS_PER_BATCH and frame.attrs["truncated"] is False
