@@ -4,7 +4,10 @@ its per-step samples and that median's sampling error, plus the run's environmen
 The samples of an event are *per step*: the event's total time inside each
 counted (non-warmup) training step (a ``trainer.step``, its
 ``trainer.fetch_batch`` and everything under them; see :mod:`exporters._steps`).
-An event outside steps contributes one sample per span.
+An event outside steps contributes one sample per span. Validation is left
+out, as in the step report: ``trainer.validation`` spans with everything below
+them, and spans whose ``stage`` (``ppetrace.stage``) is ``"val"`` or ``"test"``
+with everything below them (``instrument()`` marks its ``no_grad`` forwards so).
 
 Runs of several ranks: a merged trace is one run whose samples are every
 rank's steps (over all ranks), or one rank's (``rank=R``). Separate rank files
@@ -22,24 +25,29 @@ import numpy as np
 import pandas as pd
 
 from ._compare_stats import log_median_se
+from ._report_data import VALIDATION
 from ._steps import STEP, assign_steps
+from .frame import _inherit
 
 __all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
+
+_NOT_TRAINING_STAGES = ("val", "test")
 
 
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
     """Per-event duration samples in ns: per counted step, the event's total time in
-    that step; for spans outside steps, one sample per span."""
+    that step; for spans outside steps, one sample per span; validation left out."""
     n = len(frame)
     if n == 0:
         return {}
     assignment = assign_steps(frame, warmup_steps)
+    assert assignment.ppos is not None
     steps = assignment.steps
     warm = np.zeros(n, dtype=bool)
     warm[steps.index[steps["warmup"].to_numpy(dtype=bool)].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0
-    keep = ~(in_step & warm[np.where(in_step, step_row, 0)])
+    keep = ~(in_step & warm[np.where(in_step, step_row, 0)]) & ~_validation(frame, assignment.ppos)
     unit = np.where(in_step, step_row, -1 - np.arange(n))[keep]
     codes, uniques = pd.factorize(frame["name"].to_numpy(dtype=object)[keep])
     dur = frame["dur_ns"].to_numpy(np.int64)[keep]
@@ -56,6 +64,17 @@ def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np
         str(uniques[part_events[0]]): part
         for part_events, part in zip(np.split(events, cuts), np.split(sums, cuts), strict=True)
     }
+
+
+def _validation(frame: pd.DataFrame, ppos: np.ndarray) -> np.ndarray:
+    """Whether each row is validation: a ``trainer.validation`` span, a span whose
+    ``stage`` is ``"val"`` or ``"test"``, or a span below either."""
+    mark = frame["name"].to_numpy(dtype=object) == VALIDATION
+    if "stage" in frame.columns:
+        mark |= frame["stage"].isin(_NOT_TRAINING_STAGES).to_numpy(dtype=bool)
+    if not mark.any():
+        return mark
+    return ~np.isnan(_inherit(np.where(mark, 1.0, np.nan), ppos))
 
 
 @dataclass(frozen=True)

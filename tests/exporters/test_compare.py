@@ -94,6 +94,26 @@ def test_samples_are_per_step_totals_and_single_spans_outside_steps(
     assert sorted(samples[STEP]) == [9_000, 9_000]
 
 
+def test_validation_spans_are_no_training_samples(
+    run_builder: Callable[..., RunBuilder],
+) -> None:
+    rb = run_builder()
+    for i in range(3):
+        s = rb.span(STEP, i * 10_000, i * 10_000 + 9_000, 0, {"ppetrace.step": i})
+        rb.span("module.forward", i * 10_000 + 100, i * 10_000 + 300, s)
+    val = rb.span("trainer.validation", 40_000, 48_000)  # the Trainer's validation
+    rb.span("module.forward", 41_000, 41_050, val)
+    rb.span("runtime.convert_batch", 42_000, 42_010, val)
+    fwd = rb.span("module.forward", 50_000, 50_070, 0, {"ppetrace.stage": "val"})  # instrument()
+    rb.span("module.inner", 50_010, 50_020, fwd)
+    rb.span("module.forward", 52_000, 52_080, 0, {"ppetrace.stage": "test"})
+    rb.span("runtime.convert_batch", 60_000, 60_013, 0, {"ppetrace.stage": "train"})
+    samples = event_samples(spans_to_frame(rb.batch()), warmup_steps=1)
+    assert sorted(samples["module.forward"]) == [200, 200]  # steps 1 and 2 only
+    assert sorted(samples["runtime.convert_batch"]) == [13]
+    assert "module.inner" not in samples and "trainer.validation" not in samples
+
+
 def test_a_run_summary_holds_each_events_median_and_its_error(
     run_builder: Callable[..., RunBuilder],
 ) -> None:
