@@ -233,6 +233,9 @@ def configure(
             for sink in sinks:
                 sink.queue_spans, sink.export_timeout = queue_spans, export_timeout
             FLUSHER.sinks = sinks
+            # the processors' sinks count from now on, as the exporters' do; processors
+            # added to the provider later count from the first drain or stats() after
+            FLUSHER.all_sinks()
             RECORDER.capacity = buffer_spans
             RECORDER.max_queued_buffers = max_queued_buffers
             RECORDER.enabled = enabled

@@ -317,3 +317,29 @@ def test_an_object_with_only_export_batch_is_a_valid_sink(clean: None) -> None:
     ppetrace.shutdown()
     assert sink.names == ["a", "a", "b", "c"]
     assert ppetrace.stats().export_errors == 0
+
+
+def test_a_providers_processor_counts_the_buffer_full_drops_since_configure(clean: None) -> None:
+    """Spans dropped before the first drain (buffer_full) count in the processor's sink
+    as in the exporter's: each sink's identity holds from configure on."""
+    simple_exp, collect = InMemorySpanExporter(), Collect()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(simple_exp))
+    ppetrace.configure(
+        tracer_provider=provider,
+        exporters=[collect],
+        buffer_spans=64,
+        max_queued_buffers=1,
+        flush_interval=3600,
+    )
+    with FLUSHER._lock:  # no drain until the burst is over: the full buffers drop
+        burst(1_000)
+    ppetrace.flush()
+    stats = ppetrace.stats()
+    s_collect, s_simple = stats.sinks
+    assert stats.dropped > 0 and s_collect.dropped["buffer_full"] == stats.dropped
+    assert s_simple.dropped["buffer_full"] == stats.dropped
+    assert s_simple.recorded == s_collect.recorded == 1_000
+    assert balanced(s_simple) and balanced(s_collect)
+    assert len(simple_exp.get_finished_spans()) == s_simple.delivered == len(collect.names)
+    provider.shutdown()
