@@ -130,19 +130,21 @@ class StepReport:
 
     @property
     def threads_hint(self) -> str | None:
-        """A one-line hint when steps are bimodal (wall p90/p50 > 3) while torch runs
-        more than one thread and at least as many threads as the CPUs this process
-        may use; ``None`` otherwise (or when the trace does not record them)."""
+        """A one-line hint when steps are bimodal (wall p90/p50 > 3: a slow minority, or
+        p50/p10 > 3: a fast minority) while torch runs more than one thread and at least
+        as many threads as the CPUs this process may use; ``None`` otherwise (or when the
+        trace does not record them)."""
         threads = self.environment.get("torch_threads")
         cpus = self.environment.get("cpu_count")
         if not isinstance(threads, int) or not isinstance(cpus, int) or not len(self.steps):
             return None
         wall = self.steps["wall_ns"].astype(float)
-        p50, p90 = float(wall.quantile(0.5)), float(wall.quantile(0.9))
-        if not (p50 > 0 and p90 / p50 > 3 and threads > 1 and threads >= cpus):
+        p10, p50, p90 = (float(wall.quantile(q)) for q in (0.1, 0.5, 0.9))
+        if not (p10 > 0 and max(p90 / p50, p50 / p10) > 3 and threads > 1 and threads >= cpus):
             return None
         return (
-            f"Hint: step times are bimodal (p90/p50 = {p90 / p50:.1f}) and torch runs "
-            f"{threads} threads on {cpus} available CPU{'s' if cpus != 1 else ''}; if other "
-            "processes share them, try torch.set_num_threads(1) or OMP_NUM_THREADS=1."
+            f"Hint: step times are bimodal (p90/p50 = {p90 / p50:.1f}, p50/p10 = "
+            f"{p50 / p10:.1f}) and torch runs {threads} threads on {cpus} available "
+            f"CPU{'s' if cpus != 1 else ''}; if other processes share them, try "
+            "torch.set_num_threads(1) or OMP_NUM_THREADS=1."
         )

@@ -3,7 +3,7 @@ the threads hint and short file paths, against injected durations."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -98,9 +98,9 @@ def test_share_is_self_time_over_step_time_and_sums_to_one_with_validation_apart
     assert report.spans == len(spans_to_frame(rb.batch()))
 
 
-def _bimodal(rb: RunBuilder) -> None:
+def _bimodal(rb: RunBuilder, steps: Sequence[int] = (1_000,) * 6 + (10_000,) * 4) -> None:
     t = 0
-    for i, dur in enumerate([1_000] * 6 + [10_000] * 4):
+    for i, dur in enumerate(steps):
         rb.span("trainer.step", t, t + dur, 0, {"ppetrace.step": i})
         t += dur
 
@@ -116,10 +116,15 @@ def test_the_threads_hint_needs_bimodal_steps_and_threads_filling_the_cpus(
     _bimodal(rb)
     report = _report(rb, torch_threads=threads, cpu_count=cpus, device="cpu")
     text = render_table(report)
-    assert ("Hint: step times are bimodal (p90/p50 = 10.0)" in text) is hint
+    assert ("Hint: step times are bimodal (p90/p50 = 10.0, p50/p10 = 1.0)" in text) is hint
     assert (report.threads_hint is not None) is hint
     if threads is not None:
         assert f"Device: cpu, torch threads: {threads}, CPUs available: {cpus}" in text
+    # the slow mode is the majority (p50 108, p90 112, the fast mode 4): bimodal too
+    slow = run_builder()
+    _bimodal(slow, (108_000,) * 4 + (112_000, 110_000, 108_000) + (4_000,) * 4)
+    slow_hint = _report(slow, torch_threads=threads, cpu_count=cpus).threads_hint
+    assert (slow_hint is not None and "p50/p10 = 27.0" in slow_hint) is hint
     even = run_builder()
     for i in range(10):
         even.span("trainer.step", i * 1_000, (i + 1) * 1_000, 0, {"ppetrace.step": i})
