@@ -355,7 +355,10 @@ def _read_frame(path: str, err: IO[str]) -> Any:
         if issubclass(w.category, exporters.TraceTruncatedWarning):
             err.write(f"ppetrace: warning: {w.message}\n")
     if len(frame) == 0:
-        raise _BadInput(f"Expected spans (complete 'X' events) in {path}, but the trace has none.")
+        raise _BadInput(
+            f"Expected spans (complete 'X' events) in {path}, but the trace has no span "
+            "events. Pass a trace written by a run that recorded spans."
+        )
     return frame
 
 

@@ -116,7 +116,8 @@ class SpanColumns:
         """Take a chunk of events (only the columns are kept)."""
         phases = list(map(_ph, events))
         if phases.count("X") == len(phases):
-            self._add_x(events)
+            if events:  # an empty chunk (a trace with no events) adds nothing
+                self._add_x(events)
             return
         xs = []
         for event, ph in zip(events, phases, strict=True):
