@@ -36,6 +36,7 @@ from exporters._defaults import (
     DEFAULT_NOISE_FLOOR,
     DEFAULT_THRESHOLD,
 )
+from ppetrace._cli_args import join_negative_values
 from ppetrace._cli_html import add_html_option, write_html
 from ppetrace._cli_io import _BadInput, _emit, _write
 from ppetrace._version import __version__
@@ -76,6 +77,11 @@ def parse_percent(text: str, *, option: str = "--threshold") -> float:
             f"Expected a percentage such as '5%' (or a fraction such as 0.05) for "
             f"{option}, but received {text!r}."
         ) from None
+    if value < 0:
+        raise ValueError(
+            f"Expected a positive {option} (it applies to slowdowns and speedups alike), but "
+            f"received {text!r}. Pass its size, such as {raw.lstrip('-')}."
+        )
     if value != value or not (0.0 <= value <= 10.0):
         raise ValueError(f"Expected a {option} between 0% and 1000%, but received {text!r}.")
     return value
@@ -597,7 +603,7 @@ def main(
     parser = build_parser()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            args = parser.parse_args(argv)
+            args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help, --version or a usage error
         code = exc.code
         return code if isinstance(code, int) else EXIT_BAD_INPUT

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_cli import _one_error_line, run
+from test_cli import _one_error_line, run, write_run
 
 import exporters
 
@@ -25,3 +25,31 @@ def test_a_trace_with_no_events_is_an_empty_frame_and_one_sentence(
             f"ppetrace {argv[0]}: error: Expected spans (complete 'X' events) in {path}, but "
             "the trace has no span events. Pass a trace written by a run that recorded spans."
         )
+
+
+@pytest.mark.parametrize("form", [("--threshold", "-5%"), ("--threshold=-5%",)])
+def test_a_negative_threshold_is_refused_in_a_sentence(tmp_path: Path, form: tuple[str]) -> None:
+    base = write_run(tmp_path / "base.json", [1_000_000] * 8)
+    code, _, err = run("compare", str(base), str(base), *form)
+    assert code == 2
+    assert _one_error_line(err) == (
+        "ppetrace compare: error: Expected a positive --threshold (it applies to slowdowns "
+        "and speedups alike), but received '-5%'. Pass its size, such as 5%."
+    )
+    code, _, err = run("compare", str(base), str(base), "--min-effect-abs", "-1us")
+    assert code == 2 and "Expected a duration with a unit" in _one_error_line(err)
+
+
+def test_only_compares_negative_values_are_joined_to_their_option() -> None:
+    from ppetrace._cli_args import join_negative_values
+
+    assert join_negative_values(["compare", "a", "b", "--noise-floor", "-.5", "--", "-1"]) == [
+        "compare",
+        "a",
+        "b",
+        "--noise-floor=-.5",
+        "--",
+        "-1",
+    ]
+    script = ["run", "train.py", "--threshold", "-5%"]  # the script's own arguments
+    assert join_negative_values(script) == script

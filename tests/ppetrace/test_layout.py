@@ -23,7 +23,16 @@ ALLOWED = {
     "integrations": {"tracing", "runtime", "interfaces", "profilers"},
 }
 #: Modules at the top of the package, which may use any stage.
-TOP = {"__init__", "__main__", "_version", "cli", "_cli_io", "_cli_html", "pytest_plugin"}
+TOP = {
+    "__init__",
+    "__main__",
+    "_version",
+    "cli",
+    "_cli_io",
+    "_cli_html",
+    "_cli_args",
+    "pytest_plugin",
+}
 MAX_LINES = 650
 
 
