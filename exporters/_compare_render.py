@@ -14,6 +14,7 @@ from typing import Any
 
 from ._compare_result import Comparison, Verdict
 from ._render import fmt_ns, fmt_pct, json_records, markdown, md_code, md_text, text_table
+from ._steps import STEP
 
 __all__ = [
     "COMPARE_FORMATS",
@@ -102,11 +103,12 @@ def _settings(comparison: Comparison) -> str:
     c = comparison
     gate = ", ".join(c.gate) if c.gate else "nothing"
     family = len(c.gate)
-    step = (
-        f"{fmt_pct(c.min_effect)} of the base median step {fmt_ns(c.step_median_ns)}, "
-        if c.step_median_ns is not None
-        else "no trainer.step in the base, "
-    )
+    if c.step_median_ns is not None:
+        step = f"{fmt_pct(c.min_effect)} of the base median step {fmt_ns(c.step_median_ns)}, "
+    elif STEP in c.removed or any(r["event"] == STEP for r in c.records):
+        step = f"trainer.step has fewer than {c.min_samples} samples in every base run, "
+    else:
+        step = "no trainer.step sample in the base, "
     return (
         f"gate: {gate} (Holm over {family} gated event{'s' if family != 1 else ''}, "
         f"alpha {c.alpha:g}); threshold {fmt_pct(c.threshold)}; minimum effect "

@@ -17,6 +17,7 @@ joins them into one frame per run, so a folder of rank files counts as one run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,12 +94,16 @@ class RunSummary:
     :class:`EventStat`), the ``environment`` recorded in the trace's
     ``otherData`` (``None`` when it has none), ``source`` (its file, if any) and
     ``step_samples``: its ``trainer.step`` samples in ns, kept for the step-time
-    distributions of :func:`exporters.render_comparison_html` (``None`` without)."""
+    distributions of :func:`exporters.render_comparison_html` (``None`` without);
+    ``step_count``: its ``trainer.step`` spans, warmup included (``None`` when not
+    known), so that a run whose steps are all warmup can be told apart."""
 
     events: Mapping[str, EventStat]
     environment: Mapping[str, Any] | None = None
     source: str | None = None
     step_samples: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: ``trainer.step`` spans in the run, warmup included (``None``: not known).
+    step_count: int | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_samples(
@@ -179,7 +184,9 @@ def summarize_run(
         environment = None
     if source is None and frame.attrs.get("path") is not None:
         source = str(frame.attrs["path"])
-    return RunSummary.from_samples(samples, environment=environment, source=source)
+    summary = RunSummary.from_samples(samples, environment=environment, source=source)
+    steps = int((frame["name"].to_numpy(dtype=object) == STEP).sum())
+    return dataclasses.replace(summary, step_count=steps)
 
 
 def _rank_of(frame: pd.DataFrame) -> int | None:

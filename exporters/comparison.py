@@ -179,15 +179,30 @@ def _names(names: set[str]) -> str:
     return f"{len(shown)} events ({head}{', ...' if len(shown) > 5 else ''})"
 
 
+def _all_warmup(b_runs: list[RunSummary], c_runs: list[RunSummary]) -> str:
+    """``"": the ... side's N steps are all warmup ..."`` for the sides whose
+    ``trainer.step`` spans were all left out as warmup, or ``""``."""
+    sides = []
+    for label, runs in (("base", b_runs), ("candidate", c_runs)):
+        counts = [r.step_count for r in runs if r.step_count and STEP not in r.events]
+        if counts and all(STEP not in r.events for r in runs):
+            n = sum(counts)
+            sides.append(f"all {n} step{'s' if n != 1 else ''} of the {label} are warmup")
+    if not sides:
+        return ""
+    return f" ({' and '.join(sides)}: lower the warmup, warmup_steps or --warmup)"
+
+
 def _resolve_gate(
-    gate: str | Sequence[str] | None, common: list[str], notes: list[str]
+    gate: str | Sequence[str] | None, common: list[str], notes: list[str], warmup: str = ""
 ) -> list[str]:
     if gate is None:
         found = [e for e in DEFAULT_GATE if e in common]
         if not found:
             notes.append(
-                f"{', '.join(DEFAULT_GATE)} is not in both runs, so nothing is gated and this "
-                "comparison cannot fail; choose events to gate with gate=[...] (--gate)."
+                f"{', '.join(DEFAULT_GATE)} is not in both runs{warmup}, so nothing is gated "
+                "and this comparison cannot fail; choose events to gate with gate=[...] "
+                "(--gate)."
             )
         return found
     if isinstance(gate, str):
@@ -261,13 +276,14 @@ def compare(
     b_names = {e for r in b_runs for e in r.events}
     c_names = {e for r in c_runs for e in r.events}
     common = sorted(b_names & c_names)
+    warmup = _all_warmup(b_runs, c_runs)
     if not common:
         raise TraceError(
             "Expected the two runs to have at least one event in common, but the base has "
-            f"{_names(b_names)} and the candidate has {_names(c_names)}."
+            f"{_names(b_names)} and the candidate has {_names(c_names)}{warmup}."
         )
     notes: list[str] = []
-    gated = set(_resolve_gate(gate, common, notes))
+    gated = set(_resolve_gate(gate, common, notes, warmup))
 
     def qualifying(runs: list[RunSummary], event: str) -> list[EventStat]:
         return [r.events[event] for r in runs if event in r.events]

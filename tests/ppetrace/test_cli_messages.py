@@ -53,3 +53,19 @@ def test_only_compares_negative_values_are_joined_to_their_option() -> None:
     ]
     script = ["run", "train.py", "--threshold", "-5%"]  # the script's own arguments
     assert join_negative_values(script) == script
+
+
+def test_too_few_step_samples_and_all_warmup_steps_are_said_as_such(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base.json", [1_000_000] * 8)
+    code, out, _ = run("compare", str(base), str(base), "--min-samples", "1000")
+    assert code == 0
+    assert "(trainer.step has fewer than 1000 samples in every base run, at least" in out
+    assert "no trainer.step" not in out
+    code, out, _ = run("compare", str(base), str(base), "--warmup", "500")
+    assert code == 0
+    assert (
+        "note: trainer.step is not in both runs (all 8 steps of the base are warmup and all 8 "
+        "steps of the candidate are warmup: lower the warmup, warmup_steps or --warmup), so "
+        "nothing is gated" in out
+    )
+    assert "(no trainer.step sample in the base, at least" in out
