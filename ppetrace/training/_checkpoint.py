@@ -261,9 +261,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
-            f"Could not read the checkpoint {str(source)!r}: {type(exc).__name__}: {reason}. "
+            f"Could not read the checkpoint {str(source)!r}: {_load_cause(exc)}. "
             "The file is corrupt, truncated or not a torch checkpoint; resume from another "
             "checkpoint or start without resume_from."
         ) from exc
@@ -279,6 +278,22 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{state.get('version')!r}. Resume with the ppetrace version that wrote it."
         )
     return state
+
+
+_UNPICKLER = "WeightsUnpickler error:"
+
+
+def _load_cause(exc: Exception) -> str:
+    """Why ``torch.load`` failed, without torch's advice: a weights-only load's message
+    tells to load with ``weights_only=False`` (running whatever the file holds), which
+    is no advice to give about a corrupt file; its cause follows ``WeightsUnpickler
+    error:``."""
+    text = str(exc)
+    if _UNPICKLER in text:
+        text = text.split(_UNPICKLER, 1)[1]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "weights_only" not in ln and "Weights only" not in ln]
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def _describe(value: Any) -> str:

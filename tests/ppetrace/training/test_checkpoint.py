@@ -322,6 +322,23 @@ def test_corrupt_resume_file_is_named_with_the_reason(tmp_path: Path) -> None:
         _fit_resuming(bad)
 
 
+def test_a_corrupt_pickle_gives_its_cause_without_torchs_weights_only_advice(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"garbage")  # a pickle stream, not a zip: the weights-only unpickler fails
+    with pytest.raises(CheckpointError) as caught:
+        _fit_resuming(bad)
+    message = str(caught.value)
+    assert re.fullmatch(
+        r"Could not read the checkpoint '.*bad\.pt': Unsupported operand \d+\. The file is "
+        r"corrupt, truncated or not a torch checkpoint; resume from another checkpoint or "
+        r"start without resume_from\.",
+        message,
+    ), message
+    assert "weights_only" not in message and "\n" not in message
+
+
 def test_truncated_checkpoint_is_reported_as_corrupt(tmp_path: Path) -> None:
     train(0, tmp_path, every=None, use_generator=False)
     full = (tmp_path / "last.pt").read_bytes()
