@@ -43,10 +43,9 @@ def _headline(report: StepReport) -> list[str]:
             tp += f" (sum over {t.processes} processes)"
         lines.append(tp)
     elif report.total_steps:
-        lines.append(
-            f"All {report.total_steps} steps are warmup: no per-step table or throughput "
-            "(lower warmup_steps)."
-        )
+        n = report.total_steps
+        steps = "The only step is" if n == 1 else f"All {n} steps are"
+        lines.append(f"{steps} warmup: no per-step table or throughput (lower warmup_steps).")
     else:
         lines.append("No trainer.step spans: no per-step table or throughput.")
     env = report.environment

@@ -176,7 +176,8 @@ def _names(names: set[str]) -> str:
     if not shown:
         return "no events"
     head = ", ".join(shown[:5])
-    return f"{len(shown)} events ({head}{', ...' if len(shown) > 5 else ''})"
+    noun = "event" if len(shown) == 1 else "events"
+    return f"{len(shown)} {noun} ({head}{', ...' if len(shown) > 5 else ''})"
 
 
 def _all_warmup(b_runs: list[RunSummary], c_runs: list[RunSummary]) -> str:
@@ -187,7 +188,8 @@ def _all_warmup(b_runs: list[RunSummary], c_runs: list[RunSummary]) -> str:
         counts = [r.step_count for r in runs if r.step_count and STEP not in r.events]
         if counts and all(STEP not in r.events for r in runs):
             n = sum(counts)
-            sides.append(f"all {n} step{'s' if n != 1 else ''} of the {label} are warmup")
+            steps = "the only step" if n == 1 else f"all {n} steps"
+            sides.append(f"{steps} of the {label} {'is' if n == 1 else 'are'} warmup")
     if not sides:
         return ""
     return f" ({' and '.join(sides)}: lower the warmup, warmup_steps or --warmup)"

@@ -555,8 +555,9 @@ def _merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         if issubclass(w.category, exporters.TraceTruncatedWarning):
             err.write(f"ppetrace: warning: {w.message}\n")
     processes = len(merged.metadata.get("processes", {}))
+    traces = len(merged.metadata.get("merged_from", ()))  # a folder's files, a run's parts once
     out.write(
-        f"Merged {_count(len(args.inputs), 'trace')} ({_count(_events(merged), 'event')}, "
+        f"Merged {_count(traces, 'trace')} ({_count(_events(merged), 'event')}, "
         f"{_count(processes, 'process')}) into {args.out}\n"
     )
     return EXIT_OK

@@ -69,3 +69,21 @@ def test_too_few_step_samples_and_all_warmup_steps_are_said_as_such(tmp_path: Pa
         "nothing is gated" in out
     )
     assert "(no trainer.step sample in the base, at least" in out
+
+
+def test_merge_counts_a_folders_files_and_counts_are_singular_for_one(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    write_run(runs / "a.json", [1_000] * 3, pid=1)
+    write_run(runs / "b.json", [1_000] * 3, pid=2)
+    code, out, err = run("merge", str(tmp_path / "m.json"), str(runs))
+    assert code == 0 and out.startswith("Merged 2 traces (") and "2 processes)" in out, err
+    one = write_run(tmp_path / "one.json", [1_000])
+    code, out, _ = run("report", str(one))
+    assert code == 0
+    assert "The only step is warmup: no per-step table or throughput (lower warmup_steps)." in out
+    one_event = exporters.RunSummary.from_samples({"user.a": [1.0, 2.0]})
+    with pytest.raises(exporters.TraceError, match=r"the candidate has 1 event \(user\.b\)\."):
+        exporters.compare(one_event, exporters.RunSummary.from_samples({"user.b": [1.0]}))
+    code, out, _ = run("compare", str(one), str(one))
+    assert "the only step of the base is warmup and the only step of the candidate" in out
