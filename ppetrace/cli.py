@@ -437,6 +437,15 @@ def _summaries(
     return out
 
 
+def _same_files(base: str, candidate: str) -> str:
+    """``"file x.json"`` (``"files ..."``) when BASE and CAND name the same trace files,
+    else ``""``."""
+    files = [sorted({Path(p).resolve() for p in _trace_paths(s, "")}) for s in (base, candidate)]
+    if files[0] != files[1]:
+        return ""
+    return f"file {base}" if len(files[0]) == 1 else f"{len(files[0])} files"
+
+
 def _compare_options(args: argparse.Namespace) -> dict[str, Any]:
     try:
         return {
@@ -471,6 +480,11 @@ def _compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         )
     except exporters.TraceError as exc:
         raise _BadInput(str(exc)) from None
+    same = _same_files(args.base, args.candidate)
+    if same:
+        _write(
+            err, f"ppetrace: warning: BASE and CAND are the same {same}, so they can only match.\n"
+        )
     if args.fmt != "table" or args.output is not None:  # the table shows them itself
         for warning in comparison.environment_warnings:
             _write(err, f"ppetrace: warning: {warning}\n")

@@ -180,7 +180,8 @@ def test_compare_names_environment_differences_and_strict_env_exits_2(tmp_path: 
     assert "> ⚠️ environment differs: torch_threads: base 1, candidate 8" in out
     # traces without any environment record cannot pass --strict-env
     bare = write_run(tmp_path / "bare.json", _steps(4, 1_000_000))
-    code, _, err = run("compare", str(bare), str(bare), "--strict-env")
+    bare2 = write_run(tmp_path / "bare2.json", _steps(5, 1_000_000))
+    code, _, err = run("compare", str(bare), str(bare2), "--strict-env")
     assert code == 2
     assert _one_error_line(err).startswith(
         "ppetrace compare: error: Expected environment records in the traces (--strict-env), "

@@ -87,3 +87,15 @@ def test_merge_counts_a_folders_files_and_counts_are_singular_for_one(tmp_path: 
         exporters.compare(one_event, exporters.RunSummary.from_samples({"user.b": [1.0]}))
     code, out, _ = run("compare", str(one), str(one))
     assert "the only step of the base is warmup and the only step of the candidate" in out
+
+
+def test_the_same_file_on_both_sides_is_warned_about(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base.json", [1_000_000] * 8)
+    code, out, err = run("compare", str(base), str(tmp_path / "." / "base.json"))
+    assert code == 0 and out.startswith("ppetrace compare: no gated regression")
+    assert err == (
+        f"ppetrace: warning: BASE and CAND are the same file {base}, so they can only match.\n"
+    )
+    other = write_run(tmp_path / "other.json", [1_000_000] * 8)
+    code, _, err = run("compare", str(base), str(other))
+    assert code == 0 and err == ""
