@@ -107,6 +107,13 @@ class Instrumentation:
                 tracing.remove_exporter(self.trace_exporter)
             raise
 
+    def end_steps(self) -> None:
+        """Record what the steps hold open now: each thread's open step (at its last
+        optimizer step, or now) and the validation after the last step. Under torchrun
+        ``ppetrace run`` calls it before it closes the rank's file; :meth:`close` does it
+        too (a second call finds nothing open)."""
+        self._tracker.close()
+
     def close(self) -> None:
         """End the open step, tear the profilers down, remove every hook and patch (the
         originals come back exactly) and write the trace. Closing twice does nothing."""
