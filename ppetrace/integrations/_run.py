@@ -74,8 +74,8 @@ RUN_DOC = (
     "Run a Python script (or -m module) as __main__ with every DataLoader fetch, outer "
     "module call, backward and optimizer step traced, no code changes. Writes the Chrome "
     "trace when the script ends (also on an exception, Ctrl-C or SIGTERM), prints the step "
-    "report to stderr and exits with the script's exit code. Options go before the script; "
-    "everything after it is the script's."
+    "report to stderr and exits with the script's exit code. Options go before the script (or -m "
+    "MODULE); everything after it is the script's, untouched."
 )
 
 
@@ -123,7 +123,46 @@ def add_parser(
     run.add_argument(
         "target", nargs=argparse.REMAINDER, metavar="script.py [args ...]", help=argparse.SUPPRESS
     )
+    # argparse would read the script's options as ours (-m x --epochs 1): split first
+    parse = run.parse_known_args
+
+    def parse_known_args(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        ours, target = split_target(run, sys.argv[1:] if args is None else list(args))
+        parsed, rest = parse(ours, namespace)
+        parsed.target = target
+        return parsed, rest
+
+    setattr(run, "parse_known_args", parse_known_args)  # noqa: B010 (mypy: no method-assign)
     return run
+
+
+def split_target(parser: argparse.ArgumentParser, args: list[str]) -> tuple[list[str], list[str]]:
+    """``ppetrace run``'s ``args`` split into its own options (up to ``-m MODULE``
+    included) and the target's: the script path and everything after it, or everything
+    after ``-m MODULE``, untouched. A ``--`` before the target ends the options and is
+    dropped; one after it is the script's."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args[:i], args[i + 1 :]
+        if arg == "-m":
+            return args[: i + 2], args[i + 2 :]
+        if arg.startswith("-m") and not arg.startswith("--"):  # -mMODULE
+            return args[: i + 1], args[i + 1 :]
+        if not arg.startswith("-") or arg == "-":
+            return args[:i], args[i:]
+        i += 1
+        name = arg.split("=", 1)[0]
+        names = [n for n in parser._option_string_actions if n.startswith(name)]
+        action = parser._option_string_actions.get(name)
+        if action is None and len(names) == 1:  # an abbreviation, as argparse allows
+            action = parser._option_string_actions[names[0]]
+        if action is not None and action.nargs != 0 and "=" not in arg:
+            i += 1  # its value
+    return args, []
 
 
 def options_from(args: argparse.Namespace) -> RunOptions:

@@ -55,11 +55,12 @@ def test_a_plain_loop_runs_as_main_with_its_argv_and_gets_a_trace_and_a_report(
     out = tmp_path / "seen.json"
     script = _script(tmp_path, LOOP.format(out=str(out)))
     trace = tmp_path / "traces" / "t.json"
-    code, err = _run("--trace", str(trace), str(script), "--lr", "0.1", "-m", "x")
+    script_args = ["--lr", "0.1", "-m", "x", "--", "--trace", "y"]  # all the script's
+    code, err = _run("--trace", str(trace), str(script), *script_args)
     assert code == 0, err
     seen = json.loads(out.read_text())
     assert seen == {
-        "argv": [str(script), "--lr", "0.1", "-m", "x"],
+        "argv": [str(script), *script_args],
         "name": "__main__",
         "path0": str(tmp_path),
     }
@@ -67,8 +68,10 @@ def test_a_plain_loop_runs_as_main_with_its_argv_and_gets_a_trace_and_a_report(
     assert frame["name"].value_counts()["trainer.step"] == 4
     assert f"ppetrace: wrote {trace}" in err
     assert "ppetrace step report" in err and "trainer.optimizer_step" in err
-    code, err = _run("--no-report", "--trace", str(trace), str(script))
+    # a -- before the script ends ppetrace's options and is not the script's
+    code, err = _run("--no-report", "--trace", str(trace), "--", str(script), "c")
     assert code == 0 and "step report" not in err
+    assert json.loads(out.read_text())["argv"] == [str(script), "c"]
 
 
 def test_a_module_runs_with_dash_m_from_the_working_directory(
@@ -81,10 +84,13 @@ def test_a_module_runs_with_dash_m_from_the_working_directory(
     _script(pkg, LOOP.format(out=str(out)), "train.py")
     monkeypatch.chdir(tmp_path)
     trace = tmp_path / "m.json"
-    code, err = _run("--trace", str(trace), "--module-depth", "0", "-m", "runpkg_dash_m.train", "a")
+    script_args = ["--epochs", "1", "-m", "a", "--", "--trace", "b"]  # all the module's
+    code, err = _run(
+        "--trace", str(trace), "--module-depth", "0", "-m", "runpkg_dash_m.train", *script_args
+    )
     assert code == 0, err
     seen = json.loads(out.read_text())
-    assert seen["argv"] == [str(pkg / "train.py"), "a"] and seen["name"] == "__main__"
+    assert seen["argv"] == [str(pkg / "train.py"), *script_args] and seen["name"] == "__main__"
     counts = read_chrome_trace(trace)["name"].value_counts()
     assert counts["trainer.step"] == 4 and "module.forward" not in counts
 
