@@ -198,6 +198,8 @@ def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
     assert forward["stage"].isna().sum() == 8 * 4
     validations = _names(frame, "trainer.validation")
     assert len(validations) == 2 and set(validations["stage"]) == {"val"}
+    # the optimizer steps done when each validation ended, not when the next step was recorded
+    assert list(validations["step"]) == [4, 8]
     report = step_report(frame, warmup_steps=0)
     steps = report.steps
     # the step after the first validation does not count it as its own time
