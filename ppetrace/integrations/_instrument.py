@@ -93,7 +93,11 @@ class Instrumentation:
             if self.trace_path is not None:
                 from exporters.chrome import ChromeTraceExporter
 
-                self.trace_exporter = ChromeTraceExporter(self.trace_path, **self.exporter_options)
+                options = dict(self.exporter_options)
+                # what it ran on, as the Trainer records it (report, compare --strict-env)
+                environment = tracing.capture_environment(device=self.runtime.device_spec)
+                options["metadata"] = {"environment": environment, **options.get("metadata", {})}
+                self.trace_exporter = ChromeTraceExporter(self.trace_path, **options)
                 tracing.add_exporter(self.trace_exporter)
             for prof in self.profilers:
                 prof.setup(self)
@@ -176,7 +180,8 @@ def instrument(
       (README, "What a step covers"); forward calls under ``no_grad`` outside a
       training step get ``ppetrace.stage = "val"``.
 
-    ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`);
+    ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`), with
+    the environment (:func:`ppetrace.tracing.capture_environment`) in its ``otherData``;
     without it the spans go to whatever :func:`ppetrace.configure` set up. Under
     torchrun (``RANK`` and ``WORLD_SIZE`` set) each rank writes its own file,
     ``trace.json`` -> ``trace.ranks/rank<R>.json`` (``handle.trace_path``).

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from exporters import read_chrome_trace
 from ppetrace.cli import main
@@ -68,6 +69,7 @@ def test_a_plain_loop_runs_as_main_with_its_argv_and_gets_a_trace_and_a_report(
     assert frame["name"].value_counts()["trainer.step"] == 4
     assert f"ppetrace: wrote {trace}" in err
     assert "ppetrace step report" in err and "trainer.optimizer_step" in err
+    assert f"Device: cpu, torch threads: {torch.get_num_threads()}" in err  # the environment
     # a -- before the script ends ppetrace's options and is not the script's
     code, err = _run("--no-report", "--trace", str(trace), "--", str(script), "c")
     assert code == 0 and "step report" not in err
