@@ -275,12 +275,14 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
                     )
         except BadRunInput:
             raise
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if missing and (name == missing or name.startswith(missing + ".")):
+                spec = None  # the module itself, or its package, is missing
+            else:
+                raise BadRunInput(_import_failed(name, exc)) from None
         except Exception as exc:
-            message = " ".join(str(exc).split()).rstrip(".")
-            raise BadRunInput(
-                f"Expected an importable module for -m, but importing {name!r} failed: "
-                f"{type(exc).__name__}: {message}. Fix the error that importing it raises."
-            ) from None
+            raise BadRunInput(_import_failed(name, exc)) from None
         finally:
             if saved is not None:
                 sys.path[0] = saved
@@ -310,6 +312,14 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
     return "script", str(path.resolve())
 
 
+def _import_failed(name: str, exc: BaseException) -> str:
+    message = " ".join(str(exc).split()).rstrip(".")
+    return (
+        f"Expected an importable module for -m, but importing {name!r} failed: "
+        f"{type(exc).__name__}: {message}. Fix the error that importing it raises."
+    )
+
+
 def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     """Run ``opts``'s target under :func:`instrument` and write the trace; return how it
     ended (:func:`end_by` ends the process the same way). Bad input raises
@@ -322,6 +332,11 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     except ValueError as exc:
         raise BadRunInput(str(exc)) from None
     given = Path(opts.trace) if opts.trace else default_trace_path(opts.module or target, ranks)
+    if given.is_dir():
+        raise BadRunInput(
+            f"Expected a file path for --trace, but {given} is a folder. Pass a file path "
+            f"such as {given / 'trace.json'}."
+        )
     # instrument() puts a rank's spans in its own file: this one
     trace = given if ranks is None else rank_trace_path(given, ranks.rank)
     try:

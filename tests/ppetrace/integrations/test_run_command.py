@@ -131,6 +131,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
         (["no_such_script.py"], "file exists. Check the path; a relative one starts at"),
         ([str(tmp_path)], "folder without __main__.py. Name the script inside it, or add"),
         (["-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz' was found"),
+        (["-m", "no_such_pkg_xyz.train"], "no module named 'no_such_pkg_xyz.train' was found"),
+        (["-m", "json.no_such_xyz"], "no module named 'json.no_such_xyz' was found. Check"),
+        (
+            ["--trace", str(tmp_path), str(script)],
+            f"Expected a file path for --trace, but {tmp_path} is a folder. Pass a file path "
+            f"such as {tmp_path / 'trace.json'}.",
+        ),
         (["-m", "json"], "'json' is a package without one"),
         ([], "Expected a script to run"),
         ([], "but received neither. Name the script, or -m and a module, after the options."),
@@ -168,6 +175,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
         code == 2 and "importing 'broken_pkg_xyz.train' failed: RuntimeError: cannot import" in err
     )
     assert "cannot import me. Fix the error that importing it raises." in err
+    # a module that is there but imports a missing one: that import is the error
+    (broken / "__init__.py").write_text("import no_such_dependency_xyz\n")
+    code, err = _run("-m", "broken_pkg_xyz.train")
+    assert code == 2 and "failed: ModuleNotFoundError: No module named 'no_such_dependency" in err
 
 
 def test_the_default_trace_name_and_the_per_rank_layout(tmp_path: Path) -> None:
