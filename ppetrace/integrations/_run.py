@@ -10,8 +10,9 @@ trace is written, so the caller sees the process end by it, as without
 ppetrace. Under torchrun each rank writes ``<trace>.ranks/rank<R>.json``
 (:mod:`._ranks`); once the script has started its process group, the ranks
 share rank 0's trace id and measure their clocks, and at its end rank 0 merges
-the rank files into ``<trace>`` (:mod:`._run_ranks`); rank 0 alone prints its
-report. No process group is ever created here.
+the rank files into ``<trace>`` (:mod:`._run_ranks`); rank 0 alone says so and
+prints its report, the other ranks say where their file is. No process group is
+ever created here.
 """
 
 from __future__ import annotations
@@ -339,6 +340,7 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
         )
     # instrument() puts a rank's spans in its own file: this one
     trace = given if ranks is None else rank_trace_path(given, ranks.rank)
+    rank0 = ranks is None or ranks.rank == 0
     try:
         trace.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -369,10 +371,10 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
             handle.close()
         finally:
             err.write(f"ppetrace: wrote {trace}\n")
-            if ranked is not None and ranked.merged_written:
+            if ranked is not None and ranked.merged_written and rank0:  # rank 0 merged
                 err.write(f"ppetrace: merged the rank traces into {given}\n")
             err.flush()
-    if opts.report and (ranks is None or ranks.rank == 0):
+    if opts.report and rank0:
         _print_report(
             given if ranked is not None and ranked.merged_written else trace, opts.warmup, err
         )
