@@ -93,7 +93,11 @@ class Instrumentation:
             if self.trace_path is not None:
                 from exporters.chrome import ChromeTraceExporter
 
-                self.trace_exporter = ChromeTraceExporter(self.trace_path, **self.exporter_options)
+                options = dict(self.exporter_options)
+                # what it ran on, as the Trainer records it (report, compare --strict-env)
+                environment = tracing.capture_environment(device=self.runtime.device_spec)
+                options["metadata"] = {"environment": environment, **options.get("metadata", {})}
+                self.trace_exporter = ChromeTraceExporter(self.trace_path, **options)
                 tracing.add_exporter(self.trace_exporter)
             for prof in self.profilers:
                 prof.setup(self)
@@ -106,6 +110,13 @@ class Instrumentation:
             if self.trace_exporter is not None:
                 tracing.remove_exporter(self.trace_exporter)
             raise
+
+    def end_steps(self) -> None:
+        """Record what the steps hold open now: each thread's open step (at its last
+        optimizer step, or now) and the validation after the last step. Under torchrun
+        ``ppetrace run`` calls it before it closes the rank's file; :meth:`close` does it
+        too (a second call finds nothing open)."""
+        self._tracker.close()
 
     def close(self) -> None:
         """End the open step, tear the profilers down, remove every hook and patch (the
@@ -169,7 +180,8 @@ def instrument(
       (README, "What a step covers"); forward calls under ``no_grad`` outside a
       training step get ``ppetrace.stage = "val"``.
 
-    ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`);
+    ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`), with
+    the environment (:func:`ppetrace.tracing.capture_environment`) in its ``otherData``;
     without it the spans go to whatever :func:`ppetrace.configure` set up. Under
     torchrun (``RANK`` and ``WORLD_SIZE`` set) each rank writes its own file,
     ``trace.json`` -> ``trace.ranks/rank<R>.json`` (``handle.trace_path``).

@@ -10,8 +10,9 @@ trace is written, so the caller sees the process end by it, as without
 ppetrace. Under torchrun each rank writes ``<trace>.ranks/rank<R>.json``
 (:mod:`._ranks`); once the script has started its process group, the ranks
 share rank 0's trace id and measure their clocks, and at its end rank 0 merges
-the rank files into ``<trace>`` (:mod:`._run_ranks`); rank 0 alone prints its
-report. No process group is ever created here.
+the rank files into ``<trace>`` (:mod:`._run_ranks`); rank 0 alone says so and
+prints its report, the other ranks say where their file is. No process group is
+ever created here.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ RUN_DOC = (
     "Run a Python script (or -m module) as __main__ with every DataLoader fetch, outer "
     "module call, backward and optimizer step traced, no code changes. Writes the Chrome "
     "trace when the script ends (also on an exception, Ctrl-C or SIGTERM), prints the step "
-    "report to stderr and exits with the script's exit code. Options go before the script; "
-    "everything after it is the script's."
+    "report to stderr and exits with the script's exit code. Options go before the script (or -m "
+    "MODULE); everything after it is the script's, untouched."
 )
 
 
@@ -123,7 +124,46 @@ def add_parser(
     run.add_argument(
         "target", nargs=argparse.REMAINDER, metavar="script.py [args ...]", help=argparse.SUPPRESS
     )
+    # argparse would read the script's options as ours (-m x --epochs 1): split first
+    parse = run.parse_known_args
+
+    def parse_known_args(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        ours, target = split_target(run, sys.argv[1:] if args is None else list(args))
+        parsed, rest = parse(ours, namespace)
+        parsed.target = target
+        return parsed, rest
+
+    setattr(run, "parse_known_args", parse_known_args)  # noqa: B010 (mypy: no method-assign)
     return run
+
+
+def split_target(parser: argparse.ArgumentParser, args: list[str]) -> tuple[list[str], list[str]]:
+    """``ppetrace run``'s ``args`` split into its own options (up to ``-m MODULE``
+    included) and the target's: the script path and everything after it, or everything
+    after ``-m MODULE``, untouched. A ``--`` before the target ends the options and is
+    dropped; one after it is the script's."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args[:i], args[i + 1 :]
+        if arg == "-m":
+            return args[: i + 2], args[i + 2 :]
+        if arg.startswith("-m") and not arg.startswith("--"):  # -mMODULE
+            return args[: i + 1], args[i + 1 :]
+        if not arg.startswith("-") or arg == "-":
+            return args[:i], args[i:]
+        i += 1
+        name = arg.split("=", 1)[0]
+        names = [n for n in parser._option_string_actions if n.startswith(name)]
+        action = parser._option_string_actions.get(name)
+        if action is None and len(names) == 1:  # an abbreviation, as argparse allows
+            action = parser._option_string_actions[names[0]]
+        if action is not None and action.nargs != 0 and "=" not in arg:
+            i += 1  # its value
+    return args, []
 
 
 def options_from(args: argparse.Namespace) -> RunOptions:
@@ -236,12 +276,14 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
                     )
         except BadRunInput:
             raise
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if missing and (name == missing or name.startswith(missing + ".")):
+                spec = None  # the module itself, or its package, is missing
+            else:
+                raise BadRunInput(_import_failed(name, exc)) from None
         except Exception as exc:
-            message = " ".join(str(exc).split()).rstrip(".")
-            raise BadRunInput(
-                f"Expected an importable module for -m, but importing {name!r} failed: "
-                f"{type(exc).__name__}: {message}. Fix the error that importing it raises."
-            ) from None
+            raise BadRunInput(_import_failed(name, exc)) from None
         finally:
             if saved is not None:
                 sys.path[0] = saved
@@ -271,6 +313,14 @@ def _check_target(opts: RunOptions) -> tuple[str, str]:
     return "script", str(path.resolve())
 
 
+def _import_failed(name: str, exc: BaseException) -> str:
+    message = " ".join(str(exc).split()).rstrip(".")
+    return (
+        f"Expected an importable module for -m, but importing {name!r} failed: "
+        f"{type(exc).__name__}: {message}. Fix the error that importing it raises."
+    )
+
+
 def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     """Run ``opts``'s target under :func:`instrument` and write the trace; return how it
     ended (:func:`end_by` ends the process the same way). Bad input raises
@@ -283,8 +333,14 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     except ValueError as exc:
         raise BadRunInput(str(exc)) from None
     given = Path(opts.trace) if opts.trace else default_trace_path(opts.module or target, ranks)
+    if given.is_dir():
+        raise BadRunInput(
+            f"Expected a file path for --trace, but {given} is a folder. Pass a file path "
+            f"such as {given / 'trace.json'}."
+        )
     # instrument() puts a rank's spans in its own file: this one
     trace = given if ranks is None else rank_trace_path(given, ranks.rank)
+    rank0 = ranks is None or ranks.rank == 0
     try:
         trace.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -315,10 +371,10 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
             handle.close()
         finally:
             err.write(f"ppetrace: wrote {trace}\n")
-            if ranked is not None and ranked.merged_written:
+            if ranked is not None and ranked.merged_written and rank0:  # rank 0 merged
                 err.write(f"ppetrace: merged the rank traces into {given}\n")
             err.flush()
-    if opts.report and (ranks is None or ranks.rank == 0):
+    if opts.report and rank0:
         _print_report(
             given if ranked is not None and ranked.merged_written else trace, opts.warmup, err
         )

@@ -10,10 +10,11 @@ the script runs:
   measures its clock against rank 0 (:func:`.distributed.sync_clock`, over a
   gloo group: the default one, or one made for it);
 - at the end, when the script destroys the default group, or when it ends with
-  exit code 0 with the group alive, every rank closes its file, measures the
-  clock again, records both measurements, the offset and rank 0's trace id in
-  its file's ``otherData``, and rank 0 merges the rank files into the trace
-  path as given, as the Trainer does (:class:`.distributed.RankTraces`).
+  exit code 0 with the group alive, every rank records its open step and its
+  pending validation, closes its file, measures the clock again, records both
+  measurements, the offset and rank 0's trace id in its file's ``otherData``,
+  and rank 0 merges the rank files into the trace path as given, as the Trainer
+  does (:class:`.distributed.RankTraces`).
 
 A script that fails (an exception, a non-zero exit, a signal) leaves the rank
 files unmerged: the other ranks may be inside a collective of their own, which a
@@ -141,6 +142,10 @@ class RankRun:
         exporter = self.handle.trace_exporter
         if exporter is None:
             return
+        try:  # the open step and the pending validation belong in the file
+            self.handle.end_steps()
+        except Exception:
+            _log.exception("ppetrace: ending the open step failed")
         tracing.remove_exporter(exporter)  # the file is complete: spans after it are not in it
         self.handle.trace_exporter = None
         start = self._start

@@ -110,6 +110,7 @@ class ThreadState:
         "val_start",
         "val_end",
         "val_parent",
+        "val_step",
         "last_was_val",
         "had_step",
         "val_attrs",
@@ -129,6 +130,8 @@ class ThreadState:
         self.val_start: int | None = None
         self.val_end = 0
         self.val_parent = (0, 0)
+        #: optimizer steps done when the validation run last grew (its ``ppetrace.step``)
+        self.val_step = 0
         self.last_was_val = False
         self.had_step = False
         #: the attributes of the evaluation forward running now and its submodules' calls
@@ -364,6 +367,7 @@ class StepTracker:
         if st.val_start is None:
             st.val_start, st.val_parent = start, parent
         st.val_end = max(st.val_end, end)
+        st.val_step = self.global_step
 
     def _emit_validation(self, st: ThreadState) -> None:
         """The run of evaluation batches since the last step, as one ``trainer.validation``."""
@@ -371,7 +375,8 @@ class StepTracker:
         if start is None:
             return
         st.val_start = None
-        attrs = {"ppetrace.step": self.global_step, "ppetrace.stage": VAL}
+        # the steps done as of its end: the step that emits it has stepped already
+        attrs = {"ppetrace.step": st.val_step, "ppetrace.stage": VAL}
         st.rows.record("trainer.validation", start, st.val_end, st.val_parent, attrs)
 
     # -- the end -------------------------------------------------------------------------

@@ -16,8 +16,9 @@ from torch import nn
 from torch.optim import optimizer as optim_mod
 
 import ppetrace
-from exporters import read_chrome_trace, step_report
+from exporters import load_chrome_trace, read_chrome_trace, step_report
 from ppetrace.integrations import Instrumentation
+from ppetrace.tracing import ENVIRONMENT_FIELDS
 
 Loader = Callable[..., Any]
 
@@ -54,6 +55,10 @@ def test_a_plain_loop_gives_fetch_forward_backward_optimizer_and_step_spans(
             _train(model, data, opt)
     assert isinstance(handle, Instrumentation) and handle.closed
     assert (handle.steps, handle.global_step, handle.epoch) == (8, 8, 2)
+    # the environment, as the Trainer records it (report lines, compare --strict-env)
+    environment = load_chrome_trace(tmp_path / "t.json").metadata["environment"]
+    assert tuple(environment) == ENVIRONMENT_FIELDS and environment["device"] == "cpu"
+    assert environment["torch_threads"] == torch.get_num_threads()
     frame = _frame(tmp_path / "t.json")
     counts = frame["name"].value_counts()
     assert counts["trainer.fetch_batch"] == 2 * (4 + 1)  # the last fetch of each epoch ends it
@@ -198,6 +203,8 @@ def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
     assert forward["stage"].isna().sum() == 8 * 4
     validations = _names(frame, "trainer.validation")
     assert len(validations) == 2 and set(validations["stage"]) == {"val"}
+    # the optimizer steps done when each validation ended, not when the next step was recorded
+    assert list(validations["step"]) == [4, 8]
     report = step_report(frame, warmup_steps=0)
     steps = report.steps
     # the step after the first validation does not count it as its own time

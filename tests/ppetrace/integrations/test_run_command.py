@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from exporters import read_chrome_trace
 from ppetrace.cli import main
@@ -55,11 +56,12 @@ def test_a_plain_loop_runs_as_main_with_its_argv_and_gets_a_trace_and_a_report(
     out = tmp_path / "seen.json"
     script = _script(tmp_path, LOOP.format(out=str(out)))
     trace = tmp_path / "traces" / "t.json"
-    code, err = _run("--trace", str(trace), str(script), "--lr", "0.1", "-m", "x")
+    script_args = ["--lr", "0.1", "-m", "x", "--", "--trace", "y"]  # all the script's
+    code, err = _run("--trace", str(trace), str(script), *script_args)
     assert code == 0, err
     seen = json.loads(out.read_text())
     assert seen == {
-        "argv": [str(script), "--lr", "0.1", "-m", "x"],
+        "argv": [str(script), *script_args],
         "name": "__main__",
         "path0": str(tmp_path),
     }
@@ -67,8 +69,11 @@ def test_a_plain_loop_runs_as_main_with_its_argv_and_gets_a_trace_and_a_report(
     assert frame["name"].value_counts()["trainer.step"] == 4
     assert f"ppetrace: wrote {trace}" in err
     assert "ppetrace step report" in err and "trainer.optimizer_step" in err
-    code, err = _run("--no-report", "--trace", str(trace), str(script))
+    assert f"Device: cpu, torch threads: {torch.get_num_threads()}" in err  # the environment
+    # a -- before the script ends ppetrace's options and is not the script's
+    code, err = _run("--no-report", "--trace", str(trace), "--", str(script), "c")
     assert code == 0 and "step report" not in err
+    assert json.loads(out.read_text())["argv"] == [str(script), "c"]
 
 
 def test_a_module_runs_with_dash_m_from_the_working_directory(
@@ -81,10 +86,13 @@ def test_a_module_runs_with_dash_m_from_the_working_directory(
     _script(pkg, LOOP.format(out=str(out)), "train.py")
     monkeypatch.chdir(tmp_path)
     trace = tmp_path / "m.json"
-    code, err = _run("--trace", str(trace), "--module-depth", "0", "-m", "runpkg_dash_m.train", "a")
+    script_args = ["--epochs", "1", "-m", "a", "--", "--trace", "b"]  # all the module's
+    code, err = _run(
+        "--trace", str(trace), "--module-depth", "0", "-m", "runpkg_dash_m.train", *script_args
+    )
     assert code == 0, err
     seen = json.loads(out.read_text())
-    assert seen["argv"] == [str(pkg / "train.py"), "a"] and seen["name"] == "__main__"
+    assert seen["argv"] == [str(pkg / "train.py"), *script_args] and seen["name"] == "__main__"
     counts = read_chrome_trace(trace)["name"].value_counts()
     assert counts["trainer.step"] == 4 and "module.forward" not in counts
 
@@ -123,6 +131,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
         (["no_such_script.py"], "file exists. Check the path; a relative one starts at"),
         ([str(tmp_path)], "folder without __main__.py. Name the script inside it, or add"),
         (["-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz' was found"),
+        (["-m", "no_such_pkg_xyz.train"], "no module named 'no_such_pkg_xyz.train' was found"),
+        (["-m", "json.no_such_xyz"], "no module named 'json.no_such_xyz' was found. Check"),
+        (
+            ["--trace", str(tmp_path), str(script)],
+            f"Expected a file path for --trace, but {tmp_path} is a folder. Pass a file path "
+            f"such as {tmp_path / 'trace.json'}.",
+        ),
         (["-m", "json"], "'json' is a package without one"),
         ([], "Expected a script to run"),
         ([], "but received neither. Name the script, or -m and a module, after the options."),
@@ -160,6 +175,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
         code == 2 and "importing 'broken_pkg_xyz.train' failed: RuntimeError: cannot import" in err
     )
     assert "cannot import me. Fix the error that importing it raises." in err
+    # a module that is there but imports a missing one: that import is the error
+    (broken / "__init__.py").write_text("import no_such_dependency_xyz\n")
+    code, err = _run("-m", "broken_pkg_xyz.train")
+    assert code == 2 and "failed: ModuleNotFoundError: No module named 'no_such_dependency" in err
 
 
 def test_the_default_trace_name_and_the_per_rank_layout(tmp_path: Path) -> None:

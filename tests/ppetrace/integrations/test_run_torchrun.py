@@ -1,7 +1,8 @@
 """``ppetrace run`` under torchrun: rank files on rank 0's clock, one trace id, merged by rank 0.
 
 One 2-process torchrun launch (gloo, loopback) of ``ppetrace run`` on a script that
-starts its own process group, trains 3 steps under DDP and destroys the group.
+starts its own process group, trains 2 epochs of 3 steps under DDP with a validation after
+each, then one more step, and destroys the group.
 """
 
 from __future__ import annotations
@@ -19,17 +20,30 @@ from exporters import load_chrome_trace, read_chrome_trace
 from exporters.chrome._ranks import read_header
 
 SCRIPT = """
+import itertools
+
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 g = torch.Generator().manual_seed(dist.get_rank())
-for _ in range(3):
-    model(torch.randn(2, 4, generator=g)).sum().backward()
+train = DataLoader(TensorDataset(torch.randn(6, 4, generator=g)), batch_size=2)
+val = DataLoader(TensorDataset(torch.randn(4, 4, generator=g)), batch_size=2)
+for _ in range(2):
+    for (x,) in train:  # 3 steps
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():  # a validation per epoch, the last one pending at the end
+        for (x,) in val:
+            model.module(x)
+for (x,) in itertools.islice(train, 1):  # a 7th step, still open at the end
+    model(x).sum().backward()
     opt.step()
     opt.zero_grad()
 dist.destroy_process_group()
@@ -60,7 +74,11 @@ def test_ppetrace_run_under_torchrun_merges_the_ranks_on_one_clock(tmp_path: Pat
         _, err = proc.communicate()
         pytest.fail(f"the torchrun run did not end in 180 s:\n{err[-6000:]}")
     assert proc.returncode == 0, err[-6000:]
-    assert err.count(f"ppetrace: merged the rank traces into {trace}") == 2  # both ranks
+    assert err.count(f"ppetrace: merged the rank traces into {trace}") == 1  # rank 0 merged
+    for rank in (0, 1):  # each rank says where its own file is
+        assert (
+            err.count(f"ppetrace: wrote {trace.parent / 'trace.ranks' / f'rank{rank}.json'}") == 1
+        )
     assert err.count("ppetrace step report") == 1  # rank 0's, of the merged file
     headers = [read_header(trace.parent / "trace.ranks" / f"rank{r}.json") for r in (0, 1)]
     assert all(h is not None for h in headers)
@@ -78,8 +96,11 @@ def test_ppetrace_run_under_torchrun_merges_the_ranks_on_one_clock(tmp_path: Pat
     assert merged.metadata["trace_id"] == h0.other_data["trace_id"] == h1.other_data["trace_id"]
     assert merged.metadata["ranks"] == [0, 1] and merged.metadata["world_size"] == 2
     frame = read_chrome_trace(trace)
-    steps = frame[frame["name"] == "trainer.step"]
-    assert steps.groupby("rank").size().to_dict() == {0: 3, 1: 3}
+    # the last validation and the open 7th step are recorded when the group is destroyed,
+    # before the rank file closes
+    for name, count in (("trainer.step", 7), ("trainer.validation", 2)):
+        spans = frame[frame["name"] == name]
+        assert spans.groupby("rank").size().to_dict() == {0: count, 1: count}, name
 
 
 ALIVE = """
