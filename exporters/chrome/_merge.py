@@ -416,9 +416,10 @@ def merge_traces(
     is corrected linearly when it exceeds their errors together; all times
     are rebased on the earliest origin. The merged ``otherData`` lists the
     inputs under ``merged_from``, each process's rank under ``processes``,
-    the common ``trace_id`` if the inputs share one, and ``ranks`` /
-    ``world_size``. Returns the merged trace (its events are read from the
-    file when first used); ``.json.gz`` outputs are gzip.
+    the common ``trace_id`` if the inputs share one, ``ranks`` / ``world_size``,
+    and the first input's ``environment`` (the lowest rank's) when it has one.
+    Returns the merged trace (its events are read from the file when first used);
+    ``.json.gz`` outputs are gzip.
     """
     if not inputs:
         raise ValueError("Expected at least one trace file to merge, but received none.")
@@ -484,6 +485,13 @@ def merge_traces(
     }
     if len(trace_ids) == 1 and isinstance(next(iter(trace_ids)), str):
         other["trace_id"] = next(iter(trace_ids))
+    # the report's Device line and compare's environment check read the top level: the
+    # first input's (the lowest rank's); every input's stays under merged_from
+    env = next(
+        (t.metadata.get("environment") for t in items if t.metadata.get("environment")), None
+    )
+    if isinstance(env, dict):
+        other["environment"] = env
     if ranks:
         other["ranks"] = ranks
         sizes = {(t.header.distributed_info or {}).get("world_size") for t in items if t.header} - {

@@ -152,3 +152,26 @@ def test_a_drift_beyond_the_errors_is_corrected_linearly(
     frame = read(merge_traces(tmp_path / "m2.json", [path]).path).sort_values("start_ns")
     assert frame["start_ns"].tolist() == [t0 - 1_000_000, t0 + 1_000_000_000 - 1_000_000]
     assert _Drift(10, 0.5).extra(14) == 2
+
+
+def test_the_merged_trace_carries_the_lowest_ranks_environment(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+) -> None:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (1, 0):
+        rb = run_builder(pid=300 + rank, rank=rank)
+        rb.training([1_000, 2_000, 3_000])
+        exporter = ChromeTraceExporter(
+            folder / f"r{rank}.json",
+            distributed_info={"rank": rank, "world_size": 2, "backend": "gloo"},
+            metadata={"environment": {"device": f"cpu{rank}", "torch_threads": 1}},
+        )
+        exporter.export_batch(rb.batch())
+        exporter.shutdown()
+    merged = merge_traces(tmp_path / "merged.json", [folder])
+    # the report's Device line and compare's environment check read the top level
+    assert merged.metadata["environment"]["device"] == "cpu0"
+    assert read(tmp_path / "merged.json").attrs["metadata"]["environment"]["device"] == "cpu0"
+    envs = [s["otherData"]["environment"]["device"] for s in merged.metadata["merged_from"]]
+    assert envs == ["cpu0", "cpu1"]
