@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import ppetrace
+from exporters import SpanBatch, SpanRow
 from ppetrace.tracing._recorder import RECORDER
 
 
@@ -27,6 +28,28 @@ def span_exporter() -> Iterator[InMemorySpanExporter]:
     ppetrace.configure(tracer_provider=provider, service_name="ppetrace-tests")
     yield exporter
     ppetrace.flush()
+    ppetrace.configure()
+
+
+class RowSink:
+    """A ppetrace sink that keeps the rows it is given, with their attribute objects."""
+
+    def __init__(self) -> None:
+        self.rows: list[SpanRow] = []
+
+    def export_batch(self, batch: SpanBatch) -> None:
+        self.rows.extend(batch.rows)
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture
+def row_sink() -> Iterator[RowSink]:
+    """ppetrace configured with one :class:`RowSink` as its only sink."""
+    sink = RowSink()
+    ppetrace.configure(exporters=[sink])
+    yield sink
     ppetrace.configure()
 
 

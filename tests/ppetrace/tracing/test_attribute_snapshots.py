@@ -24,32 +24,16 @@ if _recorder.IMPLEMENTATION == "c":
     IMPLEMENTATIONS.insert(0, pytest.param(_recorder.Span, id="c"))
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.rows: list[SpanRow] = []
-
-    def export_batch(self, batch: SpanBatch) -> None:
-        self.rows.extend(batch.rows)
-
-    def shutdown(self) -> None:
-        pass
+RowSink = Any  # conftest.py's row_sink fixture: a row_sink that keeps the rows it is given
 
 
-@pytest.fixture
-def sink() -> Iterator[_Sink]:
-    s = _Sink()
-    ppetrace.configure(exporters=[s])
-    yield s
-    ppetrace.configure()
-
-
-def _flushed(sink: _Sink) -> dict[str, SpanRow]:
+def _flushed(row_sink: RowSink) -> dict[str, SpanRow]:
     ppetrace.flush()
-    return {r.name: r for r in sink.rows}
+    return {r.name: r for r in row_sink.rows}
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
-def test_a_dict_changed_after_enter_does_not_change_the_span(trace: Any, sink: _Sink) -> None:
+def test_a_dict_changed_after_enter_does_not_change_the_span(trace: Any, row_sink: RowSink) -> None:
     metrics: dict[str, Any] = {"loss": 1.0, "tag": "a"}
     with trace("step", metrics):
         metrics["loss"] = 2.0
@@ -59,18 +43,18 @@ def test_a_dict_changed_after_enter_does_not_change_the_span(trace: Any, sink: _
     with span:
         pass
     metrics["loss"] = 5.0
-    rows = _flushed(sink)
+    rows = _flushed(row_sink)
     assert rows["step"].attributes == {"loss": 1.0, "tag": "a"}
     assert rows["reused"].attributes == {"loss": 4.0, "tag": "a", "late": 3}
     assert rows["step"].attributes is not metrics
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
-def test_a_frozen_mapping_is_shared_not_copied(trace: Any, sink: _Sink) -> None:
+def test_a_frozen_mapping_is_shared_not_copied(trace: Any, row_sink: RowSink) -> None:
     shared = FrozenAttributes({"ppetrace.step": 3, "ppetrace.stage": "train"})
     with trace("a", shared), trace("b", shared):
         pass
-    rows = _flushed(sink)
+    rows = _flushed(row_sink)
     assert rows["a"].attributes is shared and rows["b"].attributes is shared
     with pytest.raises(TypeError, match="Expected no change to a FrozenAttributes"):
         shared["ppetrace.step"] = 4  # type: ignore[index]
@@ -82,14 +66,14 @@ class Tensorish:
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
-def test_the_snapshot_of_each_kind_of_arg(trace: Any, sink: _Sink) -> None:
+def test_the_snapshot_of_each_kind_of_arg(trace: Any, row_sink: RowSink) -> None:
     from types import MappingProxyType
 
     with trace("none"), trace("scalar", 7), trace("object", Tensorish()):
         pass
     with trace("mapping", MappingProxyType({"a": 1})), trace("mixed", {"t": Tensorish()}):
         pass
-    rows = _flushed(sink)
+    rows = _flushed(row_sink)
     assert dict(rows["none"].attributes) == {}
     assert rows["scalar"].attributes == {"ppetrace.arg": 7}
     assert rows["object"].attributes == {"ppetrace.arg": "Tensorish"}
@@ -98,7 +82,9 @@ def test_the_snapshot_of_each_kind_of_arg(trace: Any, sink: _Sink) -> None:
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
-def test_a_mapping_that_cannot_be_read_does_not_break_the_block(trace: Any, sink: _Sink) -> None:
+def test_a_mapping_that_cannot_be_read_does_not_break_the_block(
+    trace: Any, row_sink: RowSink
+) -> None:
     from collections.abc import Mapping
 
     class Broken(Mapping[str, Any]):
@@ -113,12 +99,12 @@ def test_a_mapping_that_cannot_be_read_does_not_break_the_block(trace: Any, sink
 
     with trace("broken", Broken()):
         pass
-    assert _flushed(sink)["broken"].attributes == {"ppetrace.arg": "<unencodable: Broken>"}
+    assert _flushed(row_sink)["broken"].attributes == {"ppetrace.arg": "<unencodable: Broken>"}
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
 def test_span_attributes_is_the_snapshot_that_reaches_the_exporters(
-    trace: Any, sink: _Sink
+    trace: Any, row_sink: RowSink
 ) -> None:
     given = {"ppetrace.step": 1}
     with trace("timed", given) as span:
@@ -129,12 +115,15 @@ def test_span_attributes_is_the_snapshot_that_reaches_the_exporters(
     with trace("frozen", FrozenAttributes(given)) as span:
         assert span_attributes(span) is None  # shared: nobody writes into it
     assert span_attributes(trace("never.entered")) is None
-    assert _flushed(sink)["timed"].attributes == {"ppetrace.step": 1, "ppetrace.device_dur_ns": 99}
+    assert _flushed(row_sink)["timed"].attributes == {
+        "ppetrace.step": 1,
+        "ppetrace.device_dur_ns": 99,
+    }
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
 def test_a_used_context_token_does_not_replace_the_blocks_exception(
-    trace: Any, sink: _Sink
+    trace: Any, row_sink: RowSink
 ) -> None:
     """Span_exit let PyContextVar_Reset's RuntimeError (token used) replace the block's own
     exception."""
@@ -142,7 +131,7 @@ def test_a_used_context_token_does_not_replace_the_blocks_exception(
     with pytest.raises(KeyError, match="the block's own"), trace("reset.twice") as span:
         _CTXVAR.reset(span._token)  # the context is back; exit's reset now fails
         raise KeyError("the block's own")
-    row = _flushed(sink)["reset.twice"]
+    row = _flushed(row_sink)["reset.twice"]
     assert row.status == "ERROR" and row.error.startswith("KeyError")
 
 

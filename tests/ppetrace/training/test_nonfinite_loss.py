@@ -13,29 +13,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import ppetrace
-from exporters import SpanBatch, SpanRow
 from ppetrace.tracing._recorder import RECORDER
 from ppetrace.training._nonfinite import NONFINITE_ATTRIBUTE, LossWatch
 from ppetrace.training._progress import ProgressBar
 
-
-class Rows:
-    def __init__(self) -> None:
-        self.rows: list[SpanRow] = []
-
-    def export_batch(self, batch: SpanBatch) -> None:
-        self.rows.extend(batch.rows)
-
-    def shutdown(self) -> None:
-        pass
-
-
-@pytest.fixture
-def rows() -> Iterator[Rows]:
-    sink = Rows()
-    ppetrace.configure(exporters=[sink])
-    yield sink
-    ppetrace.configure()
+RowSink = Any  # conftest.py's row_sink fixture: a sink that keeps the rows it is given
 
 
 def nan_at(*batches: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -70,7 +52,7 @@ def fit(loss_fn: Any, loader: Any = None, **options: Any) -> ppetrace.Trainer:
     return trainer
 
 
-def test_warns_once_with_the_step_and_marks_the_epoch_span(rows: Rows) -> None:
+def test_warns_once_with_the_step_and_marks_the_epoch_span(row_sink: RowSink) -> None:
     with pytest.warns(RuntimeWarning) as caught:
         fit(nan_at(3), max_epochs=2)  # the last batch of each epoch: seen at each epoch end
     found = [w for w in caught if "is nan" in str(w.message)]
@@ -80,7 +62,9 @@ def test_warns_once_with_the_step_and_marks_the_epoch_span(rows: Rows) -> None:
         "pass on_nonfinite_loss='raise' to stop there."
     )
     ppetrace.flush()
-    epochs = sorted((r for r in rows.rows if r.name == "trainer.epoch"), key=lambda r: r.start_ns)
+    epochs = sorted(
+        (r for r in row_sink.rows if r.name == "trainer.epoch"), key=lambda r: r.start_ns
+    )
     assert epochs[0].attributes[NONFINITE_ATTRIBUTE] == 3
     assert NONFINITE_ATTRIBUTE not in epochs[1].attributes  # reported once
 
@@ -100,7 +84,7 @@ def test_a_finite_run_warns_nothing() -> None:
         fit(F.cross_entropy, max_epochs=1)
 
 
-def test_raise_stops_after_the_step_that_gave_it(rows: Rows) -> None:
+def test_raise_stops_after_the_step_that_gave_it(row_sink: RowSink) -> None:
     with (
         pytest.raises(
             FloatingPointError,
@@ -111,8 +95,8 @@ def test_raise_stops_after_the_step_that_gave_it(rows: Rows) -> None:
     ):
         fit(nan_at(1), on_nonfinite_loss="raise")
     ppetrace.flush()
-    assert [r.name for r in rows.rows].count("trainer.step") == 2  # batches 0 and 1 only
-    epoch = next(r for r in rows.rows if r.name == "trainer.epoch")
+    assert [r.name for r in row_sink.rows].count("trainer.step") == 2  # batches 0 and 1 only
+    epoch = next(r for r in row_sink.rows if r.name == "trainer.epoch")
     assert epoch.status == "ERROR" and epoch.attributes[NONFINITE_ATTRIBUTE] == 1
 
 

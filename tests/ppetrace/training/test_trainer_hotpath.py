@@ -18,7 +18,7 @@ from torch.utils.data import (
 )
 
 import ppetrace
-from exporters import SpanBatch, SpanRow, read_chrome_trace
+from exporters import SpanRow, read_chrome_trace
 from ppetrace import PyTorchRuntime
 from ppetrace.interfaces.network import _ACTIVE_MOVE, _ACTIVE_SCALING
 from ppetrace.runtime._hooks import StepHooks, bound_hook
@@ -36,25 +36,7 @@ STEP_SPANS = {
 }
 
 
-class Rows:
-    """A ppetrace sink that keeps the rows it is given (with their attribute objects)."""
-
-    def __init__(self) -> None:
-        self.rows: list[SpanRow] = []
-
-    def export_batch(self, batch: SpanBatch) -> None:
-        self.rows.extend(batch.rows)
-
-    def shutdown(self) -> None:
-        pass
-
-
-@pytest.fixture
-def rows() -> Iterator[Rows]:
-    sink = Rows()
-    ppetrace.configure(exporters=[sink])
-    yield sink
-    ppetrace.configure()
+RowSink = Any  # conftest.py's row_sink fixture: a sink that keeps the rows it is given
 
 
 def data(n: int = 20) -> TensorDataset:
@@ -81,10 +63,10 @@ def by_step(rows: list[SpanRow]) -> dict[int, list[SpanRow]]:
     return out
 
 
-def test_one_frozen_mapping_per_step_shared_by_its_spans_and_its_fetch(rows: Rows) -> None:
+def test_one_frozen_mapping_per_step_shared_by_its_spans_and_its_fetch(row_sink: RowSink) -> None:
     fit(DataLoader(data(20), batch_size=8))  # batches of 8, 8 and 4
     ppetrace.flush()
-    steps = by_step(rows.rows)
+    steps = by_step(row_sink.rows)
     assert sorted(steps) == [0, 1, 2]
     for i, spans in steps.items():
         assert {r.name for r in spans} == STEP_SPANS | {"trainer.fetch_batch"}
@@ -98,12 +80,12 @@ def test_one_frozen_mapping_per_step_shared_by_its_spans_and_its_fetch(rows: Row
         steps[0][0].attributes["ppetrace.step"] = 5  # type: ignore[index]
 
 
-def test_a_loader_of_unknown_sizes_gives_the_fetch_its_own_mapping(rows: Rows) -> None:
+def test_a_loader_of_unknown_sizes_gives_the_fetch_its_own_mapping(row_sink: RowSink) -> None:
     ds = data(12)
     batches = [(ds.tensors[0][i : i + 5], ds.tensors[1][i : i + 5]) for i in (0, 5, 10)]
     fit(batches)  # a list: no DataLoader, so each batch's leading dimension
     ppetrace.flush()
-    for i, spans in by_step(rows.rows).items():
+    for i, spans in by_step(row_sink.rows).items():
         fetch = next(r for r in spans if r.name == "trainer.fetch_batch")
         rest = [r for r in spans if r is not fetch]
         assert "ppetrace.batch_size" not in fetch.attributes
@@ -144,7 +126,7 @@ class QuietRuntime(PyTorchRuntime):
         self.posts.append(batch_idx)
 
 
-def test_a_hook_the_runtime_does_not_override_gets_its_span_and_no_call(rows: Rows) -> None:
+def test_a_hook_the_runtime_does_not_override_gets_its_span_and_no_call(row_sink: RowSink) -> None:
     runtime = QuietRuntime("cpu", {})
     hooks = StepHooks(
         runtime, (("main", torch.nn.Linear(1, 1), runtime),), "train_pre_step", "train_post_step"
@@ -159,7 +141,7 @@ def test_a_hook_the_runtime_does_not_override_gets_its_span_and_no_call(rows: Ro
     fit(DataLoader(data(16), batch_size=8), runtime)
     ppetrace.flush()
     assert runtime.posts == [0, 1] and seen == [0, 1]
-    names = [r.name for r in rows.rows]
+    names = [r.name for r in row_sink.rows]
     assert names.count("runtime.train_pre_step") == names.count("runtime.train_post_step") == 2
 
 
@@ -186,7 +168,7 @@ def test_cpu_batches_already_on_the_cpu_are_not_moved() -> None:
     assert Counting.moved == 2  # a subclass's move_tensor sees every tensor
 
 
-def test_iterator_creation_is_inside_trainer_loader_start(rows: Rows) -> None:
+def test_iterator_creation_is_inside_trainer_loader_start(row_sink: RowSink) -> None:
     seen: list[str] = []
 
     class Loader:
@@ -203,12 +185,12 @@ def test_iterator_creation_is_inside_trainer_loader_start(rows: Rows) -> None:
     fit(Loader(), max_epochs=2)
     ppetrace.flush()
     assert seen == ["trainer.loader_start"] * 2
-    by_id = {r.span_id: r for r in rows.rows}
-    starts = [r for r in rows.rows if r.name == "trainer.loader_start"]
+    by_id = {r.span_id: r for r in row_sink.rows}
+    starts = [r for r in row_sink.rows if r.name == "trainer.loader_start"]
     for start in starts:
         assert by_id[start.parent_id].name == "trainer.epoch"
     first_fetch = min(
-        (r for r in rows.rows if r.name == "trainer.fetch_batch"), key=lambda r: r.start_ns
+        (r for r in row_sink.rows if r.name == "trainer.fetch_batch"), key=lambda r: r.start_ns
     )
     assert min(s.end_ns for s in starts) <= first_fetch.start_ns
 
@@ -287,7 +269,9 @@ class Failing(Net):
             raise RuntimeError("inside scale_loss")
 
 
-def test_an_error_inside_scale_loss_ends_the_backward_span_and_propagates(rows: Rows) -> None:
+def test_an_error_inside_scale_loss_ends_the_backward_span_and_propagates(
+    row_sink: RowSink,
+) -> None:
     net = Failing()
     with pytest.raises(RuntimeError, match=r"^inside scale_loss$"):
         ppetrace.Trainer(progress=False).fit(
@@ -297,7 +281,7 @@ def test_an_error_inside_scale_loss_ends_the_backward_span_and_propagates(rows: 
             loss_fn={"ce": F.cross_entropy},
         )
     ppetrace.flush()
-    backward = [r for r in rows.rows if r.name == "trainer.backward"]
+    backward = [r for r in row_sink.rows if r.name == "trainer.backward"]
     assert len(backward) == 1 and backward[0].status == "ERROR"
     assert "inside scale_loss" in backward[0].error
     assert _ACTIVE_SCALING.get() is None
