@@ -4,21 +4,26 @@ spans around known busy-waits in forward, a custom backward and the data loader.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 import ppetrace
 from exporters import read_chrome_trace, step_report
 from exporters.chrome import load_chrome_trace
 from ppetrace.profilers import CudaTimer
 from ppetrace.profilers._base import DEVICE_TID
+
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT) not in sys.path:  # `benchmarks` is a folder of the repository, not installed
+    sys.path.insert(0, str(ROOT))
+
+# the busy-wait workload and its timed loop (one torch thread) are the benchmark's own
+from benchmarks.bench_instrument import INSIDE, WAITS_NS, run_truth_loop  # noqa: E402
 
 FORWARD_NS, BACKWARD_NS, OPTIMIZER_NS = 1_000, 10_000, 100_000
 
@@ -85,104 +90,17 @@ def test_cuda_timer_gives_device_time_to_steps_backward_and_optimizer_steps(
 
 # -- spans against busy-waits ---------------------------------------------------------------
 
-WAIT_FORWARD_NS = 2_000_000
-WAIT_BACKWARD_NS = 3_000_000
-WAIT_FETCH_NS = 4_000_000
-#: how long each wrapped block really took, measured inside it (the machine may preempt
-#: a process after its busy-wait; the span must match the block, whatever it took)
-_INSIDE: dict[str, list[int]] = {}
 
-
-def _busy(what: str, ns: int) -> None:
-    t0 = time.perf_counter_ns()
-    end = t0 + ns
-    while time.perf_counter_ns() < end:
-        pass
-    _INSIDE.setdefault(what, []).append(time.perf_counter_ns() - t0)
-
-
-class _SlowBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        _busy("trainer.backward", WAIT_BACKWARD_NS)
-        return grad
-
-
-class _SlowNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _busy("module.forward", WAIT_FORWARD_NS)
-        return _SlowBackward.apply(x * self.w)
-
-
-class _SlowBatches(Dataset[Any]):
-    """Whole batches (``batch_size=None``), each after a busy-wait."""
-
-    def __len__(self) -> int:
-        return 12
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        _busy("trainer.fetch_batch", WAIT_FETCH_NS)
-        return torch.ones(2, 2)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """torch on one thread: spinning OpenMP threads on a busy 2-core machine stretch
-    every small op by milliseconds."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.mark.usefixtures("one_thread")
 def test_spans_match_the_busy_waits_they_wrap_and_steps_tile_the_loop(tmp_path: Path) -> None:
     """Each span holds the busy-wait it wraps (as the wait measured itself) and matches the
     call around it as the loop measures it, within max(5%, 300 µs) (median of 12 steps: a
     bound that scheduling noise on a shared machine does not reach); the step spans with
     their data wait cover >= 95% of the loop's wall time."""
-    _INSIDE.clear()
-    model = _SlowNet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = DataLoader(_SlowBatches(), batch_size=None)
-    calls: dict[str, list[int]] = {"module.forward": [], "trainer.backward": []}
-    calls["trainer.fetch_batch"] = []
-    clock = time.perf_counter_ns
     path = tmp_path / "t.json"
-    with ppetrace.instrument(trace_path=path):
-        t0 = clock()
-        it = iter(data)
-        while True:
-            t = clock()
-            x = next(it, None)
-            if x is None:
-                break
-            calls["trainer.fetch_batch"].append(clock() - t)
-            t = clock()
-            out = model(x)
-            calls["module.forward"].append(clock() - t)
-            loss = out.sum()
-            t = clock()
-            loss.backward()
-            calls["trainer.backward"].append(clock() - t)
-            opt.step()
-            opt.zero_grad()
-        loop_ns = clock() - t0
+    calls, loop_ns = run_truth_loop(path, steps=12)
     frame = read_chrome_trace(path)
-    for name, wait in (
-        ("module.forward", WAIT_FORWARD_NS),
-        ("trainer.backward", WAIT_BACKWARD_NS),
-        ("trainer.fetch_batch", WAIT_FETCH_NS),
-    ):
-        inside, outside = _INSIDE[name], calls[name]
+    for name, wait in WAITS_NS.items():
+        inside, outside = INSIDE[name], calls[name]
         spans = frame.loc[frame["name"] == name].sort_values("start_ns")["dur_ns"]
         spans = list(spans[: len(outside)])  # not the loader's last, empty fetch
         assert len(spans) == len(inside) == len(outside) == 12, name
