@@ -40,25 +40,14 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_trainer import REFERENCE
+    from benchmarks.bench_trainer import REFERENCE, VARIANTS
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    from bench_trainer import REFERENCE  # type: ignore[no-redef]
+    from bench_trainer import REFERENCE, VARIANTS  # type: ignore[no-redef]
 
 __all__ = ["DEFAULT", "main", "per_step", "totals"]
 
 #: every hand loop and every Trainer variant of bench_trainer
-DEFAULT: tuple[str, ...] = (
-    "hand",
-    "ppetrace",
-    "ppetrace_nofile",
-    "ppetrace_off",
-    "hand_interface",
-    "ppetrace_interface",
-    "ppetrace_interface_off",
-    "hand_network",
-    "ppetrace_network",
-    "ppetrace_network_off",
-)
+DEFAULT: tuple[str, ...] = tuple(v for v in VARIANTS if v.startswith(("hand", "ppetrace")))
 
 
 def _child(workload: str, steps: tuple[int, int], variants: list[str], order_path: str) -> None:
