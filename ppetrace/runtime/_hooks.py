@@ -33,25 +33,19 @@ import torch
 
 from ..tracing._recorder import trace
 from . import _ranges
-from ._base import _BASE_TRACE, _RANGE_TRACE, BaseRuntime
+from ._base import _BASE_TRACE, _RANGE_TRACE, LIFECYCLE_HOOKS, BaseRuntime
 
 __all__ = ["NO_OP_HOOKS", "PROFILER_FLAGS", "HookCall", "StepHooks", "bound_hook", "span_opener"]
 
-#: The hooks that ``BaseRuntime`` implements as documented no-ops.
-NO_OP_HOOKS = frozenset(
-    {
-        "initialize_module",
-        "train_epoch_begin",
-        "train_epoch_end",
-        "train_pre_step",
-        "train_post_step",
-        "train_validation_begin",
-        "train_validation_end",
-        "eval_pre_step",
-        "eval_post_step",
-        "train_cleanup",
-    }
-)
+#: The hooks that ``BaseRuntime`` implements as documented no-ops: every lifecycle hook but
+#: those that move or run something.
+NO_OP_HOOKS = frozenset(LIFECYCLE_HOOKS) - {
+    "convert_batch",
+    "move_module",
+    "move_tensor",
+    "execute",
+    "map",
+}
 
 
 class _Profiling:
