@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import isolation_guard
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -55,7 +56,11 @@ def row_sink() -> Iterator[RowSink]:
 
 @pytest.fixture(autouse=True)
 def _recorder_left_clean() -> Iterator[None]:
-    """Every test leaves tracing enabled, with no span still open on this thread."""
+    """Every test leaves tracing enabled, with no span still open on this thread, and
+    nothing behind that goes on feeding the recorder (tests/isolation_guard.py): those
+    would change the process-wide counts and the flusher's work in later tests, so they
+    fail the test that left them."""
+    before = isolation_guard.snapshot()
     yield
     from opentelemetry import trace as otel_trace
 
@@ -65,6 +70,12 @@ def _recorder_left_clean() -> Iterator[None]:
     )
     if not RECORDER.enabled:
         ppetrace.configure()
+    left = isolation_guard.leftovers(before)
+    assert not left, (
+        "Expected the test to leave nothing that goes on recording spans or adds work to "
+        f"the flusher, but it left {'; '.join(left)}. Stop, join or close them in the test "
+        "(or in a fixture's teardown)."
+    )
 
 
 #: Seconds the shared torchrun run may take before it counts as hung.
