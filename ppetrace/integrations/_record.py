@@ -86,6 +86,12 @@ class RowBuffer:
         thread = self._buf.thread()
         return thread is not None and thread.is_alive()
 
+    def close(self) -> None:
+        """Record nothing more here: the recorder drains what this buffer holds and then
+        forgets it (each ``instrument()`` and ``LightningProfiler`` stage makes one; without
+        this, the recorder kept every one of them while their thread lived)."""
+        RECORDER.retire(self._buf)
+
     def refresh(self) -> None:
         """In a forked child the parent's buffers are gone: take a buffer of its own."""
         self._buf = RECORDER._new_buffer_object()

@@ -374,6 +374,9 @@ class LightningProfiler(Profiler):
                         errors.append(exc)
                 self._in_validation = False
                 self._opt_depth = 0
+                if self._rows is not None:
+                    self._rows.close()
+                    self._rows = None
                 for prof in reversed(self.profilers):
                     try:
                         prof.teardown()

@@ -80,10 +80,11 @@ _tls = threading.local()
 class _ThreadBuffer:
     """Finished-span records of one thread, taken by :meth:`Recorder.take`."""
 
-    __slots__ = ("records", "thread", "tid", "name")
+    __slots__ = ("records", "thread", "tid", "name", "retired")
 
     def __init__(self) -> None:
         t = threading.current_thread()
+        self.retired = False  # Recorder.retire: forgotten once drained
         self.records: list[SpanRow] = []
         self.thread = weakref.ref(t)
         self.tid = threading.get_native_id()
@@ -157,6 +158,12 @@ class Recorder:
         with self._buffers_lock:
             self._buffers.append(buf)
         return buf
+
+    def retire(self, buf: _ThreadBuffer) -> None:
+        """``buf`` (made by :meth:`_new_buffer_object` for a recorder of its own, such as
+        ``instrument()``'s) gets no more rows: the next drain takes what it holds and then
+        forgets it, as it does the buffer of a thread that ended."""
+        buf.retired = True
 
     def _new_buffer(self) -> list[SpanRow]:
         """Register a buffer for the calling thread and return its record list (C path)."""
@@ -238,7 +245,7 @@ class Recorder:
                     del live[:n]
                     self.taken += n
             t = buf.thread()
-            if t is None or not t.is_alive():
+            if buf.retired or t is None or not t.is_alive():
                 dead.append(buf)
         if dead:
             with self._buffers_lock:

@@ -188,3 +188,21 @@ def test_bad_arguments_are_refused() -> None:
         LightningProfiler(warmup_steps=-1)
     with pytest.raises(TypeError, match=r"profiler 0 \(object\) lacks setup"):
         LightningProfiler(profilers=[object()])
+
+
+def test_each_stage_gives_its_row_buffer_back_to_the_recorder(tmp_path: Path) -> None:
+    from ppetrace.tracing._recorder import RECORDER
+
+    def buffers() -> int:
+        with RECORDER._buffers_lock:
+            return len(RECORDER._buffers)
+
+    ppetrace.flush()
+    before = buffers()
+    profiler = LightningProfiler(tmp_path / "trace.json")
+    for _ in range(3):
+        _trainer(profiler, max_epochs=1, limit_val_batches=0).fit(_Module(), _loader(8))
+    ppetrace.flush()  # the drain takes the retired buffers' rows, then forgets them
+    assert buffers() == before
+    counts = read_chrome_trace(tmp_path / "trace.json")["name"].value_counts()
+    assert counts["trainer.step"] == 2  # nothing left behind in a forgotten buffer

@@ -538,3 +538,20 @@ def test_a_forked_child_draws_fresh_span_ids() -> None:
     child_gap, parent_gap = (int(x) for x in out.stdout.split())
     assert parent_gap == 1  # ids count up within a process
     assert child_gap not in (1, 2)  # the child does not continue the parent's sequence
+
+
+def test_a_retired_buffer_is_drained_once_more_and_then_forgotten() -> None:
+    from ppetrace.integrations._record import RowBuffer
+    from ppetrace.tracing._recorder import RECORDER
+
+    sink = _Sink()
+    ppetrace.configure(exporters=[sink])
+    rows = RowBuffer()
+    rows.record("retired.span", 1_000, 2_000, (RECORDER.trace_id, 0), {})
+    rows.close()
+    assert rows._buf in RECORDER._buffers  # kept until a drain has taken its rows
+    ppetrace.flush()
+    assert rows._buf not in RECORDER._buffers
+    names = [r.name for b in sink.batches for r in b.rows]
+    assert names.count("retired.span") == 1  # taken, not lost
+    ppetrace.shutdown()
