@@ -139,9 +139,7 @@ def write_long_trace(
         jitter = (i * 7919) % 997  # deterministic variety in the durations
         t += GAP_NS
         sid += 1
-        parts.write(
-            _x("trainer.fetch_batch", t, FETCH_NS, sid, epoch, f'"ppetrace.batch_idx":{i}')
-        )
+        parts.write(_x("trainer.fetch_batch", t, FETCH_NS, sid, epoch, f'"ppetrace.batch_idx":{i}'))
         t += FETCH_NS
         step = sid = sid + 1
         attrs = f'"ppetrace.batch_idx":{i},"ppetrace.step":{i}'

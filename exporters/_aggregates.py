@@ -100,9 +100,9 @@ class Aggregates:
     def per_step(self, n: int) -> np.ndarray:
         """Per frame row (``n`` rows), the summed self time of the aggregates of its step
         (0 for rows that are not summarised steps)."""
-        out = np.zeros(n, dtype=np.int64)
-        np.add.at(out, self.step_row, self.self_ns)
-        return out
+        # float sums are exact here: one step's time is far below 2**53 ns
+        sums = np.bincount(self.step_row, weights=self.self_ns, minlength=n)
+        return np.rint(sums).astype(np.int64)
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -121,13 +121,17 @@ def parse_aggregates(frame: pd.DataFrame) -> Aggregates:
         return no_aggregates()
     names = frame["name"].to_numpy(dtype=object)
     hooks_col = frame[HOOKS]
-    has = hooks_col.notna().to_numpy(dtype=bool) & (names == _STEP)
+    is_step = names == _STEP
+    has = hooks_col.notna().to_numpy(dtype=bool) & is_step
     rows = np.flatnonzero(has)
     if not len(rows):
         return no_aggregates()
     hooks = hooks_col.to_numpy(dtype=object)[rows]
-    lists, list_code = _names_in_force(frame, rows)
-    bad = np.fromiter((type(h) is not str for h in hooks), dtype=bool, count=len(hooks))
+    lists, list_code = _names_in_force(frame, rows, is_step)
+    if isinstance(hooks_col.dtype, pd.StringDtype):  # only strings (and missing)
+        bad = np.zeros(len(hooks), dtype=bool)
+    else:
+        bad = np.fromiter((type(h) is not str for h in hooks), dtype=bool, count=len(hooks))
     if bad.any():
         hooks = np.where(bad, "", hooks)
     entry_row, entry_pos, total, own, count, malformed = _parse_entries(hooks.tolist())
@@ -158,23 +162,28 @@ def parse_aggregates(frame: pd.DataFrame) -> Aggregates:
     )
 
 
-def _names_in_force(frame: pd.DataFrame, rows: np.ndarray) -> tuple[list[list[str]], np.ndarray]:
+def _names_in_force(
+    frame: pd.DataFrame, rows: np.ndarray, is_step: np.ndarray
+) -> tuple[list[list[str]], np.ndarray]:
     """The distinct names lists, and for each summarised row the index of the list in
     force for it (-1: none), following each ``(pid, tid)``'s step rows in time order."""
     if HOOK_NAMES not in frame.columns:
         return [], np.full(len(rows), -1, dtype=np.int64)
     names_col = frame[HOOK_NAMES]
-    carriers = np.flatnonzero(names_col.notna().to_numpy(dtype=bool))
+    carriers = np.flatnonzero(names_col.notna().to_numpy(dtype=bool) & is_step)
     # the rows that matter: the summarised steps and the rows that set a list
     both = np.union1d(rows, carriers)
     pid = frame["pid"].to_numpy(np.int64)[both]
     tid = frame["tid"].to_numpy(np.int64)[both]
     start = frame["start_ns"].to_numpy(np.int64)[both]
     order = np.lexsort((both, start, tid, pid))
-    values = names_col.to_numpy(dtype=object)[both][order]
-    is_str = np.fromiter((type(v) is str for v in values), dtype=bool, count=len(values))
-    codes, uniques = pd.factorize(np.where(is_str, values, None), use_na_sentinel=True)
-    codes = np.asarray(codes, dtype=np.int64)
+    # the lists' codes (-1 where a row sets none; a value that is no str sets none)
+    values = names_col.to_numpy(dtype=object)[carriers]
+    ok = np.fromiter((type(v) is str for v in values), dtype=bool, count=len(values))
+    list_codes, uniques = pd.factorize(values[ok])
+    code_of = np.full(len(both), -1, dtype=np.int64)
+    code_of[np.searchsorted(both, carriers[ok])] = list_codes
+    codes = code_of[order]
     # forward fill within each (pid, tid)
     p, t = pid[order], tid[order]
     new = np.ones(len(order), dtype=bool)
@@ -256,8 +265,7 @@ def _parse_entries(
         k += 1
         live = live[digits[live] > k]
     value = np.where(neg, -value, value)
-    width = np.zeros(n_entries, dtype=np.int64)  # tokens per entry
-    np.add.at(width, entry, 1)
+    width = np.bincount(entry, minlength=n_entries)  # tokens per entry
     bad_tok = (
         odd
         | bad_sign

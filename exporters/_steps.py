@@ -40,8 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ._aggregates import Aggregates
 from ._nesting import effective_parents, self_times
-from ._parts import on_step_thread, part_sums
+from ._parts import on_step_thread, part_sums, summarised_part_sums
 from .frame import _inherit, _parent_positions
 
 __all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps"]
@@ -82,7 +83,11 @@ class StepAssignment:
     ``self_ns``: each row's self time with the parents found by time, or ``None``
     when time changed no parent (the frame's ``self_ns`` is right then).
     ``ppos``: each row's parent position (by id, then by time; -1 for none).
-    ``on_thread``: whether each row is inside a step on that step's thread."""
+    ``on_thread``: whether each row is inside a step on that step's thread.
+    With aggregates of summarised steps, ``self_ns`` is always given: a summarised
+    step's ``trainer.step`` row then has the self time of its aggregated spans taken
+    off its own (exactly its self time, unless a span written in full in such a step,
+    an ERROR span, had aggregated children)."""
 
     step_row: np.ndarray
     steps: pd.DataFrame
@@ -115,8 +120,14 @@ def _scan(group: np.ndarray, time: np.ndarray, kind: np.ndarray) -> tuple[np.nda
     return order, starts
 
 
-def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
-    """Find the steps of ``frame`` and assign every span to one (see the module doc)."""
+def assign_steps(
+    frame: pd.DataFrame, warmup_steps: int, aggregates: Aggregates | None = None
+) -> StepAssignment:
+    """Find the steps of ``frame`` and assign every span to one (see the module doc).
+
+    ``aggregates`` (of ``frame``'s summarised steps, :mod:`exporters._aggregates`) add
+    their self times to the parts of their steps (:func:`exporters._parts.summarised_part_sums`);
+    the parts of a summarised step whose aggregates cannot be read are NaN."""
     n = len(frame)
     names = frame["name"].to_numpy(dtype=object)
     pid = frame["pid"].to_numpy(np.int64)
@@ -226,8 +237,17 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
     self_all = own_self if own_self is not None else frame["self_ns"].to_numpy(np.int64)
     on_thread = on_step_thread(step_row, pid, tid)
     sums = part_sums(names, ppos, step_row, on_thread, self_all, step_rows)
+    if aggregates is not None and len(aggregates.summarised):
+        sums += summarised_part_sums(aggregates, step_rows, n)
+        self_all = self_all - aggregates.per_step(n)  # a copy: the frame's stays as it is
+        own_self = self_all
     forward, backward, optimizer = sums[:, 1], sums[:, 2], sums[:, 3]
     other = wall_ns - data_wait - forward - backward - optimizer
+    if aggregates is not None and len(aggregates.unknown):  # their hooks' time is unknown
+        lost = np.isin(step_rows, aggregates.unknown)
+        forward, backward, optimizer, other = (
+            np.where(lost, np.nan, v) for v in (forward, backward, optimizer, other)
+        )
 
     # number the steps per process in start order
     by_start = np.lexsort((s_start, pid[step_rows]))
