@@ -140,7 +140,7 @@ def parse_aggregates(frame: pd.DataFrame) -> Aggregates:
     lengths = np.array([len(x) for x in lists], dtype=np.int64)
     code = list_code[entry_row]
     known = code >= 0
-    length = np.where(known, lengths[np.where(known, code, 0)], 0)
+    length = np.append(lengths, 0)[code]  # code -1 (no list): length 0
     too_far = entry_pos >= length
     bad[entry_row[too_far]] = True
     vocab, flat = _vocabulary(lists)

@@ -179,7 +179,7 @@ def _detail(steps: pd.DataFrame, aggregates: Aggregates, spans: int) -> Detail:
     new = np.ones(len(p), dtype=bool)
     new[1:] = (p[1:] != p[:-1]) | (i[1:] != i[:-1] + 1)
     first = np.flatnonzero(new)
-    last = np.concatenate([first[1:], [len(p)]]) - 1
+    last = np.append(first[1:], len(p)).astype(np.int64) - 1 if len(p) else first
     return Detail(
         steps=len(steps),
         detailed=int(full.sum()),
