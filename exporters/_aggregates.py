@@ -43,7 +43,17 @@ HOOKS = "ppetrace.hooks"
 HOOK_NAMES = "ppetrace.hook_names"
 _STEP = "trainer.step"
 _MAX_DIGITS = 18  # any 18-digit number fits in int64
-_SEMI, _SLASH, _NL, _ZERO, _MINUS = ord(";"), ord("/"), ord("\n"), ord("0"), ord("-")
+# the byte classes of ppetrace.hooks: digit, minus, then the delimiters and the rest
+_C_DIGIT, _C_MINUS, _C_SEMI, _C_SLASH, _C_NL, _C_ODD = range(6)
+_CLASS = np.full(256, _C_ODD, dtype=np.uint8)
+_CLASS[ord("0") : ord("9") + 1] = _C_DIGIT
+_CLASS[ord("-")], _CLASS[ord(";")], _CLASS[ord("/")], _CLASS[ord("\n")] = (
+    _C_MINUS,
+    _C_SEMI,
+    _C_SLASH,
+    _C_NL,
+)
+_ZERO = ord("0")
 
 
 @dataclass(frozen=True)
@@ -224,17 +234,16 @@ def _parse_entries(
     except UnicodeEncodeError:
         raw = text.encode("utf-8", "replace")  # any non-ASCII byte marks its row malformed
     b = np.frombuffer(raw, dtype=np.uint8)
-    minus = b == _MINUS  # a self time can be negative (children that overlap the parent)
-    digit = (b >= _ZERO) & (b <= _ZERO + 9)
-    delim = np.flatnonzero(~(digit | minus))  # each token ends at one
-    term = b[delim]
+    cls = _CLASS[b]
+    delim = np.flatnonzero(cls >= _C_SEMI)  # each token ends at one
+    term = cls[delim]
     starts = np.empty(len(delim), dtype=np.int64)
     starts[0] = 0
     starts[1:] = delim[:-1] + 1
     length = delim - starts
-    row_end = term == _NL
-    entry_end = row_end | (term == _SEMI)
-    odd = ~(entry_end | (term == _SLASH))  # a character that has no place here
+    row_end = term == _C_NL
+    entry_end = row_end | (term == _C_SEMI)
+    odd = term == _C_ODD  # a character that has no place here
     # each token's row, entry (over all rows), and slot inside its entry
     row = np.cumsum(row_end) - row_end
     entry = np.cumsum(entry_end) - entry_end
@@ -245,25 +254,20 @@ def _parse_entries(
     row_of_entry = row[first_of_entry]
     row_first_entry = np.flatnonzero(np.concatenate([[True], row_end[:-1]]))
     pos = np.arange(n_entries) - entry[row_first_entry][row_of_entry]
-    # a minus sign only first in a token, before a digit
+    # a minus sign (a self time can be negative: children that overlap their parent)
+    # only first in a token, before a digit
     neg = np.zeros(len(delim), dtype=bool)
-    neg[length > 0] = minus[starts[length > 0]]
-    stray = int(minus.sum()) != int(neg.sum())
-    bad_sign = neg & (length < 2)
-    if stray:  # which tokens hold a minus elsewhere: those rows are malformed
-        at = np.flatnonzero(minus)
-        holder = np.searchsorted(delim, at)
-        bad_sign[holder[at != starts[holder]]] = True
-    first = starts + neg
-    digits = length - neg
-    # values: a digit at a time over the tokens still that long
-    value = np.zeros(len(delim), dtype=np.int64)
-    live = np.flatnonzero(digits > 0)
-    k = 0
-    while len(live) and k < _MAX_DIGITS:
-        value[live] = value[live] * 10 + (b[first[live] + k].astype(np.int64) - _ZERO)
-        k += 1
-        live = live[digits[live] > k]
+    bad_sign = neg
+    first, digits = starts, length
+    minus = np.flatnonzero(cls == _C_MINUS)
+    if len(minus):
+        some = length > 0
+        neg[some] = cls[starts[some]] == _C_MINUS
+        holder = np.searchsorted(delim, minus)
+        bad_sign = neg & (length < 2)
+        bad_sign[holder[minus != starts[holder]]] = True  # a minus inside a number
+        first, digits = starts + neg, length - neg
+    value = _numbers(b, first, np.minimum(digits, _MAX_DIGITS))
     value = np.where(neg, -value, value)
     width = np.bincount(entry, minlength=n_entries)  # tokens per entry
     bad_tok = (
@@ -288,3 +292,20 @@ def _parse_entries(
     malformed[row_of_entry[bad_entry]] = True
     keep = np.flatnonzero(present)
     return row_of_entry[keep], pos[keep], total[keep], own[keep], count[keep], malformed
+
+
+def _numbers(b: np.ndarray, first: np.ndarray, digits: np.ndarray) -> np.ndarray:
+    """The decimal numbers of ``digits`` digits at ``first`` in the bytes ``b`` (0 for no
+    digit), one batch per length: a (tokens, length) block of bytes, a column at a time."""
+    value = np.zeros(len(first), dtype=np.int64)
+    for width in np.flatnonzero(np.bincount(digits)):
+        if width == 0:
+            continue
+        at = np.flatnonzero(digits == width)
+        block = b[first[at][:, None] + np.arange(width)]
+        v = block[:, 0].astype(np.int64)
+        for j in range(1, width):
+            v *= 10
+            v += block[:, j]
+        value[at] = v - _ZERO * ((10**width - 1) // 9)  # the ASCII zeros of every digit
+    return value

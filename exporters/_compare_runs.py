@@ -57,14 +57,18 @@ def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np
     in_step = step_row >= 0
     keep = ~(in_step & warm[np.where(in_step, step_row, 0)]) & ~_validation(frame, assignment.ppos)
     unit = np.where(in_step, step_row, -1 - np.arange(n))[keep]
-    names = frame["name"].to_numpy(dtype=object)[keep]
+    codes, uniques = pd.factorize(frame["name"].to_numpy(dtype=object)[keep])
     dur = frame["dur_ns"].to_numpy(np.int64)[keep]
     if len(aggregates):  # the summarised steps' totals, in the counted steps
         counted = aggregates.only(~warm)
+        known = {name: i for i, name in enumerate(uniques)}
+        extra = [name for name in counted.names if name not in known]
+        known.update((name, len(uniques) + i) for i, name in enumerate(extra))
+        uniques = np.concatenate([np.asarray(uniques, dtype=object), np.array(extra, dtype=object)])
+        as_code = np.array([known[name] for name in counted.names], dtype=np.int64)
         unit = np.concatenate([unit, counted.step_row])
-        names = np.concatenate([names, counted.names[counted.event]])
+        codes = np.concatenate([codes, as_code[counted.event]])
         dur = np.concatenate([dur, counted.total_ns])
-    codes, uniques = pd.factorize(names)
     if not len(codes):
         return {}
     order = np.lexsort((unit, codes))
