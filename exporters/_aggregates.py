@@ -132,8 +132,9 @@ def parse_aggregates(frame: pd.DataFrame) -> Aggregates:
     names = frame["name"].to_numpy(dtype=object)
     hooks_col = frame[HOOKS]
     is_step = names == _STEP
-    has = hooks_col.notna().to_numpy(dtype=bool) & is_step
-    rows = np.flatnonzero(has)
+    steps = np.flatnonzero(is_step)
+    of_steps = hooks_col.iloc[steps]
+    rows = steps[of_steps.notna().to_numpy(dtype=bool)]
     if not len(rows):
         return no_aggregates()
     hooks = hooks_col.to_numpy(dtype=object)[rows]
@@ -180,9 +181,13 @@ def _names_in_force(
     if HOOK_NAMES not in frame.columns:
         return [], np.full(len(rows), -1, dtype=np.int64)
     names_col = frame[HOOK_NAMES]
-    carriers = np.flatnonzero(names_col.notna().to_numpy(dtype=bool) & is_step)
+    steps = np.flatnonzero(is_step)
+    carriers = steps[names_col.iloc[steps].notna().to_numpy(dtype=bool)]
     # the rows that matter: the summarised steps and the rows that set a list
-    both = np.union1d(rows, carriers)
+    mark = np.zeros(len(frame), dtype=bool)
+    mark[rows] = True
+    mark[carriers] = True
+    both = np.flatnonzero(mark)
     pid = frame["pid"].to_numpy(np.int64)[both]
     tid = frame["tid"].to_numpy(np.int64)[both]
     start = frame["start_ns"].to_numpy(np.int64)[both]

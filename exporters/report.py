@@ -135,7 +135,9 @@ def step_report(
     val_root, val_share = _validation_rows(frame, assignment.ppos)
     in_val = val_root >= 0
     train = ~excluded & ~in_val
-    events = _event_table(frame.loc[train], on_thread[train], wall_total, self_all[train])
+    # the columns the tables read, not a copy of every column of a million-row frame
+    slim = frame[[c for c in ("name", "dur_ns", "device_dur_ns") if c in frame.columns]]
+    events = _event_table(slim.loc[train], on_thread[train], wall_total, self_all[train])
     detail = None
     if len(aggregates.summarised):
         kept = np.zeros(n, dtype=bool)
@@ -150,7 +152,7 @@ def step_report(
     if len(between) and wall_total > 0 and between.sum() > 0:
         events = _with_between_row(events, between, wall_total)
     val_total = float(frame["dur_ns"].to_numpy(np.int64)[val_root[val_root == np.arange(n)]].sum())
-    validation = _event_table(frame.loc[in_val], val_share[in_val], val_total, self_all[in_val])
+    validation = _event_table(slim.loc[in_val], val_share[in_val], val_total, self_all[in_val])
     return StepReport(
         events=events,
         steps=kept_steps.drop(columns=["warmup"]).reset_index(drop=True),
