@@ -90,10 +90,13 @@ def on_step_thread(step_row: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np
     return inside & (pid[at] == pid) & (tid[at] == tid)
 
 
-def part_codes(names: np.ndarray, ppos: np.ndarray) -> np.ndarray:
+def part_codes(
+    names: np.ndarray, ppos: np.ndarray, coded: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """Each row's part as an index into :data:`PART_NAMES` (``other`` when no span
-    on its path up is named in :data:`STEP_PARTS`)."""
-    codes, uniques = pd.factorize(names)
+    on its path up is named in :data:`STEP_PARTS`); ``coded`` is ``pd.factorize(names)``
+    when the caller has it."""
+    codes, uniques = pd.factorize(names) if coded is None else coded
     index = {name: float(i) for i, name in enumerate(PART_NAMES)}
     own = np.array([index[STEP_PARTS[u]] if u in STEP_PARTS else np.nan for u in uniques])
     values = own[codes] if len(codes) else np.zeros(0)
@@ -108,16 +111,18 @@ def part_sums(
     on_thread: np.ndarray,
     self_ns: np.ndarray,
     step_rows: np.ndarray,
+    coded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """An (steps, parts) int64 array: per step (in ``step_rows`` order) the self time
-    of its spans on its thread, summed per part of :data:`PART_NAMES`."""
+    of its spans on its thread, summed per part of :data:`PART_NAMES` (``coded``: see
+    :func:`part_codes`)."""
     out = np.zeros((len(step_rows), len(PART_NAMES)), dtype=np.int64)
     if not len(step_rows) or not len(names):
         return out
     rows = np.flatnonzero(on_thread)
     index_of = np.full(len(names), -1, dtype=np.int64)
     index_of[step_rows] = np.arange(len(step_rows))
-    codes = part_codes(names, ppos)[rows]
+    codes = part_codes(names, ppos, coded)[rows]
     np.add.at(out, (index_of[step_row[rows]], codes), self_ns[rows])
     return out
 

@@ -137,7 +137,11 @@ def step_report(
     train = ~excluded & ~in_val
     # the columns the tables read, not a copy of every column of a million-row frame
     slim = frame[[c for c in ("name", "dur_ns", "device_dur_ns") if c in frame.columns]]
-    events = _event_table(slim.loc[train], on_thread[train], wall_total, self_all[train])
+    assert assignment.names is not None
+    codes, uniques = assignment.names
+    events = _event_table(
+        slim.loc[train], on_thread[train], wall_total, self_all[train], (codes[train], uniques)
+    )
     detail = None
     if len(aggregates.summarised):
         kept = np.zeros(n, dtype=bool)
@@ -152,7 +156,9 @@ def step_report(
     if len(between) and wall_total > 0 and between.sum() > 0:
         events = _with_between_row(events, between, wall_total)
     val_total = float(frame["dur_ns"].to_numpy(np.int64)[val_root[val_root == np.arange(n)]].sum())
-    validation = _event_table(slim.loc[in_val], val_share[in_val], val_total, self_all[in_val])
+    validation = _event_table(
+        slim.loc[in_val], val_share[in_val], val_total, self_all[in_val], (codes[in_val], uniques)
+    )
     return StepReport(
         events=events,
         steps=kept_steps.drop(columns=["warmup"]).reset_index(drop=True),
@@ -324,15 +330,23 @@ def _stored_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def _event_table(
-    frame: pd.DataFrame, in_step: np.ndarray, wall_total: float, self_ns: np.ndarray
+    frame: pd.DataFrame,
+    in_step: np.ndarray,
+    wall_total: float,
+    self_ns: np.ndarray,
+    coded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """Per event: inclusive statistics, self time, and ``share``: the self time of the
-    rows in ``in_step`` over ``wall_total`` (NaN for an event with no such row)."""
+    rows in ``in_step`` over ``wall_total`` (NaN for an event with no such row).
+    ``coded``: the rows' names as (codes, uniques), when the caller has them."""
     if not len(frame):
         return _empty_events()
     dur = frame["dur_ns"].to_numpy(np.int64)
     # grouped by integer codes: any name works, whatever pandas' string storage
-    codes, names = pd.factorize(frame["name"].to_numpy(dtype=object))
+    if coded is None:
+        codes, names = pd.factorize(frame["name"].to_numpy(dtype=object))
+    else:
+        codes, names = coded
     data = pd.DataFrame(
         {
             "event": codes,
