@@ -71,7 +71,9 @@ class Detail:
     list is in a part that was not read: read the run from its first part);
     ``ranges``: the detailed steps as ``(pid, first, last)`` runs of consecutive
     ``step_index`` values (inclusive), in order; ``spans_summarised``: the spans
-    that the aggregates of the counted (non-warmup) steps stand for.
+    that the aggregates of the counted (non-warmup) steps stand for; ``policy``:
+    the trace's ``otherData["ppetrace.detail"]`` (``policy``, ``max_trace_bytes``,
+    ``schedule``) when it records one.
     """
 
     steps: int
@@ -80,6 +82,7 @@ class Detail:
     unknown: int
     ranges: tuple[tuple[int, int, int], ...]
     spans_summarised: int = 0
+    policy: dict[str, Any] | None = field(default=None, hash=False)
 
     def describe(self, *, limit: int = 6) -> str:
         """One line: ``Full detail: 331 of 1,000 steps (step_index 0-329, 999)...``."""
@@ -94,6 +97,12 @@ class Detail:
             f"{self.summarised:,} summarised (per-event aggregates of "
             f"{self.spans_summarised:,} spans)."
         )
+        policy = self.policy or {}
+        if policy.get("policy") in ("auto", "schedule"):
+            line += f" trace_detail={policy['policy']}"
+            if isinstance(policy.get("max_trace_bytes"), int):
+                line += f", max_trace_bytes={policy['max_trace_bytes']:,}"
+            line += "."
         if self.unknown:
             line += (
                 f" {self.unknown:,} summarised step{'s' if self.unknown != 1 else ''} "

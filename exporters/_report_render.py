@@ -337,6 +337,8 @@ def _detail_json(report: StepReport) -> dict[str, Any]:
         "summarised": d.summarised,
         "unknown": d.unknown,
         "ranges": [{"pid": p, "first": a, "last": b} for p, a, b in d.ranges],
+        "spans_summarised": d.spans_summarised,
+        "policy": d.policy,
         "note": _events_note(report)[0],
     }
 

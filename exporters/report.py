@@ -148,7 +148,7 @@ def step_report(
         kept[kept_steps.index.to_numpy()] = True
         counted = aggregates.only(kept)
         events = _with_aggregates(events, counted, wall_total)
-        detail = _detail(steps, aggregates, int(counted.count.sum()))
+        detail = _detail(steps, aggregates, int(counted.count.sum()), frame.attrs.get("metadata"))
         kept_steps = kept_steps.assign(
             full_detail=~np.isin(kept_steps.index.to_numpy(), aggregates.summarised)
         )
@@ -175,9 +175,11 @@ def step_report(
     )
 
 
-def _detail(steps: pd.DataFrame, aggregates: Aggregates, spans: int) -> Detail:
+def _detail(steps: pd.DataFrame, aggregates: Aggregates, spans: int, metadata: Any) -> Detail:
     """Which of ``steps`` (all, warmup included, per process in start order) had full
-    detail, as a :class:`Detail`."""
+    detail, as a :class:`Detail` (with the policy recorded in ``metadata``, the trace's
+    ``otherData``, if any)."""
+    policy = metadata.get("ppetrace.detail") if isinstance(metadata, dict) else None
     summarised = np.isin(steps.index.to_numpy(), aggregates.summarised)
     full = ~summarised
     pid = steps["pid"].to_numpy(np.int64)
@@ -195,6 +197,7 @@ def _detail(steps: pd.DataFrame, aggregates: Aggregates, spans: int) -> Detail:
         unknown=len(aggregates.unknown),
         ranges=tuple((int(p[a]), int(i[a]), int(i[b])) for a, b in zip(first, last, strict=True)),
         spans_summarised=spans,
+        policy=dict(policy) if isinstance(policy, dict) else None,
     )
 
 

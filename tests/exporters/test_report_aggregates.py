@@ -294,12 +294,17 @@ def test_renderers_say_which_steps_had_full_detail(
     run_builder: Callable[..., RunBuilder],
 ) -> None:
     _, summ = _both(run_builder)
+    summ.attrs["metadata"] = {
+        "ppetrace.detail": {"policy": "auto", "max_trace_bytes": 10**9, "schedule": None}
+    }
     report = step_report(summ, warmup_steps=1)
     text = render_table(report)
     assert "Full detail: 4 of 12 steps (step_index 0-1, 5, 10); 8 summarised" in text
+    assert "spans). trace_detail=auto, max_trace_bytes=1,000,000,000." in text
     assert "in detail" in text and "over the spans of the steps with full detail" in text
     assert "Full detail: 4 of 12 steps" in render_markdown(report)
     doc = json.loads(render_json(report))
+    assert doc["detail"]["policy"]["policy"] == "auto"
     assert doc["detail"]["detailed"] == 4 and doc["detail"]["ranges"][1] == {
         "pid": 4242,
         "first": 5,
