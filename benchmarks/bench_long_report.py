@@ -14,9 +14,10 @@ real run that ``benchmarks/bench_long_run.py`` writes). Then it times, each
 ``--repeat`` times: the CLI as a fresh process (``python -m ppetrace report
 TRACE``, what a user waits for, interpreter start included) and, in this
 process, its stages: the generic reader (``read_chrome_trace``), the
-aggregates' parse (``exporters._aggregates``), ``step_report`` (which parses
-them again) and the rendering. ``--sizes`` repeats it at smaller sizes so
-that the scaling is visible (each size keeps the 33/67 split).
+aggregates' parse (``exporters._aggregates``, timed alone; ``step_report``
+parses them as part of its own time) and the rendering. ``--sizes`` repeats it
+at smaller sizes so that the scaling is visible (each size keeps the 33/67
+split).
 
 Run::
 
@@ -206,13 +207,14 @@ def measure(path: Path, repeat: int, label: str) -> float:
     cli = [_cli(path) for _ in range(repeat)]
     stages = [_stages(path) for _ in range(repeat)]
     med = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
+    total = med["read"] + med["step_report"] + med["render"]  # what the CLI runs
     size = sum(p.stat().st_size for p in path.parent.glob(path.name[: -len(".json")] + "*.json"))
     print(
         f"{label}: {size / 1e6:,.0f} MB; ppetrace report (fresh process) median "
         f"{statistics.median(cli):.2f} s (min {min(cli):.2f}, max {max(cli):.2f}, "
-        f"n={repeat}); in process: "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in med.items())
-        + f" (reader {med['read'] / sum(med.values()):.0%} of {sum(med.values()):.2f} s)",
+        f"n={repeat}); in process {total:.2f} s: read_chrome_trace {med['read']:.2f} s "
+        f"({med['read'] / total:.0%}), step_report {med['step_report']:.2f} s (of which "
+        f"parsing the aggregates {med['aggregates']:.2f} s), render {med['render']:.2f} s",
         flush=True,
     )
     return statistics.median(cli)
