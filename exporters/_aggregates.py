@@ -53,7 +53,7 @@ _CLASS[ord("-")], _CLASS[ord(";")], _CLASS[ord("/")], _CLASS[ord("\n")] = (
     _C_SLASH,
     _C_NL,
 )
-_ZERO = ord("0")
+_ZERO, _MINUS = ord("0"), ord("-")
 
 
 @dataclass(frozen=True)
@@ -239,9 +239,12 @@ def _parse_entries(
     except UnicodeEncodeError:
         raw = text.encode("utf-8", "replace")  # any non-ASCII byte marks its row malformed
     b = np.frombuffer(raw, dtype=np.uint8)
-    cls = _CLASS[b]
-    delim = np.flatnonzero(cls >= _C_SEMI)  # each token ends at one
-    term = cls[delim]
+    # each token ends at a byte that is neither a digit nor a minus sign
+    minus = np.flatnonzero(b == _MINUS)
+    delim = np.flatnonzero((b < _ZERO) | (b > _ZERO + 9))
+    if len(minus):
+        delim = delim[b[delim] != _MINUS]
+    term = _CLASS[b[delim]]
     starts = np.empty(len(delim), dtype=np.int64)
     starts[0] = 0
     starts[1:] = delim[:-1] + 1
@@ -264,10 +267,9 @@ def _parse_entries(
     neg = np.zeros(len(delim), dtype=bool)
     bad_sign = neg
     first, digits = starts, length
-    minus = np.flatnonzero(cls == _C_MINUS)
     if len(minus):
         some = length > 0
-        neg[some] = cls[starts[some]] == _C_MINUS
+        neg[some] = b[starts[some]] == _MINUS
         holder = np.searchsorted(delim, minus)
         bad_sign = neg & (length < 2)
         bad_sign[holder[minus != starts[holder]]] = True  # a minus inside a number
