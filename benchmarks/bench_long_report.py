@@ -204,11 +204,13 @@ def _cli(path: Path) -> float:
 
 def measure(path: Path, repeat: int, label: str) -> float:
     """Print the CLI's time and the stages' for the trace at ``path``; the CLI's median."""
+    import exporters
+
     cli = [_cli(path) for _ in range(repeat)]
     stages = [_stages(path) for _ in range(repeat)]
     med = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
     total = med["read"] + med["step_report"] + med["render"]  # what the CLI runs
-    size = sum(p.stat().st_size for p in path.parent.glob(path.name[: -len(".json")] + "*.json"))
+    size = sum(Path(p).stat().st_size for p in exporters.trace_parts(path))
     print(
         f"{label}: {size / 1e6:,.0f} MB; ppetrace report (fresh process) median "
         f"{statistics.median(cli):.2f} s (min {min(cli):.2f}, max {max(cli):.2f}, "
