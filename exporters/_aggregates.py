@@ -134,10 +134,11 @@ def parse_aggregates(frame: pd.DataFrame) -> Aggregates:
     is_step = names == _STEP
     steps = np.flatnonzero(is_step)
     of_steps = hooks_col.iloc[steps]
-    rows = steps[of_steps.notna().to_numpy(dtype=bool)]
+    has = of_steps.notna().to_numpy(dtype=bool)
+    rows = steps[has]
     if not len(rows):
         return no_aggregates()
-    hooks = hooks_col.to_numpy(dtype=object)[rows]
+    hooks = of_steps.to_numpy(dtype=object)[has]
     lists, list_code = _names_in_force(frame, rows, is_step)
     if isinstance(hooks_col.dtype, pd.StringDtype):  # only strings (and missing)
         bad = np.zeros(len(hooks), dtype=bool)
