@@ -4,6 +4,10 @@ its per-step samples and that median's sampling error, plus the run's environmen
 The samples of an event are *per step*: the event's total time inside each
 counted (non-warmup) training step (a ``trainer.step``, its
 ``trainer.fetch_batch`` and everything under them; see :mod:`exporters._steps`).
+A long run's summarised steps (:mod:`exporters._aggregates`) give their
+samples from their aggregates' totals, so every event is compared over every
+step, detailed or not; a summarised step whose aggregates cannot be read (its
+names list is in a part that was not read) gives no sample of its hooks.
 An event outside steps contributes one sample per span. Validation is left
 out, as in the step report: ``trainer.validation`` spans with everything below
 them, and spans whose ``stage`` (``ppetrace.stage``) is ``"val"`` or ``"test"``
@@ -25,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ._aggregates import parse_aggregates
 from ._compare_stats import log_median_se
 from ._report_data import VALIDATION
 from ._steps import STEP, assign_steps
@@ -37,10 +42,12 @@ _NOT_TRAINING_STAGES = ("val", "test")
 
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
     """Per-event duration samples in ns: per counted step, the event's total time in
-    that step; for spans outside steps, one sample per span; validation left out."""
+    that step (summarised steps: from their aggregates); for spans outside steps, one
+    sample per span; validation left out."""
     n = len(frame)
     if n == 0:
         return {}
+    aggregates = parse_aggregates(frame)
     assignment = assign_steps(frame, warmup_steps)
     assert assignment.ppos is not None
     steps = assignment.steps
@@ -52,6 +59,16 @@ def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np
     unit = np.where(in_step, step_row, -1 - np.arange(n))[keep]
     codes, uniques = pd.factorize(frame["name"].to_numpy(dtype=object)[keep])
     dur = frame["dur_ns"].to_numpy(np.int64)[keep]
+    if len(aggregates):  # the summarised steps' totals, in the counted steps
+        counted = aggregates.only(~warm)
+        known = {name: i for i, name in enumerate(uniques)}
+        extra = [name for name in counted.names if name not in known]
+        known.update((name, len(uniques) + i) for i, name in enumerate(extra))
+        uniques = np.concatenate([np.asarray(uniques, dtype=object), np.array(extra, dtype=object)])
+        as_code = np.array([known[name] for name in counted.names], dtype=np.int64)
+        unit = np.concatenate([unit, counted.step_row])
+        codes = np.concatenate([codes, as_code[counted.event]])
+        dur = np.concatenate([dur, counted.total_ns])
     if not len(codes):
         return {}
     order = np.lexsort((unit, codes))

@@ -24,6 +24,15 @@ event                         part
 ``runtime.convert_batch``), and the loop time between the previous step and
 this step's fetch. Spans on other threads (DataLoader workers, autograd
 threads) run alongside the step and are in no part.
+
+A *summarised* step (a long run's step kept as per-event aggregates, see
+:mod:`exporters._aggregates`) has the same parts, from its aggregates' self
+times: an event named in :data:`STEP_PARTS` gives its self time to its part,
+exactly as in a detailed step. The aggregates keep no ancestry, so an event
+*not* named there counts as ``other`` even where, in the step, it ran inside
+``module.forward`` (say): such a span's self time moves from that part to
+``other`` in summarised steps. Events named in the table, and the step's wall
+time and data wait, are exact.
 """
 
 from __future__ import annotations
@@ -31,9 +40,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ._aggregates import Aggregates
 from .frame import _inherit
 
-__all__ = ["PART_COLUMNS", "PART_NAMES", "STEP_PARTS", "part_sums", "on_step_thread"]
+__all__ = [
+    "PART_COLUMNS",
+    "PART_NAMES",
+    "STEP_PARTS",
+    "on_step_thread",
+    "part_sums",
+    "summarised_part_sums",
+]
 
 DATA_WAIT = "data wait"
 FORWARD = "forward"
@@ -73,10 +90,13 @@ def on_step_thread(step_row: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np
     return inside & (pid[at] == pid) & (tid[at] == tid)
 
 
-def part_codes(names: np.ndarray, ppos: np.ndarray) -> np.ndarray:
+def part_codes(
+    names: np.ndarray, ppos: np.ndarray, coded: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """Each row's part as an index into :data:`PART_NAMES` (``other`` when no span
-    on its path up is named in :data:`STEP_PARTS`)."""
-    codes, uniques = pd.factorize(names)
+    on its path up is named in :data:`STEP_PARTS`); ``coded`` is ``pd.factorize(names)``
+    when the caller has it."""
+    codes, uniques = pd.factorize(names) if coded is None else coded
     index = {name: float(i) for i, name in enumerate(PART_NAMES)}
     own = np.array([index[STEP_PARTS[u]] if u in STEP_PARTS else np.nan for u in uniques])
     values = own[codes] if len(codes) else np.zeros(0)
@@ -91,15 +111,38 @@ def part_sums(
     on_thread: np.ndarray,
     self_ns: np.ndarray,
     step_rows: np.ndarray,
+    coded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """An (steps, parts) int64 array: per step (in ``step_rows`` order) the self time
-    of its spans on its thread, summed per part of :data:`PART_NAMES`."""
+    of its spans on its thread, summed per part of :data:`PART_NAMES` (``coded``: see
+    :func:`part_codes`)."""
     out = np.zeros((len(step_rows), len(PART_NAMES)), dtype=np.int64)
     if not len(step_rows) or not len(names):
         return out
     rows = np.flatnonzero(on_thread)
     index_of = np.full(len(names), -1, dtype=np.int64)
     index_of[step_rows] = np.arange(len(step_rows))
-    codes = part_codes(names, ppos)[rows]
+    codes = part_codes(names, ppos, coded)[rows]
     np.add.at(out, (index_of[step_row[rows]], codes), self_ns[rows])
     return out
+
+
+def summarised_part_sums(aggregates: Aggregates, step_rows: np.ndarray, n: int) -> np.ndarray:
+    """An (steps, parts) int64 array like :func:`part_sums`, from the aggregates of the
+    summarised steps among ``step_rows`` (frame rows; ``n`` rows in the frame): each
+    event's self time in its part, ``other`` for an event not in :data:`STEP_PARTS`."""
+    out = np.zeros((len(step_rows), len(PART_NAMES)), dtype=np.int64)
+    if not len(aggregates) or not len(step_rows):
+        return out
+    index_of = np.full(n, -1, dtype=np.int64)
+    index_of[step_rows] = np.arange(len(step_rows))
+    other = PART_NAMES.index(OTHER)
+    part_of = np.array(
+        [PART_NAMES.index(STEP_PARTS[e]) if e in STEP_PARTS else other for e in aggregates.names],
+        dtype=np.int64,
+    )
+    at = index_of[aggregates.step_row]
+    mine = at >= 0
+    flat = at[mine] * len(PART_NAMES) + part_of[aggregates.event[mine]]
+    sums = np.bincount(flat, weights=aggregates.self_ns[mine], minlength=out.size)
+    return np.rint(sums).astype(np.int64).reshape(out.shape)

@@ -12,7 +12,7 @@ import pandas as pd
 from ._parts import PART_COLUMNS, PART_NAMES
 from ._stragglers import RankReport
 
-__all__ = ["BETWEEN_STEPS", "VALIDATION", "StepReport", "Throughput"]
+__all__ = ["BETWEEN_STEPS", "DETAIL_COUNT", "VALIDATION", "Detail", "StepReport", "Throughput"]
 
 _EVENT_COLUMNS = [
     "event",
@@ -31,6 +31,9 @@ _STEP_PARTS = (("wall", "wall_ns"), *zip(PART_NAMES, PART_COLUMNS, strict=True))
 BETWEEN_STEPS = "(between steps)"
 #: The spans reported apart from training steps (with everything below them).
 VALIDATION = "trainer.validation"
+#: The events-table column, present when some steps are summarised, with the number of
+#: spans in steps with full detail: the ones the percentiles and the maximum are over.
+DETAIL_COUNT = "detail_count"
 
 
 def _empty_events() -> pd.DataFrame:
@@ -55,6 +58,85 @@ class Throughput:
     samples: int | None
     samples_per_s: float | None
     processes: int
+
+
+@dataclass(frozen=True)
+class Detail:
+    """Which steps of a long run had full detail (every span written) and which were
+    summarised (their hook-level spans written as per-event aggregates).
+
+    ``steps``: ``trainer.step`` spans found (warmup included); ``detailed`` and
+    ``summarised``: how many of them had full detail or were summarised;
+    ``unknown``: summarised steps whose aggregates cannot be read (their names
+    list is in a part that was not read: read the run from its first part);
+    ``ranges``: the detailed steps as ``(pid, first, last)`` runs of consecutive
+    ``step_index`` values (inclusive), in order; ``spans_summarised``: the spans
+    that the aggregates of the counted (non-warmup) steps stand for; ``policy``:
+    the trace's ``otherData["ppetrace.detail"]`` (``policy``, ``max_trace_bytes``,
+    ``schedule``) when it records one.
+    """
+
+    steps: int
+    detailed: int
+    summarised: int
+    unknown: int
+    ranges: tuple[tuple[int, int, int], ...]
+    spans_summarised: int = 0
+    policy: dict[str, Any] | None = field(default=None, hash=False)
+
+    def describe(self, *, limit: int = 6) -> str:
+        """One line: ``Full detail: 331 of 1,000 steps (step_index 0-329, 999)...``."""
+        pids = list(dict.fromkeys(r[0] for r in self.ranges))
+        spans = []
+        for pid in pids:
+            text = _compact([(a, b) for p, a, b in self.ranges if p == pid], limit)
+            spans.append(text if len(pids) == 1 else f"pid {pid}: {text}")
+        where = f" (step_index {'; '.join(spans)})" if spans else ""
+        line = (
+            f"Full detail: {self.detailed:,} of {self.steps:,} steps{where}; "
+            f"{self.summarised:,} summarised (per-event aggregates of "
+            f"{self.spans_summarised:,} spans)."
+        )
+        policy = self.policy or {}
+        if policy.get("policy") in ("auto", "schedule"):
+            line += f" trace_detail={policy['policy']}"
+            if isinstance(policy.get("max_trace_bytes"), int):
+                line += f", max_trace_bytes={policy['max_trace_bytes']:,}"
+            line += "."
+        if self.unknown:
+            line += (
+                f" {self.unknown:,} summarised step{'s' if self.unknown != 1 else ''} "
+                "cannot be read (names list not found: read the run from its first part); "
+                "their hook time is unknown and counts as trainer.step self time."
+            )
+        return line
+
+
+def _compact(ranges: list[tuple[int, int]], limit: int) -> str:
+    """Ranges of step indices as short text: ``0-329, 999-9,999 every 1,000``: a run of
+    three or more single steps at a fixed stride is one item; at most ``limit`` items."""
+    items: list[str] = []
+    i = 0
+    while i < len(ranges):
+        a, b = ranges[i]
+        j = i
+        if a == b and i + 2 < len(ranges):
+            stride = ranges[i + 1][0] - a
+            while (
+                j + 1 < len(ranges)
+                and ranges[j + 1][0] == ranges[j + 1][1]
+                and ranges[j + 1][0] - ranges[j][0] == stride
+            ):
+                j += 1
+        if j - i >= 2:
+            items.append(f"{a:,}-{ranges[j][0]:,} every {stride:,}")
+            i = j + 1
+            continue
+        items.append(f"{a:,}" if a == b else f"{a:,}-{b:,}")
+        i += 1
+    if len(items) > limit:
+        items = [*items[: limit - 1], f"... {len(items) - limit:,} more ...", items[-1]]
+    return ", ".join(items)
 
 
 @dataclass
@@ -93,6 +175,16 @@ class StepReport:
     - ``environment``: what the run ran on (the trace's
       ``otherData.environment``: ``device``, ``torch_threads``, ``cpu_count``,
       ...); empty when the trace does not say.
+    - ``detail``: for a long run whose trace summarised some steps, a
+      :class:`Detail` (which steps had full detail); ``None`` when every step
+      had. Then ``events`` covers every step: ``count``, ``total_ns``,
+      ``mean_ns`` (total over count), ``self_ns`` and ``share`` add the
+      summarised steps' aggregates to the spans; ``p50_ns``, ``p90_ns``,
+      ``p99_ns`` and ``max_ns`` are over the spans of detailed steps only,
+      which the extra column ``detail_count`` counts (NaN for an event seen
+      only in aggregates). ``steps`` covers every step too (its parts from the
+      aggregates, see :mod:`exporters._parts`), with the extra bool column
+      ``full_detail``.
     """
 
     events: pd.DataFrame
@@ -106,6 +198,7 @@ class StepReport:
     ranks: RankReport | None = None
     validation: pd.DataFrame = field(default_factory=lambda: _empty_events())
     environment: dict[str, Any] = field(default_factory=dict)
+    detail: Detail | None = None
 
     @property
     def step_summary(self) -> pd.DataFrame:
@@ -113,9 +206,13 @@ class StepReport:
         wait, forward, backward, optimizer, other), with each part's share of the
         total wall time (the parts' shares add up to 1)."""
         rows = []
-        wall_total = float(self.steps["wall_ns"].sum()) if len(self.steps) else 0.0
+        steps = self.steps
+        # steps whose parts are unknown (unreadable aggregates) count in the wall row only
+        known = steps if not len(steps) else steps.loc[steps["other_ns"].notna().to_numpy()]
         for label, col in _STEP_PARTS:
-            values = self.steps[col].astype(float) if len(self.steps) else pd.Series(dtype=float)
+            chosen = steps if col == "wall_ns" else known
+            wall_total = float(chosen["wall_ns"].sum()) if len(chosen) else 0.0
+            values = chosen[col].astype(float) if len(chosen) else pd.Series(dtype=float)
             rows.append(
                 {
                     "part": label,

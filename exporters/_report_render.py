@@ -6,11 +6,12 @@ import io
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
 from ._render import fmt_count, fmt_ns, fmt_pct, json_records, json_value, markdown, text_table
-from ._report_data import StepReport
+from ._report_data import DETAIL_COUNT, StepReport
 from ._stragglers import RankReport
 
 __all__ = [
@@ -48,6 +49,8 @@ def _headline(report: StepReport) -> list[str]:
         lines.append(f"{steps} warmup: no per-step table or throughput (lower warmup_steps).")
     else:
         lines.append("No trainer.step spans: no per-step table or throughput.")
+    if report.detail is not None:
+        lines.append(report.detail.describe())
     env = report.environment
     if env:
         ran = [f"Device: {env.get('device') or '–'}"]
@@ -73,6 +76,19 @@ def _tail_lines(report: StepReport, *, wrap: bool = True) -> list[str]:
     return [*lines, hint] if hint else lines
 
 
+def _events_note(report: StepReport, *, wrap: bool = False) -> list[str]:
+    """For a report with summarised steps, what the events table's columns cover."""
+    if report.detail is None:
+        return []
+    lines = [
+        "count, inclusive, mean, self and share cover every step (spans plus the summarised "
+        "steps' aggregates);",
+        "p50, p90, p99 and max are per call, over the spans of the steps with full detail "
+        "only (counted in 'in detail').",
+    ]
+    return lines if wrap else [" ".join(lines)]
+
+
 def _summary_rows(report: StepReport) -> list[list[str]]:
     return [
         [
@@ -92,6 +108,9 @@ _SUMMARY_HEADER = ["per step", "mean", "p50", "p90", "max", "share"]
 
 def _event_rows(events: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     header = ["event", "count", "inclusive", "mean", "p50", "p90", "p99", "max", "self", "share"]
+    detail = DETAIL_COUNT in events.columns
+    if detail:
+        header.insert(2, "in detail")
     device = "device_total_ns" in events.columns
     if device:
         header += ["device", "device mean"]
@@ -100,6 +119,7 @@ def _event_rows(events: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         row = [
             str(r.event),
             fmt_count(r.count),
+            *([fmt_count(getattr(r, DETAIL_COUNT))] if detail else []),
             fmt_ns(r.total_ns),
             fmt_ns(r.mean_ns),
             fmt_ns(r.p50_ns),
@@ -205,6 +225,7 @@ def render_table(report: StepReport, *, top: int | None = None) -> str:
     header, rows = _event_rows(events)
     parts += ["Training events (share: self time inside steps over step time)"]
     parts.append(text_table(header, rows))
+    parts += _events_note(report, wrap=True)
     if top is not None and len(report.events) > len(events):
         parts.append(f"({len(report.events) - len(events)} more events not shown)")
     if len(report.validation):
@@ -234,6 +255,7 @@ def render_markdown(report: StepReport, *, top: int | None = None) -> str:
         parts += ["", markdown(h, r), "", f"**{report.ranks.verdict}**", ""]
     header, rows = _event_rows(events)
     parts += ["#### Training events", "", markdown(header, rows)]
+    parts += [f"\n_{line}_" for line in _events_note(report)]
     if top is not None and len(report.events) > len(events):
         parts += ["", f"_{len(report.events) - len(events)} more events not shown._"]
     if len(report.validation):
@@ -284,6 +306,7 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
             "processes": t.processes,
         },
         "environment": {k: json_value(v) for k, v in report.environment.items()},
+        **({"detail": _detail_json(report)} if report.detail is not None else {}),
         "threads_hint": report.threads_hint,
         "step_summary": json_records(report.step_summary),
         "events": json_records(_top(report, top)),
@@ -303,6 +326,21 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
             "steps": json_records(ranks.steps),
         }
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _detail_json(report: StepReport) -> dict[str, Any]:
+    d = report.detail
+    assert d is not None
+    return {
+        "steps": d.steps,
+        "detailed": d.detailed,
+        "summarised": d.summarised,
+        "unknown": d.unknown,
+        "ranges": [{"pid": p, "first": a, "last": b} for p, a, b in d.ranges],
+        "spans_summarised": d.spans_summarised,
+        "policy": d.policy,
+        "note": _events_note(report)[0],
+    }
 
 
 #: Report renderers by format name (the CLI's ``--format``).

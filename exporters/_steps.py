@@ -40,8 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ._aggregates import Aggregates
 from ._nesting import effective_parents, self_times
-from ._parts import on_step_thread, part_sums
+from ._parts import on_step_thread, part_sums, summarised_part_sums
 from .frame import _inherit, _parent_positions
 
 __all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps"]
@@ -82,13 +83,19 @@ class StepAssignment:
     ``self_ns``: each row's self time with the parents found by time, or ``None``
     when time changed no parent (the frame's ``self_ns`` is right then).
     ``ppos``: each row's parent position (by id, then by time; -1 for none).
-    ``on_thread``: whether each row is inside a step on that step's thread."""
+    ``on_thread``: whether each row is inside a step on that step's thread.
+    ``names``: ``pd.factorize`` of the frame's names (codes, uniques), for the tables.
+    With aggregates of summarised steps, ``self_ns`` is always given: a summarised
+    step's ``trainer.step`` row then has the self time of its aggregated spans taken
+    off its own (exactly its self time, unless a span written in full in such a step,
+    an ERROR span, had aggregated children)."""
 
     step_row: np.ndarray
     steps: pd.DataFrame
     self_ns: np.ndarray | None = None
     ppos: np.ndarray | None = None
     on_thread: np.ndarray | None = None
+    names: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _numeric(frame: pd.DataFrame, column: str, rows: np.ndarray) -> np.ndarray:
@@ -115,8 +122,14 @@ def _scan(group: np.ndarray, time: np.ndarray, kind: np.ndarray) -> tuple[np.nda
     return order, starts
 
 
-def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
-    """Find the steps of ``frame`` and assign every span to one (see the module doc)."""
+def assign_steps(
+    frame: pd.DataFrame, warmup_steps: int, aggregates: Aggregates | None = None
+) -> StepAssignment:
+    """Find the steps of ``frame`` and assign every span to one (see the module doc).
+
+    ``aggregates`` (of ``frame``'s summarised steps, :mod:`exporters._aggregates`) add
+    their self times to the parts of their steps (:func:`exporters._parts.summarised_part_sums`);
+    the parts of a summarised step whose aggregates cannot be read are NaN."""
     n = len(frame)
     names = frame["name"].to_numpy(dtype=object)
     pid = frame["pid"].to_numpy(np.int64)
@@ -131,9 +144,15 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
     ppos, by_time = effective_parents(ppos, parent, start, end, pid, tid)
     if by_time:  # group siblings under the parents found by time
         parent = np.where(ppos >= 0, span_ids[np.where(ppos >= 0, ppos, 0)], parent)
-    step_rows = np.flatnonzero(names == STEP)
-    fetch_rows = np.flatnonzero(names == FETCH)
-    excl_rows = np.flatnonzero(np.isin(names, NOT_STEP_TIME))
+    # the names as integer codes: one hashing pass, then integer comparisons
+    codes, uniques = pd.factorize(names)
+    codes = np.asarray(codes, dtype=np.int64)
+    uniques = np.asarray(uniques, dtype=object)
+    where = {name: i for i, name in enumerate(uniques.tolist()) if isinstance(name, str)}
+    step_rows = np.flatnonzero(codes == where.get(STEP, -2))
+    fetch_rows = np.flatnonzero(codes == where.get(FETCH, -2))
+    excl = [where[name] for name in NOT_STEP_TIME if name in where]
+    excl_rows = np.flatnonzero(np.isin(codes, excl)) if excl else np.zeros(0, np.int64)
     m = len(step_rows)
 
     # siblings: the same process, thread and parent span
@@ -225,9 +244,18 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
     own_self = self_times(end - start, ppos, pid, tid) if by_time else None
     self_all = own_self if own_self is not None else frame["self_ns"].to_numpy(np.int64)
     on_thread = on_step_thread(step_row, pid, tid)
-    sums = part_sums(names, ppos, step_row, on_thread, self_all, step_rows)
+    sums = part_sums(names, ppos, step_row, on_thread, self_all, step_rows, (codes, uniques))
+    if aggregates is not None and len(aggregates.summarised):
+        sums += summarised_part_sums(aggregates, step_rows, n)
+        self_all = self_all - aggregates.per_step(n)  # a copy: the frame's stays as it is
+        own_self = self_all
     forward, backward, optimizer = sums[:, 1], sums[:, 2], sums[:, 3]
     other = wall_ns - data_wait - forward - backward - optimizer
+    if aggregates is not None and len(aggregates.unknown):  # their hooks' time is unknown
+        lost = np.isin(step_rows, aggregates.unknown)
+        forward, backward, optimizer, other = (
+            np.where(lost, np.nan, v) for v in (forward, backward, optimizer, other)
+        )
 
     # number the steps per process in start order
     by_start = np.lexsort((s_start, pid[step_rows]))
@@ -262,7 +290,9 @@ def assign_steps(frame: pd.DataFrame, warmup_steps: int) -> StepAssignment:
         },
         index=pd.Index(step_rows, name="row"),
     ).iloc[by_start]
-    return StepAssignment(step_row, steps[list(STEP_COLUMNS)], own_self, ppos, on_thread)
+    return StepAssignment(
+        step_row, steps[list(STEP_COLUMNS)], own_self, ppos, on_thread, (codes, uniques)
+    )
 
 
 def _inner_fetches(

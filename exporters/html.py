@@ -13,7 +13,10 @@ point is the mean of consecutive steps, and the page says so), a histogram of
 step times with p50/p90/p99, self time per event as a share of step time
 (adding up to 100%), the per-step and event tables, validation events,
 device time when spans carry it, per-rank step times for several ranks, and
-the trace's extra tables (``top_functions``). The comparison page: per event,
+the trace's extra tables (``top_functions``). For a long run whose trace
+summarised some steps, the run summary says which steps had full detail and
+the events table what its columns cover (see :func:`exporters.step_report`).
+The comparison page: per event,
 the change with its confidence interval as error bars coloured by verdict,
 and the base and candidate step-time distributions.
 """
@@ -32,7 +35,13 @@ from ._html import HTML_EXTRA_HINT, Page, plotly_js
 from ._parts import PART_COLUMNS, PART_NAMES
 from ._render import fmt_count, fmt_ns, fmt_pct
 from ._report_data import StepReport
-from ._report_render import _event_rows, _generic_rows, _rank_rows, _summary_rows
+from ._report_render import (
+    _event_rows,
+    _events_note,
+    _generic_rows,
+    _rank_rows,
+    _summary_rows,
+)
 
 __all__ = ["HTML_EXTRA_HINT", "MAX_STEP_POINTS", "render_comparison_html", "render_html"]
 
@@ -98,6 +107,8 @@ def render_html(report: StepReport, *, title: str = "ppetrace step report") -> s
     )
     header, rows = _event_rows(report.events.head(_TOP_EVENTS))
     page.table(header, rows, table_id="events")
+    for line in _events_note(report):
+        page.paragraph(line, cls="note")
     if len(report.events) > _TOP_EVENTS:
         page.paragraph(f"{len(report.events) - _TOP_EVENTS} more events not shown.")
     if len(report.validation):
@@ -125,6 +136,8 @@ def _summary(page: Page, report: StepReport) -> None:
         ),
         ("spans", fmt_count(report.spans)),
     ]
+    if report.detail is not None:
+        facts.append(("full detail", report.detail.describe()))
     if t.steps:
         tp = f"{t.steps_per_s:,.1f} steps/s"
         if t.samples_per_s is not None:

@@ -15,6 +15,15 @@ time on the thread, for the step assignment and for self times. The first
 ``warmup_steps`` steps of each process, and every span inside them, are left
 out of all tables. A trace of several ranks (a merged torchrun trace) also
 gets a per-rank table and a straggler verdict (:mod:`exporters._stragglers`).
+
+A long run's trace may keep full detail for some steps only and summarise
+the others (their hook-level spans as per-event aggregates on the
+``trainer.step`` row, :mod:`exporters._aggregates`). The report still covers
+every step: the per-event count, total, mean, self time and share add the
+aggregates to the spans, and the per-step table (wall time and parts) has a
+row for every step; the per-call percentiles and maximum can only come from
+the spans of detailed steps (column ``detail_count``), and
+:attr:`StepReport.detail` says which steps had full detail.
 """
 
 from __future__ import annotations
@@ -24,9 +33,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ._aggregates import Aggregates, parse_aggregates
 from ._pandas import series
 from ._parts import PART_COLUMNS, PART_NAMES, STEP_PARTS
-from ._report_data import _EVENT_COLUMNS, BETWEEN_STEPS, VALIDATION, StepReport, Throughput
+from ._report_data import (
+    _EVENT_COLUMNS,
+    BETWEEN_STEPS,
+    DETAIL_COUNT,
+    VALIDATION,
+    Detail,
+    StepReport,
+    Throughput,
+)
 from ._report_data import _empty_events as _empty_events
 from ._report_render import (
     REPORT_FORMATS,
@@ -43,11 +61,13 @@ from .frame import _inherit
 
 __all__ = [
     "BETWEEN_STEPS",
+    "DETAIL_COUNT",
     "PART_COLUMNS",
     "PART_NAMES",
     "REPORT_FORMATS",
     "STEP_PARTS",
     "VALIDATION",
+    "Detail",
     "RankReport",
     "StepReport",
     "Throughput",
@@ -74,6 +94,7 @@ def step_report(
     steps of several ranks also gets ``ranks``; a rank is named a straggler
     when it arrives last at more than half of the steps by more than
     ``straggler_margin`` of the step (see :mod:`exporters._stragglers`).
+    Summarised steps of a long run count like the others (the module doc).
     """
     if (
         isinstance(straggler_margin, bool)
@@ -95,7 +116,8 @@ def step_report(
             "Expected a span frame from exporters.spans_to_frame or read_chrome_trace, but "
             f"received {type(frame).__name__}."
         )
-    assignment = assign_steps(frame, warmup_steps)
+    aggregates = parse_aggregates(frame)
+    assignment = assign_steps(frame, warmup_steps, aggregates)
     steps = assignment.steps
     n = len(frame)
     warm = np.zeros(n, dtype=bool)
@@ -113,12 +135,30 @@ def step_report(
     val_root, val_share = _validation_rows(frame, assignment.ppos)
     in_val = val_root >= 0
     train = ~excluded & ~in_val
-    events = _event_table(frame.loc[train], on_thread[train], wall_total, self_all[train])
+    # the columns the tables read, not a copy of every column of a million-row frame
+    slim = frame[[c for c in ("name", "dur_ns", "device_dur_ns") if c in frame.columns]]
+    assert assignment.names is not None
+    codes, uniques = assignment.names
+    events = _event_table(
+        slim.loc[train], on_thread[train], wall_total, self_all[train], (codes[train], uniques)
+    )
+    detail = None
+    if len(aggregates.summarised):
+        kept = np.zeros(n, dtype=bool)
+        kept[kept_steps.index.to_numpy()] = True
+        counted = aggregates.only(kept)
+        events = _with_aggregates(events, counted, wall_total)
+        detail = _detail(steps, aggregates, int(counted.count.sum()), frame.attrs.get("metadata"))
+        kept_steps = kept_steps.assign(
+            full_detail=~np.isin(kept_steps.index.to_numpy(), aggregates.summarised)
+        )
     between = kept_steps["between_ns"].to_numpy(np.int64)
     if len(between) and wall_total > 0 and between.sum() > 0:
         events = _with_between_row(events, between, wall_total)
     val_total = float(frame["dur_ns"].to_numpy(np.int64)[val_root[val_root == np.arange(n)]].sum())
-    validation = _event_table(frame.loc[in_val], val_share[in_val], val_total, self_all[in_val])
+    validation = _event_table(
+        slim.loc[in_val], val_share[in_val], val_total, self_all[in_val], (codes[in_val], uniques)
+    )
     return StepReport(
         events=events,
         steps=kept_steps.drop(columns=["warmup"]).reset_index(drop=True),
@@ -131,7 +171,89 @@ def step_report(
         ranks=rank_report(frame, assignment, kept_steps, margin=float(straggler_margin)),
         validation=validation,
         environment=_environment(frame),
+        detail=detail,
     )
+
+
+def _detail(steps: pd.DataFrame, aggregates: Aggregates, spans: int, metadata: Any) -> Detail:
+    """Which of ``steps`` (all, warmup included, per process in start order) had full
+    detail, as a :class:`Detail` (with the policy recorded in ``metadata``, the trace's
+    ``otherData``, if any)."""
+    policy = metadata.get("ppetrace.detail") if isinstance(metadata, dict) else None
+    summarised = np.isin(steps.index.to_numpy(), aggregates.summarised)
+    full = ~summarised
+    pid = steps["pid"].to_numpy(np.int64)
+    index = steps["step_index"].to_numpy(np.int64)
+    # runs of consecutive detailed steps of one process
+    p, i = pid[full], index[full]
+    new = np.ones(len(p), dtype=bool)
+    new[1:] = (p[1:] != p[:-1]) | (i[1:] != i[:-1] + 1)
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(p)).astype(np.int64) - 1 if len(p) else first
+    return Detail(
+        steps=len(steps),
+        detailed=int(full.sum()),
+        summarised=int(summarised.sum()),
+        unknown=len(aggregates.unknown),
+        ranges=tuple((int(p[a]), int(i[a]), int(i[b])) for a, b in zip(first, last, strict=True)),
+        spans_summarised=spans,
+        policy=dict(policy) if isinstance(policy, dict) else None,
+    )
+
+
+def _with_aggregates(
+    events: pd.DataFrame, aggregates: Aggregates, wall_total: float
+) -> pd.DataFrame:
+    """``events`` (from the spans) with the aggregates of the counted summarised steps
+    added: count, total, self and share cover every step, the mean is total over count;
+    the percentiles and max stay those of the spans, counted in ``detail_count``."""
+    out = events.copy()
+    out.insert(2, DETAIL_COUNT, out["count"].astype(np.int64))
+    if not len(aggregates):
+        return out
+    table = pd.DataFrame(
+        {
+            "event": aggregates.event,
+            "count": aggregates.count,
+            "total_ns": aggregates.total_ns,
+            "self_ns": aggregates.self_ns,
+        }
+    )
+    sums = table.groupby("event", sort=False).sum()
+    names = aggregates.names[sums.index.to_numpy(dtype=np.int64)]
+    where = {name: i for i, name in enumerate(out["event"].tolist())}
+    at = np.array([where.get(name, -1) for name in names], dtype=np.int64)
+    count = out["count"].to_numpy(np.int64).copy()
+    total = out["total_ns"].to_numpy(np.int64).copy()
+    self_ns = out["self_ns"].to_numpy(np.int64).copy()
+    share = out["share"].to_numpy(float).copy()
+    old = at >= 0
+    add_count, add_total, add_self = (sums[c].to_numpy(np.int64) for c in sums.columns)
+    count[at[old]] += add_count[old]
+    total[at[old]] += add_total[old]
+    self_ns[at[old]] += add_self[old]
+    if wall_total > 0:  # aggregated spans are inside their step, on its thread
+        share[at[old]] = np.nan_to_num(share[at[old]]) + add_self[old] / wall_total
+    out["count"], out["total_ns"], out["self_ns"], out["share"] = count, total, self_ns, share
+    new = ~old
+    if new.any():
+        rows = pd.DataFrame({c: np.full(int(new.sum()), np.nan) for c in out.columns})
+        rows["event"] = series(names[new])
+        rows[DETAIL_COUNT] = 0
+        rows["count"], rows["total_ns"], rows["self_ns"] = (
+            add_count[new],
+            add_total[new],
+            add_self[new],
+        )
+        rows["share"] = add_self[new] / wall_total if wall_total > 0 else np.nan
+        out = pd.concat([out, rows], ignore_index=True)
+    out["mean_ns"] = out["total_ns"].to_numpy(float) / out["count"].to_numpy(float)
+    for col in (DETAIL_COUNT, "count", "total_ns", "self_ns"):
+        out[col] = out[col].astype(np.int64)
+    totals = out["total_ns"].to_numpy()
+    labels = out["event"].tolist()
+    order = sorted(range(len(out)), key=lambda i: (-totals[i], labels[i]))
+    return out.iloc[order].reset_index(drop=True)
 
 
 def _environment(frame: pd.DataFrame) -> dict[str, Any]:
@@ -183,6 +305,8 @@ def _with_between_row(events: pd.DataFrame, between: np.ndarray, wall_total: flo
         share=gap.sum() / wall_total,
     )
     row.update(count=len(gap), total_ns=int(between.sum()), self_ns=int(between.sum()))
+    if DETAIL_COUNT in row:  # its statistics are over every step
+        row[DETAIL_COUNT] = len(gap)
     row.update(max_ns=int(between.max()))
     out = pd.concat([events, pd.DataFrame([row], columns=events.columns)], ignore_index=True)
     for col, dtype in events.dtypes.items():  # whole numbers stay whole
@@ -209,15 +333,23 @@ def _stored_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def _event_table(
-    frame: pd.DataFrame, in_step: np.ndarray, wall_total: float, self_ns: np.ndarray
+    frame: pd.DataFrame,
+    in_step: np.ndarray,
+    wall_total: float,
+    self_ns: np.ndarray,
+    coded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """Per event: inclusive statistics, self time, and ``share``: the self time of the
-    rows in ``in_step`` over ``wall_total`` (NaN for an event with no such row)."""
+    rows in ``in_step`` over ``wall_total`` (NaN for an event with no such row).
+    ``coded``: the rows' names as (codes, uniques), when the caller has them."""
     if not len(frame):
         return _empty_events()
     dur = frame["dur_ns"].to_numpy(np.int64)
     # grouped by integer codes: any name works, whatever pandas' string storage
-    codes, names = pd.factorize(frame["name"].to_numpy(dtype=object))
+    if coded is None:
+        codes, names = pd.factorize(frame["name"].to_numpy(dtype=object))
+    else:
+        codes, names = coded
     data = pd.DataFrame(
         {
             "event": codes,
