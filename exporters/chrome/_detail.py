@@ -65,7 +65,9 @@ HOOKS, HOOK_NAMES = "ppetrace.hooks", "ppetrace.hook_names"
 #: Rows one open interval may hold; past that its rows are written in full.
 MAX_HELD = 1 << 16
 _STEP = "trainer.step"
-_end, _tid = itemgetter(5), itemgetter(6)
+_name, _end, _tid = itemgetter(0), itemgetter(5), itemgetter(6)
+_tuple_new = tuple.__new__
+_K_HOOK, _K_FULL, _K_STEP, _K_ENCLOSING = 0, 1, 2, 3  # what a name is to the filter
 _ENCLOSING = frozenset({"trainer.epoch", "trainer.run"})
 
 
@@ -111,18 +113,13 @@ class Summary:
         self.announce = announce
 
 
-def _entry(total: int, self_ns: int, count: int) -> str:
-    if count == 1:
-        return str(total) if self_ns == total else f"{total}/{self_ns}"
-    return f"{total}/{self_ns}/{count}"
-
-
 class DetailFilter:
     """Folds the hook-level rows of summarised steps (see the module doc)."""
 
     def __init__(self) -> None:
         self._lanes: dict[tuple[int, int], _Lane] = {}
         self._create = threading.Lock()
+        self._kinds: dict[str, int] = {}  # event name -> _K_*
         #: True once a step was published: before that, rows pass untouched at no cost
         self.active = False
         self.spans_summarised = 0
@@ -141,82 +138,128 @@ class DetailFilter:
         """The rows of a batch to write, and the indices among them of the
         :class:`Summary` objects that stand for summarised step rows."""
         lanes = self._lanes
-        if len(rows) > 1:
-            n = len(rows)
-            try:
-                ends = np.fromiter(map(_end, rows), dtype=np.int64, count=n)
-                tids = np.fromiter(map(_tid, rows), dtype=np.int64, count=n)
-                rows = list(map(rows.__getitem__, np.lexsort((ends, tids)).tolist()))
-            except (OverflowError, TypeError, ValueError):  # ids beyond int64
-                rows = sorted(rows, key=lambda r: (r[6], r[5]))
+        n = len(rows)
         out: list[Any] = []
         summaries: list[int] = []
-        emit = out.append
-        for row in rows:
-            lane = lanes.get((pid, row[6]))
+        if not n:
+            return out, summaries
+        try:  # grouped by thread, each in end order
+            ends = np.fromiter(map(_end, rows), dtype=np.int64, count=n)
+            tids = np.fromiter(map(_tid, rows), dtype=np.int64, count=n)
+            order = np.lexsort((ends, tids))
+            ordered = list(map(rows.__getitem__, order.tolist()))
+            sorted_tids = tids[order]
+            cuts = (np.flatnonzero(sorted_tids[1:] != sorted_tids[:-1]) + 1).tolist()
+            groups = [
+                (int(sorted_tids[lo]), ordered[lo:hi])
+                for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)
+            ]
+        except (OverflowError, TypeError, ValueError):  # ids beyond int64
+            by_tid: dict[Any, list[SpanRow]] = {}
+            for r in sorted(rows, key=lambda r: (r[6], r[5])):
+                by_tid.setdefault(r[6], []).append(r)
+            groups = list(by_tid.items())
+        for tid, group in groups:
+            lane = lanes.get((pid, tid))
             if lane is None:
-                emit(row)
-                continue
+                out.extend(group)
+            elif lane.cur is None and not lane.starts:
+                if _STEP in map(_name, group):
+                    lane.announce = True  # a detailed step
+                out.extend(group)
+            else:
+                self._take_lane(lane, group, out, summaries)
+        return out, summaries
+
+    def _kind(self, name: str) -> int:
+        kinds = self._kinds
+        if len(kinds) > 65_536:
+            kinds.clear()
+        if name == _STEP:
+            kind = _K_STEP
+        elif name in _ENCLOSING:
+            kind = _K_ENCLOSING
+        elif name in STEP_LEVEL_EVENTS or ";" in name or "/" in name:
+            kind = _K_FULL
+        else:
+            kind = _K_HOOK
+        kinds[name] = kind
+        return kind
+
+    def _take_lane(
+        self, lane: _Lane, group: list[SpanRow], out: list[Any], summaries: list[int]
+    ) -> None:
+        """The rows of one thread with published steps, in end order (the module doc)."""
+        kinds = self._kinds
+        starts = lane.starts
+        cur = lane.cur
+        emit = out.append
+        start = 0
+        for row in group:
+            kind = kinds.get(row[0])
+            if kind is None:
+                kind = self._kind(row[0])
             while True:
-                cur = lane.cur
                 if cur is not None:
                     start = cur.start
-                elif lane.starts:
-                    start = lane.starts[0]
+                elif starts:
+                    start = starts[0]
                 else:
-                    if row[0] == _STEP:
+                    if kind == _K_STEP:
                         lane.announce = True  # a detailed step
                     emit(row)
                     break
-                name = row[0]
-                if row[4] >= start and name != _STEP:
-                    if cur is None:
-                        cur = lane.cur = _Interval(start)
-                    if (
-                        cur.full
-                        or name in STEP_LEVEL_EVENTS
-                        or row[8] == "ERROR"
-                        or ";" in name
-                        or "/" in name
-                    ):
-                        if not cur.full:
-                            cur.inner.append((row[4], row[5], row[2], max(0, row[5] - row[4])))
-                        emit(row)
+                if kind == _K_HOOK and row[8] != "ERROR":
+                    if row[4] >= start:
+                        if cur is None:
+                            cur = _Interval(start)
+                        if cur.full:
+                            emit(row)
+                        else:
+                            held = cur.rows
+                            held.append(row)
+                            if len(held) > MAX_HELD:
+                                out.extend(held)
+                                cur.rows = []
+                                cur.full = True
                     else:
-                        cur.rows.append(row)
-                        if len(cur.rows) > MAX_HELD:
-                            out.extend(cur.rows)
-                            cur.rows = []
-                            cur.full = True
+                        emit(row)
                     break
-                if name == _STEP:
+                if kind == _K_STEP:
                     if row[5] < start:  # an earlier step, in full
                         lane.announce = True
                         emit(row)
                         break
                     if row[4] <= start:  # the step row of this interval
-                        lane.starts.popleft()
-                        lane.cur = None
-                        if cur is None:
-                            cur = _Interval(start)
-                        if cur.full:
+                        starts.popleft()
+                        done = cur if cur is not None else _Interval(start)
+                        cur = None
+                        if done.full:
                             lane.announce = True
                             emit(row)
                         else:
-                            summary = self._close(row, lane, cur, out)
+                            summary = self._close(row, lane, done, out)
                             summaries.append(len(out))
                             emit(summary)
                         break
-                elif not (name in _ENCLOSING and row[4] < start < row[5]):
+                elif row[4] >= start:  # in the step, written in full
+                    if cur is None:
+                        cur = _Interval(start)
+                    if not cur.full:
+                        cur.inner.append((row[4], row[5], row[2], max(0, row[5] - row[4])))
+                    emit(row)
+                    break
+                elif not (kind == _K_ENCLOSING and start < row[5]):
                     emit(row)
                     break
                 # the interval's step row can no longer come: its rows in full, but for
                 # those of the next published step
-                lane.starts.popleft()
-                lane.cur = None
+                starts.popleft()
                 if cur is not None:
+                    lane.cur = None
                     self._give_back(lane, cur, out)
-        return out, summaries
+                    cur = lane.cur
+        lane.cur = cur
 
     @staticmethod
     def _give_back(lane: _Lane, cur: _Interval, out: list[Any]) -> None:
@@ -239,20 +282,19 @@ class DetailFilter:
     def _close(self, row: SpanRow, lane: _Lane, cur: _Interval, out: list[Any]) -> Summary:
         end = row[5]
         children: dict[int, int] = {}  # parent span id -> the sum of its children's durations
+        folded = []
         for r in cur.rows:
             if r[5] <= end:
-                parent = r[2]
+                folded.append(r)
                 dur = r[5] - r[4]
-                children[parent] = children.get(parent, 0) + (dur if dur > 0 else 0)
+                children[r[2]] = children.get(r[2], 0) + (dur if dur > 0 else 0)
+            else:  # recorded inside the interval but ended after the step: in full
+                out.append(r)
         for _start, stop, parent, dur in cur.inner:
             if stop <= end:
                 children[parent] = children.get(parent, 0) + dur
         aggregates: dict[str, list[int]] = {}
-        folded = 0
-        for r in cur.rows:
-            if r[5] > end:  # recorded inside the interval but ended after the step
-                out.append(r)
-                continue
+        for r in folded:
             dur = r[5] - r[4]
             if dur < 0:
                 dur = 0
@@ -264,8 +306,7 @@ class DetailFilter:
                 agg[0] += dur
                 agg[1] += own
                 agg[2] += 1
-            folded += 1
-        self.spans_summarised += folded
+        self.spans_summarised += len(folded)
         self.steps_summarised += 1
         announce, lane.announce = lane.announce, False
         return Summary(row, lane, aggregates, announce)
@@ -286,7 +327,10 @@ class DetailFilter:
                     names.append(name)
                     entries.append("")
                     announce = True
-                entries[at] = _entry(total, own, count)
+                if count == 1:
+                    entries[at] = str(total) if own == total else f"{total}/{own}"
+                else:
+                    entries[at] = f"{total}/{own}/{count}"
             while entries and not entries[-1]:
                 entries.pop()
             row = s.row
@@ -295,7 +339,7 @@ class DetailFilter:
             if announce:
                 attrs[HOOK_NAMES] = ";".join(names)
                 lane.part = part
-            out[i] = row._replace(attributes=attrs)
+            out[i] = _tuple_new(SpanRow, (*row[:7], attrs, row[8], row[9]))
 
     def flush_held(self) -> dict[int, list[SpanRow]]:
         """Every held row, by pid, and forget the open intervals (the run ends)."""
