@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -56,8 +56,6 @@ STEP_LEVEL_EVENTS: frozenset[str] = frozenset(
         "trainer.step",
         "trainer.validation",
         "trainer.checkpoint",
-        "trainer.test",
-        "evaluator.run",
     }
 )
 #: The attribute with a summarised step's aggregates, and the one with the names list.
@@ -133,6 +131,26 @@ class DetailFilter:
                 lane = self._lanes.setdefault((pid, tid), _Lane())
         lane.starts.append(start_ns)  # deque.append is atomic
         self.active = True
+
+    def pending(self) -> bool:
+        """Whether a published step is still waiting for its rows (else :meth:`take` has
+        nothing to do: :meth:`idle` instead)."""
+        return any(lane.starts or lane.cur is not None for lane in list(self._lanes.values()))
+
+    def idle(self) -> None:
+        """A batch went by without :meth:`take`: its steps were detailed, so the next
+        summarised step of each thread writes the names list."""
+        for lane in list(self._lanes.values()):
+            lane.announce = True
+
+    def publisher(self, pid: int, tid: int) -> Callable[[int], None]:
+        """:meth:`publish` for one thread: a callable of the start alone."""
+        self.active = True
+        lane = self._lanes.get((pid, tid))
+        if lane is None:
+            with self._create:
+                lane = self._lanes.setdefault((pid, tid), _Lane())
+        return lane.starts.append
 
     def take(self, pid: int, rows: Sequence[SpanRow]) -> tuple[list[Any], list[int]]:
         """The rows of a batch to write, and the indices among them of the

@@ -23,6 +23,7 @@ which ``"auto"`` switched in the exporter's closing ``ppetrace.final`` event
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -114,8 +115,12 @@ class StepDetail:
         #: the step at which "auto" switched to windows (None: not yet, or a Schedule)
         self.switched_at: int | None = None
         self._switched = isinstance(trace_detail, Schedule)
+        sch = self.schedule  # Schedule.action(step).records, as arithmetic (per step)
+        self._skip, self._cycle = sch.skip_first, sch.wait + sch.warmup + sch.active
+        self._idle, self._until = sch.wait + sch.warmup, sch.repeat * self._cycle
         self._summarise = exporter.summarise_step
         self._tid = threading.get_native_id()
+        self._publish = exporter.step_summariser(self._tid)
 
     @classmethod
     def create(
@@ -140,7 +145,10 @@ class StepDetail:
             if self.exporter.bytes_written < self.max_trace_bytes:
                 return False
             self._switch(step)
-        return not self.schedule.action(step).records
+        rel = step - self._skip
+        if rel < 0 or (self._until and rel >= self._until):
+            return True
+        return rel % self._cycle < self._idle
 
     def _switch(self, step: int) -> None:
         self._switched = True
@@ -158,9 +166,11 @@ class StepDetail:
     def summarise(self, span: Any) -> None:
         """Publish the start of the entered ``trainer.step`` span ``span`` (a ppetrace span;
         anything else, or a span that recorded nothing, leaves the step in full)."""
-        start = getattr(span, "start_ns", None)
-        if type(start) is int and getattr(span, "_token", None) is not None:
-            self._summarise(self._tid, start + RECORDER.offset_ns)
+        rec = RECORDER
+        if rec.enabled:  # else no step row comes
+            # not a ppetrace span (no start_ns): the step stays in full
+            with contextlib.suppress(AttributeError, TypeError):
+                self._publish(span.start_ns + rec.offset_ns)
 
     def summarise_at(self, start_ns: int, tid: int) -> None:
         """Publish a step that starts at ``start_ns`` (epoch ns) on thread ``tid``."""
