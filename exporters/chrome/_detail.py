@@ -40,8 +40,10 @@ from typing import Any
 
 import numpy as np
 
+from .._accel import SPEEDUPS as _speedups
 from .._spans import SpanRow
 from ._encode import _PART_ROWS, _dumps
+from ._fold import take_lane_fast
 
 __all__ = ["HOOKS", "HOOK_NAMES", "MAX_HELD", "STEP_LEVEL_EVENTS", "DetailFilter"]
 
@@ -62,6 +64,8 @@ STEP_LEVEL_EVENTS: frozenset[str] = frozenset(
 HOOKS, HOOK_NAMES = "ppetrace.hooks", "ppetrace.hook_names"
 #: Rows one open interval may hold; past that its rows are written in full.
 MAX_HELD = 1 << 16
+#: Take a thread's rows column-wise where it can (``_fold``); False: the loop alone.
+FAST = True
 _STEP = "trainer.step"
 _name, _end, _tid = itemgetter(0), itemgetter(5), itemgetter(6)
 _tuple_new = tuple.__new__
@@ -162,10 +166,18 @@ class DetailFilter:
         if not n:
             return out, summaries
         try:  # grouped by thread, each in end order
-            ends = np.fromiter(map(_end, rows), dtype=np.int64, count=n)
-            tids = np.fromiter(map(_tid, rows), dtype=np.int64, count=n)
+            if _speedups is not None:  # the columns in C
+                cols = _speedups.span_columns(rows if type(rows) is list else list(rows))
+                ends = np.frombuffer(cols[8], dtype=np.int64)
+                tids = np.frombuffer(cols[9], dtype=np.int64)
+            else:
+                ends = np.fromiter(map(_end, rows), dtype=np.int64, count=n)
+                tids = np.fromiter(map(_tid, rows), dtype=np.int64, count=n)
             order = np.lexsort((ends, tids))
-            ordered = list(map(rows.__getitem__, order.tolist()))
+            if (order == np.arange(n)).all():  # one buffer's rows: in order already
+                ordered = list(rows)
+            else:
+                ordered = list(map(rows.__getitem__, order.tolist()))
             sorted_tids = tids[order]
             cuts = (np.flatnonzero(sorted_tids[1:] != sorted_tids[:-1]) + 1).tolist()
             groups = [
@@ -185,7 +197,7 @@ class DetailFilter:
                 if _STEP in map(_name, group):
                     lane.announce = True  # a detailed step
                 out.extend(group)
-            else:
+            elif not (FAST and take_lane_fast(self, lane, group, out, summaries)):
                 self._take_lane(lane, group, out, summaries)
         return out, summaries
 
@@ -345,18 +357,20 @@ class DetailFilter:
                     names.append(name)
                     entries.append("")
                     announce = True
-                if count == 1:
-                    entries[at] = str(total) if own == total else f"{total}/{own}"
-                else:
+                if count != 1:
                     entries[at] = f"{total}/{own}/{count}"
+                elif own != total:
+                    entries[at] = f"{total}/{own}"
+                else:
+                    entries[at] = str(total)
             while entries and not entries[-1]:
                 entries.pop()
             row = s.row
-            attrs = dict(row[7])
-            attrs[HOOKS] = ";".join(entries)
             if announce:
-                attrs[HOOK_NAMES] = ";".join(names)
                 lane.part = part
+                attrs = {**row[7], HOOKS: ";".join(entries), HOOK_NAMES: ";".join(names)}
+            else:
+                attrs = {**row[7], HOOKS: ";".join(entries)}
             out[i] = _tuple_new(SpanRow, (*row[:7], attrs, row[8], row[9]))
 
     def flush_held(self) -> dict[int, list[SpanRow]]:

@@ -4,6 +4,7 @@ aggregates on the step rows equal what the same rows give written in full."""
 from __future__ import annotations
 
 import json
+import random
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -89,6 +90,12 @@ class Run:
 
     def batch(self, rows: list[SpanRow] | None = None) -> SpanBatch:
         return SpanBatch(list(self.rows if rows is None else rows), {"service.name": "t"}, PID)
+
+
+@pytest.fixture(autouse=True, params=["columns", "loop"])
+def _path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test on both paths: the column-wise one (_fold) and the loop alone."""
+    monkeypatch.setattr(_detail, "FAST", request.param == "columns")
 
 
 def _write(path: Path, batches: list[SpanBatch], summarise: list[int], **kw: Any) -> Any:
@@ -364,3 +371,78 @@ def test_summarise_step_is_thread_safe_against_the_writer(tmp_path: Path) -> Non
     t.join()
     exporter.shutdown()
     assert exporter.steps_summarised == 400 and exporter.spans_summarised == 400 * 6
+
+
+def _random_run(rng: random.Random) -> tuple[list[SpanRow], list[int]]:
+    """Steps of random shape: 0-6 hooks, some nested, some ERROR, a fetch inside some
+    steps, a span that ends after its step; their rows in end order, and the starts."""
+    rows: list[SpanRow] = []
+    starts: list[int] = []
+    ids = iter(range(1_000, 10**9))
+    t = T0
+    for _ in range(rng.randint(5, 40)):
+        t += rng.randint(10, 100)
+        rows.append(SpanRow("trainer.fetch_batch", next(ids), 1, TRACE, t, t + 20, MAIN, {}))
+        s = t + 30
+        step_id = next(ids)
+        t = s + 1
+        for _h in range(rng.randint(0, 6)):
+            name = rng.choice((*HOOKS, "user.a;b", "callback.x"))
+            a, b = t, t + rng.randint(0, 50)
+            hid = next(ids)
+            if rng.random() < 0.3:  # a child
+                c0 = a + rng.randint(0, max(0, b - a))
+                c1 = c0 + rng.randint(0, max(0, b - c0))
+                status = "ERROR" if rng.random() < 0.2 else "UNSET"
+                child = "trainer.fetch_batch" if rng.random() < 0.2 else "callback.c"
+                rows.append(SpanRow(child, next(ids), hid, TRACE, c0, c1, MAIN, {}, status))
+            rows.append(SpanRow(name, hid, step_id, TRACE, a, b, MAIN, {}))
+            t = b + 1
+        end = t + 5
+        rows.append(SpanRow("trainer.step", step_id, 1, TRACE, s, end, MAIN, {"i": len(starts)}))
+        if rng.random() < 0.2:  # recorded in the step's time but ends after it
+            rows.append(SpanRow("user.late", next(ids), 0, TRACE, end - 2, end + 3, MAIN, {}))
+        starts.append(s)
+        t = end + 10
+    return rows, starts
+
+
+def _through(rows: list[SpanRow], starts: list[int], cuts: list[int], detailed: set[int]) -> Any:
+    f = _detail.DetailFilter()
+    for i, s in enumerate(starts):
+        if i not in detailed:
+            f.publish(PID, MAIN, s)
+    written: list[Any] = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True):
+        out, summaries = f.take(PID, rows[lo:hi])
+        f.finish(out, summaries, 0)
+        written.extend(out)
+    for more in f.flush_held().values():
+        written.extend(more)
+    key = sorted(
+        (r.start_ns, r.end_ns, r.name, tuple(sorted(r.attributes.items()))) for r in written
+    )
+    return key, f.spans_summarised, f.steps_summarised, f.held()
+
+
+def test_the_column_path_equals_the_loop_on_random_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(19)
+    taken = []
+    real = _detail.take_lane_fast
+
+    def counted(*args: Any) -> bool:
+        taken.append(real(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(_detail, "take_lane_fast", counted)
+    for _ in range(60):
+        rows, starts = _random_run(rng)
+        cuts = sorted(rng.sample(range(1, len(rows)), k=min(len(rows) - 1, rng.randint(0, 6))))
+        detailed = {i for i in range(len(starts)) if rng.random() < 0.25}
+        monkeypatch.setattr(_detail, "FAST", True)
+        fast = _through(rows, starts, cuts, detailed)
+        monkeypatch.setattr(_detail, "FAST", False)
+        loop = _through(rows, starts, cuts, detailed)
+        assert fast == loop
+        assert fast[1] > 0 or len(detailed) == len(starts) or not rows
+    assert taken.count(True) > 100  # the column path took most batches itself
