@@ -133,10 +133,9 @@ class StepDetail:
         """The policy for ``exporter`` (None: every step in full, nothing to do per step)."""
         if exporter is None or not hasattr(exporter, "summarise_step"):
             return None
-        if trace_detail == "auto":
-            exporter.add_final_metadata(switched_at_step=None)
         if trace_detail == "all":
             return None
+        exporter.add_final_metadata(switched_at_step=None)  # "auto": set when it switches
         return cls(exporter, trace_detail, max_trace_bytes, notify)
 
     def due(self, step: int) -> bool:
