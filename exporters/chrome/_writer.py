@@ -106,14 +106,11 @@ class ChromeTraceExporter(SpanExporter):
       first summarised step of each thread, the first after a detailed step,
       whenever a new name appears, and the first of each part.
 
-    A summarised step's rows are held until its ``trainer.step`` row arrives
-    (one step's rows, at most 65,536); a step whose row cannot come any more
-    (a later step or an enclosing ``trainer.epoch``/``trainer.run`` row ended
-    first) has its rows written in full, and so has every held row at
-    ``shutdown``. A killed process loses the rows of the step open then, as it
-    loses that step's own row. :attr:`spans_summarised` and
-    :attr:`steps_summarised` count what was folded (ppetrace's ``stats()``:
-    ``SinkStats.summarised``).
+    A summarised step's rows are held until its ``trainer.step`` row arrives (at
+    most 65,536); those of a step whose row cannot come any more, and every
+    held row at ``shutdown``, are written in full (see ``_detail``). A killed
+    process loses the open step's rows, as it loses that step's own row.
+    :attr:`spans_summarised`/:attr:`steps_summarised` count what was folded.
 
     **Final counts.** ``otherData`` is written first, so the counts known only
     at the end go in the last event that :meth:`shutdown` writes, in the part
