@@ -30,6 +30,9 @@ from ._spans import SpanBatch, SpanRow, rows_from_readable_spans
 
 if TYPE_CHECKING:
     from .chrome import (
+        STEP_LEVEL_EVENTS as STEP_LEVEL_EVENTS,
+    )
+    from .chrome import (
         ChromeTrace as ChromeTrace,
     )
     from .chrome import (
@@ -138,6 +141,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "ChromeTrace": ".chrome",
     "ChromeTraceExporter": ".chrome",
+    "STEP_LEVEL_EVENTS": ".chrome",
     "TraceTruncatedWarning": ".chrome",
     "load_chrome_trace": ".chrome",
     "merge_traces": ".chrome",

@@ -78,6 +78,7 @@ Viewers
 
 from __future__ import annotations
 
+from ._detail import STEP_LEVEL_EVENTS
 from ._encode import OWNERS, owner_of
 from ._merge import merge_traces
 from ._reader import ChromeTrace, TraceTruncatedWarning, load_chrome_trace, read_chrome_trace
@@ -87,6 +88,7 @@ from ._writer import ChromeTraceExporter
 
 __all__ = [
     "OWNERS",
+    "STEP_LEVEL_EVENTS",
     "ChromeTrace",
     "ChromeTraceExporter",
     "TraceTruncatedWarning",

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._spans import SpanBatch, SpanRow, rows_from_readable_spans
 from ._appender import _Appender
+from ._detail import DetailFilter, final_event, write_held, write_summarised
 from ._encode import (
     _NS_PER_S,
     _dumps,
@@ -30,7 +31,11 @@ from ._encode import (
 )
 from ._split import _NAMING, MIN_PART_BYTES, _check_part_bytes, part_path
 
-__all__ = ["ChromeTraceExporter"]
+__all__ = ["FINAL_EVENT", "ChromeTraceExporter"]
+
+#: The name of the ``M`` event that :meth:`ChromeTraceExporter.shutdown` writes last, with
+#: the run's final counts in its ``args`` (see the class doc, "Summarised steps").
+FINAL_EVENT = "ppetrace.final"
 
 _log = logging.getLogger("exporters")
 
@@ -76,6 +81,46 @@ class ChromeTraceExporter(SpanExporter):
     name), and the ``M`` events that name the processes and threads so far.
     :attr:`parts` lists the files; :func:`read_chrome_trace` given part 0
     reads them all. It cannot be combined with ``header_reserve``.
+
+    **Summarised steps.** :meth:`summarise_step` (called by whoever drives the
+    steps, on the training thread) asks for the step that starts at
+    ``start_ns`` on thread ``tid`` to be *summarised*: its hook-level rows
+    (every row of that thread that starts at or after ``start_ns``, up to the
+    step's own ``trainer.step`` row, except the names in
+    :data:`STEP_LEVEL_EVENTS`, ERROR rows, and names that contain ``;`` or
+    ``/``) are not written; their per-event aggregates are written as
+    attributes of the step's ``trainer.step`` row instead:
+
+    - ``ppetrace.hooks`` (str): one entry per name of the names list in force,
+      in its order, ``;``-separated; an entry is empty when the event did not
+      occur in the step, else ``total_ns``, ``total_ns/self_ns`` or
+      ``total_ns/self_ns/count`` (integers, ns; ``self_ns`` is written when it
+      differs from ``total_ns`` or count is not 1, ``count`` when it is not 1);
+      trailing empty entries are left out. Total is the sum of the rows'
+      durations, self the total minus their direct children's durations,
+      count the number of rows. A ``trainer.step`` row with ``ppetrace.hooks``
+      (even ``""``) is a summarised step; one without it had full detail.
+    - ``ppetrace.hook_names`` (str): the names list, ``;``-separated, in force
+      for this row and the later step rows of the same ``pid``/``tid`` until
+      the next one; a new list extends the previous one. It is written on the
+      first summarised step of each thread, the first after a detailed step,
+      whenever a new name appears, and the first of each part.
+
+    A summarised step's rows are held until its ``trainer.step`` row arrives (at
+    most 65,536); those of a step whose row cannot come any more, and every
+    held row at ``shutdown``, are written in full (see ``_detail``). A killed
+    process loses the open step's rows, as it loses that step's own row.
+    :attr:`spans_summarised`/:attr:`steps_summarised` count what was folded.
+
+    **Final counts.** ``otherData`` is written first, so the counts known only
+    at the end go in the last event that :meth:`shutdown` writes, in the part
+    being written then: ``{"ph":"M","name":"ppetrace.final","pid":P,"tid":0,
+    "args":{"steps_summarised":int,"spans_summarised":int,"parts":int,...}}``
+    plus the entries given to :meth:`add_final_metadata` (ppetrace's Trainer
+    adds ``switched_at_step``: int or null). It is written only by a clean
+    ``shutdown`` of an exporter that summarised a step or was given final
+    metadata; a run that was killed has no such event, and its counts must be
+    derived from the rows themselves (the step rows with ``ppetrace.hooks``).
     """
 
     def __init__(
@@ -113,6 +158,9 @@ class ChromeTraceExporter(SpanExporter):
         self._naming: dict[tuple[Any, Any, Any], str] = {}
         self.errors = 0
         self.spans_lost = 0
+        self._bytes = 0  # written to every part
+        self._detail = DetailFilter()
+        self._final: dict[str, Any] = {}
         self.last_error: str | None = None
         self._broken = False
         self._lock = threading.RLock()
@@ -173,6 +221,41 @@ class ChromeTraceExporter(SpanExporter):
         """The files written so far: ``[path]``, then the later parts (``max_part_bytes``)."""
         with self._lock:
             return list(self._paths)
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of JSON written so far, over every part (counted before gzip)."""
+        return self._bytes
+
+    @property
+    def spans_summarised(self) -> int:
+        """Spans folded into the aggregates of summarised steps (not written as rows)."""
+        return self._detail.spans_summarised
+
+    @property
+    def steps_summarised(self) -> int:
+        """``trainer.step`` rows written with aggregates (``ppetrace.hooks``)."""
+        return self._detail.steps_summarised
+
+    def summarise_step(self, tid: int, start_ns: int, *, pid: int | None = None) -> None:
+        """Summarise the step that starts at ``start_ns`` (epoch ns, exactly the start its
+        ``trainer.step`` row will have) on thread ``tid`` (the rows' ``tid``) of process
+        ``pid`` (default: this one): see "Summarised steps" in the class doc.
+
+        Call it once the step has started, before any of its hook-level spans ends.
+        Thread-safe, and cheap: it queues the start, the writer does the rest.
+        """
+        self._detail.publish(self._pid if pid is None else pid, tid, start_ns)
+
+    def step_summariser(self, tid: int, *, pid: int | None = None) -> Callable[[int], None]:
+        """``summarise_step`` bound to one thread: a callable of ``start_ns`` alone, for a
+        training loop that calls it on every summarised step."""
+        return self._detail.publisher(self._pid if pid is None else pid, tid)
+
+    def add_final_metadata(self, **values: Any) -> None:
+        """Add entries to the closing ``ppetrace.final`` event (see "Final counts")."""
+        with self._lock:
+            self._final.update(_json_safe(values))
 
     @property
     def events_written(self) -> int:
@@ -285,6 +368,7 @@ class ChromeTraceExporter(SpanExporter):
                 return
             f.append(data, spans)  # raises if a direct write fails
             self._part_bytes += len(data)
+            self._bytes += len(data)
             self._events_written += len(events) + (encoded[1] if encoded is not None else 0)
         except Exception as exc:
             self._fail(exc, spans)
@@ -297,6 +381,7 @@ class ChromeTraceExporter(SpanExporter):
             self._report(error, lost)
             return None
         f.append(b"\n]}\n")  # raises if the write fails
+        self._bytes += 4
         self._report(*f.wait())
         if self._broken:
             return None
@@ -412,15 +497,32 @@ class ChromeTraceExporter(SpanExporter):
                 if self._broken:
                     self.spans_lost += len(rows)
                     return
+                detail = self._detail
+                if detail.active and not detail.pending():
+                    detail.idle()  # nothing to fold: no cost but this test
+                elif detail.active:
+                    out, summaries = detail.take(pid, rows)
+                    rows = out
+                    if summaries:
+                        written = write_summarised(self, out, summaries, pid, meta, earliest)
+                        return
                 for part in self._encode_spans(rows, pid, first):
                     self._write(meta, earliest, part, spans=part[1])
                     written += part[1]
                     meta, earliest = [], None
             except Exception as exc:
                 self.errors += 1
-                self.spans_lost += len(rows) - written
+                self.spans_lost += max(0, len(rows) - written)
                 self.last_error = f"encoding spans for {self.path} failed: {exc}"
                 _log.exception("exporters: encoding spans for %s failed", self.path)
+
+    def _switching(self) -> int:
+        """1 if the next write opens the next part, else 0. Lock held."""
+        return int(
+            self._max_part is not None
+            and self._header_written
+            and self._part_bytes >= self._max_part
+        )
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Append OpenTelemetry spans (the ``SpanExporter`` path); same output as
@@ -503,6 +605,17 @@ class ChromeTraceExporter(SpanExporter):
             f = self._file
             if f is None:
                 return
+            try:
+                if not self._broken:
+                    write_held(self, _log)
+                    final = final_event(self, FINAL_EVENT)
+                    if final is not None:
+                        self._write([final])
+            except Exception as exc:
+                self._fail(exc, 0)
+            f = self._file  # the held rows may have opened the next part
+            if f is None:
+                return
             self._file = None
             self._closed = True
             try:
@@ -510,7 +623,9 @@ class ChromeTraceExporter(SpanExporter):
                     self._report(*f.wait())
                 else:
                     head = "" if self._header_written else self._header(None)
-                    self._report(*f.append((head + "\n]}\n").encode("ascii")))
+                    closing = (head + "\n]}\n").encode("ascii")
+                    self._bytes += len(closing)
+                    self._report(*f.append(closing))
                     self._report(*f.wait())
             except Exception as exc:
                 self._fail(exc, 0)

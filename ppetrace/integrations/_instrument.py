@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import traceback
 import types
@@ -20,6 +21,13 @@ from typing import Any
 
 from .. import tracing
 from ..tracing._recorder import trace
+from ._detail import (
+    DEFAULT_MAX_TRACE_BYTES,
+    TRACE_PART_BYTES,
+    StepDetail,
+    check_detail,
+    detail_metadata,
+)
 from ._hooks import Hooks
 from ._ranks import rank_info, rank_trace_path
 from ._stepper import StepTracker
@@ -62,6 +70,8 @@ class Instrumentation:
         self.trace_exporter: Any = None
         #: ChromeTraceExporter options beyond the path (a rank's file under torchrun)
         self.exporter_options: dict[str, Any] = {}
+        #: ``(trace_detail, max_trace_bytes)`` (see :func:`instrument`)
+        self.detail: tuple[Any, int] = ("auto", DEFAULT_MAX_TRACE_BYTES)
         self.closed = False
         timer = next((p for p in profilers if _is_span_wrapper(p)), None)
         self._tracker = StepTracker(profilers, timer)
@@ -96,8 +106,13 @@ class Instrumentation:
                 options = dict(self.exporter_options)
                 # what it ran on, as the Trainer records it (report, compare --strict-env)
                 environment = tracing.capture_environment(device=self.runtime.device_spec)
-                options["metadata"] = {"environment": environment, **options.get("metadata", {})}
+                options["metadata"] = {
+                    "environment": environment,
+                    "ppetrace.detail": detail_metadata(*self.detail),
+                    **options.get("metadata", {}),
+                }
                 self.trace_exporter = ChromeTraceExporter(self.trace_path, **options)
+                self._tracker.detail = StepDetail.create(self.trace_exporter, *self.detail, _notice)
                 tracing.add_exporter(self.trace_exporter)
             for prof in self.profilers:
                 prof.setup(self)
@@ -165,6 +180,8 @@ def instrument(
     module_depth: int = 1,
     profilers: Iterable[Any] = (),
     device: str | None = None,
+    trace_detail: Any = "auto",
+    max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
 ) -> Instrumentation:
     """Trace any PyTorch training or inference loop, without changing its code.
 
@@ -189,6 +206,11 @@ def instrument(
     ``TorchProfiler``, ``CudaTimer``, ...), stepped per batch handed over with
     gradients enabled on this thread; ``device`` is what they read as the
     device (default ``"cuda"`` when CUDA is available, else ``"cpu"``).
+    ``trace_detail`` (``"auto"``, ``"all"`` or a ``ppetrace.Schedule``) and
+    ``max_trace_bytes`` choose the steps the trace keeps in full, as the
+    Trainer's options of those names do (the one-line notice goes to stderr);
+    the file is written in parts of 256 MiB (``trace.1.json``, ...) but under
+    torchrun.
 
     While a ``ppetrace.Trainer`` call or a ``LightningProfiler`` traces the loop,
     the hooks stand aside. Only one instrumentation can be active: a second call
@@ -199,6 +221,7 @@ def instrument(
             "Expected a non-negative int for module_depth (1: the outermost module calls, 0: "
             f"none), but received {module_depth!r}."
         )
+    trace_detail, max_trace_bytes = check_detail(trace_detail, max_trace_bytes)
     if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
         raise TypeError(
             "Expected a file path (str or os.PathLike) or None for trace_path, but received "
@@ -231,7 +254,10 @@ def instrument(
         handle = Instrumentation(
             trace_path=trace_path, module_depth=module_depth, profilers=profs, device=device
         )
-        if ranks is not None:  # HTA's distributedInfo; room for the clock fields at the end
+        handle.detail = (trace_detail, max_trace_bytes)
+        if ranks is None:
+            handle.exporter_options = {"max_part_bytes": TRACE_PART_BYTES}
+        else:  # HTA's distributedInfo; room for the clock fields at the end
             handle.exporter_options = {
                 "distributed_info": {"rank": ranks.rank, "world_size": ranks.world_size},
                 "header_reserve": HEADER_RESERVE,
@@ -244,6 +270,11 @@ def instrument(
             _active.remove(handle)
         raise
     return handle
+
+
+def _notice(line: str) -> None:
+    """The one-line notice of the switch to windows (``trace_detail="auto"``)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _is_span_wrapper(prof: Any) -> bool:

@@ -69,6 +69,10 @@ class RunOptions:
     warmup: int = 1
     profile: list[str] = field(default_factory=list)
     schedule: str | None = None
+    #: ``--detail``: "auto", "all" or N (one step in N in full, from the start)
+    detail: str = "auto"
+    #: ``--max-trace-bytes`` (None: instrument()'s default, about 1 GB)
+    max_trace_bytes: int | None = None
 
 
 RUN_DOC = (
@@ -120,6 +124,22 @@ def add_parser(
         "--schedule",
         metavar="W,WU,A,R",
         help="the profilers' schedule: wait,warmup,active,repeat steps (default: 0,1,3,1)",
+    )
+    run.add_argument(
+        "--detail",
+        default="auto",
+        metavar="all|auto|N",
+        help="which steps keep every span: 'auto' every step until the trace holds "
+        "--max-trace-bytes, then 1 step in 1,000 (the others keep their step spans and "
+        "each hook's count, total and self time); 'all' every step; N: 1 step in N from "
+        "the start (default: auto)",
+    )
+    run.add_argument(
+        "--max-trace-bytes",
+        type=int_at_least(1, "--max-trace-bytes"),
+        default=None,
+        metavar="BYTES",
+        help="the trace size at which --detail auto switches (default: 1000000000)",
     )
     run.add_argument(
         "target", nargs=argparse.REMAINDER, metavar="script.py [args ...]", help=argparse.SUPPRESS
@@ -183,6 +203,8 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         warmup=args.warmup,
         profile=list(args.profile),
         schedule=args.schedule,
+        detail=args.detail,
+        max_trace_bytes=args.max_trace_bytes,
     )
 
 
@@ -242,6 +264,31 @@ def _schedule(text: str | None) -> Any:
             f"{str(exc).rstrip('.')}. Give wait, warmup and repeat >= 0 and active >= 1, "
             "e.g. 1,1,3,1."
         ) from None
+
+
+def _detail(opts: RunOptions) -> dict[str, Any]:
+    """``instrument()``'s ``trace_detail`` and ``max_trace_bytes`` for ``--detail`` and
+    ``--max-trace-bytes``."""
+    from ..profilers import Schedule
+
+    out: dict[str, Any] = {}
+    if opts.max_trace_bytes is not None:
+        out["max_trace_bytes"] = opts.max_trace_bytes
+    text = opts.detail.strip()
+    if text in ("auto", "all"):
+        out["trace_detail"] = text
+        return out
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise BadRunInput(
+            f"Expected --detail all, auto or a positive integer N (1 step in N with every "
+            f"span), but received {opts.detail!r}. Pass --detail all to keep every span."
+        )
+    out["trace_detail"] = Schedule(wait=n - 1, warmup=0, active=1, repeat=0)
+    return out
 
 
 def _profilers(opts: RunOptions) -> list[Any]:
@@ -327,6 +374,7 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     :class:`BadRunInput` before anything runs."""
     err = sys.stderr if err is None else err
     profilers = _profilers(opts)
+    detail = _detail(opts)
     kind, target = _check_target(opts)
     try:
         ranks = rank_info()
@@ -352,7 +400,9 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
 
     from ._instrument import instrument
 
-    handle = instrument(trace_path=given, module_depth=opts.module_depth, profilers=profilers)
+    handle = instrument(
+        trace_path=given, module_depth=opts.module_depth, profilers=profilers, **detail
+    )
     ranked = None
     if ranks is not None and ranks.world_size > 1:
         from ._run_ranks import RankRun

@@ -40,6 +40,7 @@ import torch
 
 from ..runtime._convert import batch_size
 from ..tracing._recorder import RECORDER
+from ._detail import StepDetail
 from ._record import RowBuffer, current_parent
 
 __all__ = ["Candidate", "StepTracker", "ThreadState"]
@@ -164,6 +165,8 @@ class StepTracker:
         self.tls = threading.local()
         self._states: dict[int, ThreadState] = {}
         self._lock = threading.Lock()
+        #: which steps the trace keeps in full (``trace_detail``); None: every step
+        self.detail: StepDetail | None = None
         self._trained_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last_trained: Any = None  # the iterator added last (adding is not free)
 
@@ -226,6 +229,10 @@ class StepTracker:
         cand.start = start
         st.cand = cand
         attrs = cand.attrs
+        detail = self.detail
+        # a batch handed over under no_grad is evaluation: no step row will come
+        if detail is not None and detail.due(self.steps) and _grad_enabled():
+            detail.summarise_at(start + RECORDER.offset_ns, st.rows.tid)
         if st.profiled and (self.profilers or self.timer is not None) and _grad_enabled():
             cand.profiled = self._profiled_batches
             for prof in self.profilers:

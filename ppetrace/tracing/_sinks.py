@@ -57,7 +57,9 @@ class SinkStats:
     after ``export_timeout``). ``buffered`` counts spans still on their way:
     in thread buffers, in this sink's queue or in a call. ``errors`` counts
     failed calls (force_flush and shutdown included); ``last_error`` is the
-    text of the last one, or None.
+    text of the last one, or None. ``summarised`` counts the delivered spans
+    that the exporter folded into the aggregates of summarised steps
+    (``ChromeTraceExporter.spans_summarised``) instead of writing them.
     """
 
     name: str
@@ -67,6 +69,7 @@ class SinkStats:
     buffered: int
     errors: int
     last_error: str | None
+    summarised: int = 0
 
     @property
     def dropped_total(self) -> int:
@@ -242,6 +245,7 @@ class Sink:
                 buffered=buffered + self._pending,
                 errors=self.errors,
                 last_error=self.last_error,
+                summarised=_summarised(self.target),
             )
 
     # -- the worker's side -----------------------------------------------------
@@ -413,6 +417,11 @@ class BatchExporterSink(Sink):
                 self.dropped["exporter_error"] += extra
             error = getattr(self.target, "last_error", None) or f"{extra} spans not written"
             self._note_error(str(error), extra, None)
+
+
+def _summarised(target: Any) -> int:
+    value = getattr(target, "spans_summarised", 0)
+    return value if isinstance(value, int) else 0
 
 
 def _lost(target: Any) -> int:

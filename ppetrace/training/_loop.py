@@ -58,7 +58,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
     check_loss = not adapter.backward_in_step
     autocast = run.runtime.autocast_context if run.runtime.autocast_enabled else None
     profilers, bar, open_span = self.profilers, run.progress, run.open_span
-    hooks, flags, group = run.hooks, PROFILER_FLAGS, run.group
+    hooks, flags, group, detail = run.hooks, PROFILER_FLAGS, run.group, run.detail
     plain = hooks.plain
     wants_end_backward, collect, every_step = run.wants_end_backward, run.collect, watch.every_step
     known = known_batch_sizes(loader)
@@ -108,7 +108,9 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
                 prof.step_begin(seen)
         # the runtime hooks, each span through its runtime's trace while a torch profiler records
         pre, convert_open, convert, post = hooks.ranged if flags._is_profiler_enabled else plain
-        with open_span("trainer.step", attrs):
+        with open_span("trainer.step", attrs) as step_span:
+            if detail is not None and detail.due(seen):  # this step's hooks as aggregates
+                detail.summarise(step_span)
             for open_hook, sub, fn in pre:
                 with open_hook("runtime.train_pre_step", attrs):
                     if fn is not None:

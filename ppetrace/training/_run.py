@@ -19,6 +19,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from ..integrations._detail import StepDetail
 from ..interfaces.module_interface import Stage
 from ..profilers import SpanWrapper
 from ..runtime._base import BaseRuntime
@@ -188,6 +189,8 @@ class Run:
         self.attrs: Mapping[str, Any] = {}
         self.divisor = 1
         self.last_loss: Any = None
+        #: which steps the trace keeps in full (``trace_detail``); None: every step
+        self.detail: StepDetail | None = None
         #: opens the spans of device work (trainer.step, module.train_step, trainer.backward,
         #: trainer.optimizer_step); a profiler may replace it with a drop-in for ``trace``
         self.open_span: Callable[[str, Any], contextlib.AbstractContextManager[Any]] = trace

@@ -20,6 +20,12 @@ from typing import Any
 
 from .. import tracing
 from ..integrations import _precedence
+from ..integrations._detail import (
+    DEFAULT_MAX_TRACE_BYTES,
+    TRACE_PART_BYTES,
+    StepDetail,
+    detail_metadata,
+)
 from ..integrations.distributed import trace_collectives
 from ._progress import ProgressBar, progress_wanted
 from ._run import Run, TrainerView, run_cleanups
@@ -77,6 +83,9 @@ def session(
             self.trace_exporter = early or attach_trace_exporter(self, call)
             exporter = self.trace_exporter
             cleanups.append(lambda: tracing.remove_exporter(exporter))
+            if run is not None:
+                notify = getattr(self, "print", print)  # above the progress bar
+                run.detail = StepDetail.create(exporter, *_detail_of(self), notify)
         cleanups.insert(0, tracing.flush)
         if dist is not None:  # the user's explicit collectives, as dist.<name> spans
             collectives = contextlib.ExitStack()
@@ -118,6 +127,14 @@ def session(
         running -= 1
 
 
+def _detail_of(self: Any) -> tuple[Any, int]:
+    """The Trainer's ``trace_detail`` and ``max_trace_bytes``."""
+    return (
+        getattr(self, "trace_detail", "auto"),
+        getattr(self, "max_trace_bytes", DEFAULT_MAX_TRACE_BYTES),
+    )
+
+
 def next_trace_path(self: TrainerView, call: str) -> Path:
     """The file for this call: ``trace_path`` unless this Trainer already wrote it, else
     ``<stem>.<call><suffix>`` (``<stem>.<call><n><suffix>`` for the n-th such call,
@@ -152,12 +169,18 @@ def attach_trace_exporter(self: TrainerView, call: str) -> Any:
         ) from exc
     path = next_trace_path(self, call)
     environment = tracing.capture_environment(device=getattr(self, "device", None))
+    detail = detail_metadata(*_detail_of(self))
     dist = getattr(self, "_dist", None)
     if dist is None:
-        exporter = ChromeTraceExporter(path, metadata={"environment": environment})
+        exporter = ChromeTraceExporter(
+            path,
+            metadata={"environment": environment, "ppetrace.detail": detail},
+            max_part_bytes=TRACE_PART_BYTES,
+        )
     else:  # this rank's file, on rank 0's clock; rank 0 merges them into path at the end
         options = dist.trace_options()
         options["metadata"]["environment"] = environment
+        options["metadata"]["ppetrace.detail"] = detail
         exporter = ChromeTraceExporter(dist.rank_path(path), **options)
         self.trace_paths.append(dist.rank_path(path))
     self.last_trace_path = path

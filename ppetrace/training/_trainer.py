@@ -52,7 +52,9 @@ from typing import IO, Any, Literal
 
 import torch
 
+from ..integrations._detail import DEFAULT_MAX_TRACE_BYTES, check_detail
 from ..interfaces.module_interface import Stage
+from ..profilers import Schedule
 from ..runtime._base import BaseRuntime, call_hook
 from ..tracing._recorder import RECORDER, span_attributes, trace
 from ._adapters import make_adapter
@@ -145,6 +147,17 @@ class Trainer:
             ``validate``/``test`` results) and of ``on_end_train_epoch`` are
             gathered from every rank, in rank order; ``False`` keeps each
             rank's own.
+        trace_detail: which training steps the trace keeps in full
+            (``ppetrace.integrations._detail``): ``"auto"`` every step until the
+            trace holds ``max_trace_bytes``, then 1 step in 1,000, printing one
+            line when it switches; ``"all"`` every step; a
+            :class:`~ppetrace.Schedule` its recorded steps from the start. The
+            other steps keep their step-level spans, and each hook's count,
+            total and self time as attributes of their ``trainer.step`` span
+            (``exporters.ChromeTraceExporter``, "Summarised steps").
+        max_trace_bytes: the trace size (bytes, every part) at which ``"auto"``
+            switches (default about 1 GB). The trace file is written in parts of
+            256 MiB (``trace.json``, ``trace.1.json``, ...), read as one run.
     """
 
     def __init__(
@@ -174,6 +187,8 @@ class Trainer:
         distributed: Literal["auto"] | None = "auto",
         use_distributed_sampler: bool = True,
         gather_outputs: bool = True,
+        trace_detail: Literal["auto", "all"] | Schedule = "auto",
+        max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
     ) -> None:
         if not isinstance(device, (str, torch.device, BaseRuntime)):
             raise TypeError(
@@ -183,6 +198,7 @@ class Trainer:
         check_device(device)
         check_trace_path(trace_path)
         self.on_nonfinite_loss = check_nonfinite_mode(on_nonfinite_loss)
+        self.trace_detail, self.max_trace_bytes = check_detail(trace_detail, max_trace_bytes)
         check_positive_int("max_epochs", max_epochs)
         check_positive_int("max_steps", max_steps, allow_none=True)
         check_positive_int("grad_accumulation", grad_accumulation)

@@ -41,7 +41,7 @@ def test_a_negative_threshold_is_refused_in_a_sentence(tmp_path: Path, form: tup
 
 
 def test_only_compares_negative_values_are_joined_to_their_option() -> None:
-    from ppetrace._cli_args import join_negative_values
+    from ppetrace.cli._args import join_negative_values
 
     assert join_negative_values(["compare", "a", "b", "--noise-floor", "-.5", "--", "-1"]) == [
         "compare",

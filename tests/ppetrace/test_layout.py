@@ -28,9 +28,6 @@ TOP = {
     "__main__",
     "_version",
     "cli",
-    "_cli_io",
-    "_cli_html",
-    "_cli_args",
     "pytest_plugin",
 }
 MAX_LINES = 650

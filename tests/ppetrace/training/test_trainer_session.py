@@ -106,9 +106,10 @@ def test_a_profiler_without_the_protocol_is_rejected() -> None:
 class FakeChrome:
     instances: ClassVar[list[FakeChrome]] = []
 
-    def __init__(self, path: Any, *, metadata: Any = None) -> None:
+    def __init__(self, path: Any, *, metadata: Any = None, max_part_bytes: Any = None) -> None:
         self.path = path
         self.metadata = metadata
+        self.max_part_bytes = max_part_bytes
         self.rows: list[str] = []
         self.shut = False
         FakeChrome.instances.append(self)
@@ -137,6 +138,8 @@ def test_trace_path_attaches_a_chrome_exporter_for_the_run(
     (exp,) = fake_chrome.instances
     assert trainer.trace_exporter is exp and exp.path == tmp_path / "t.json"
     assert exp.metadata["environment"]["device"] == "cpu"  # capture_environment's record
+    assert exp.metadata["ppetrace.detail"]["policy"] == "auto"
+    assert exp.max_part_bytes == 1 << 28  # the file in parts of 256 MiB
     assert exp.shut
     assert exp.rows.count("trainer.step") == 6 and exp.rows.count("trainer.run") == 1
     with ppetrace.trace("after.run"):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from ppetrace._cli_io import _BadInput
+from ._io import _BadInput
 
 __all__ = ["add_html_option", "write_html"]
 

@@ -1,0 +1,114 @@
+"""``ppetrace merge OUT IN...`` and ``ppetrace repair TRACE [OUT]``: writing trace files."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+from typing import IO, Any
+
+from ._inputs import _in_file, _unreadable
+from ._io import _BadInput
+from ._parse import EXIT_OK
+
+__all__ = ["add_merge_and_repair", "merge", "repair"]
+
+_MERGE_DOC = (
+    "Merge per-rank or per-process trace files into one timeline, keeping each "
+    "process's pid and name and applying the clock offsets in their otherData."
+)
+
+_REPAIR_DOC = (
+    "Write a strict JSON copy of a trace that a killed run cut off, closed after its last "
+    "complete event, for viewers that need strict JSON (Perfetto UI, speedscope). The JSON "
+    "object form and its otherData are kept. OUT may be TRACE itself."
+)
+
+
+def add_merge_and_repair(sub: Any) -> None:
+    """Add the ``merge`` and ``repair`` commands to the subparsers ``sub``."""
+    merge = sub.add_parser(
+        "merge", help="merge per-rank traces into one timeline", description=_MERGE_DOC
+    )
+    merge.add_argument("out", metavar="OUT", help="the merged trace to write")
+    merge.add_argument("inputs", metavar="IN", nargs="+", help="traces to merge")
+
+    repair = sub.add_parser(
+        "repair", help="close a cut-off trace as strict JSON", description=_REPAIR_DOC
+    )
+    repair.add_argument("trace", metavar="TRACE", help="the cut-off trace (.json or .json.gz)")
+    repair.add_argument(
+        "out", metavar="OUT", nargs="?", help="where to write (default: TRACE.repaired.json)"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 trace``, ``2 traces``, ``1,024 events``, ``2 processes``."""
+    plural = noun + ("es" if noun.endswith("s") else "s")
+    return f"{n:,} {noun if n == 1 else plural}"
+
+
+def _not_writable(out: str, exc: OSError) -> _BadInput:
+    return _BadInput(
+        f"Expected a writable file path for OUT (the merged trace to write), but writing "
+        f"{out} failed: {exc.strerror or exc}. Pass a file path in a folder you can write to."
+    )
+
+
+def _events(merged: Any) -> int:
+    """The merged trace's event count, without parsing it when the merger counted them."""
+    count = getattr(merged, "event_count", None)
+    return count if isinstance(count, int) else len(merged.events)
+
+
+def merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    import exporters
+
+    if Path(args.out).is_dir():
+        raise _BadInput(
+            f"Expected a file path for OUT (the merged trace to write), but {args.out} is a "
+            f"directory. Pass a file name, such as {Path(args.out) / 'merged.json'}."
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", exporters.TraceTruncatedWarning)
+        try:
+            merged = exporters.merge_traces(args.out, args.inputs)
+        except FileNotFoundError as exc:
+            if exc.filename is None:  # a missing input, named in the message
+                raise _BadInput(str(exc)) from None
+            raise _not_writable(args.out, exc) from None
+        except exporters.TraceError as exc:
+            raise _BadInput(str(exc)) from None
+        except OSError as exc:
+            if exc.filename is not None and str(exc.filename) in args.inputs:
+                raise _unreadable(str(exc.filename), exc) from None
+            raise _not_writable(args.out, exc) from None
+    for w in caught:
+        if issubclass(w.category, exporters.TraceTruncatedWarning):
+            err.write(f"ppetrace: warning: {w.message}\n")
+    processes = len(merged.metadata.get("processes", {}))
+    traces = len(merged.metadata.get("merged_from", ()))  # a folder's files, a run's parts once
+    out.write(
+        f"Merged {_count(traces, 'trace')} ({_count(_events(merged), 'event')}, "
+        f"{_count(processes, 'process')}) into {args.out}\n"
+    )
+    return EXIT_OK
+
+
+def repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    import exporters
+
+    try:
+        done = exporters.repair_chrome_trace(args.trace, args.out)
+    except FileNotFoundError as exc:
+        raise _BadInput(str(exc)) from None
+    except exporters.TraceError as exc:
+        raise _BadInput(_in_file(args.trace, str(exc))) from None
+    except OSError as exc:
+        raise _BadInput(
+            f"Expected to write the repaired copy of {args.trace}, but that failed: "
+            f"{exc.strerror or exc}. Pass an OUT path in a folder you can write to."
+        ) from None
+    state = "cut off; closed after its last complete event" if done.truncated else "complete"
+    out.write(f"Wrote {done.path}: {_count(done.events, 'event')} ({args.trace} was {state})\n")
+    return EXIT_OK

@@ -1,0 +1,80 @@
+"""The ``ppetrace`` command: its parser, its commands and :func:`main`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import IO
+
+from ppetrace._version import __version__
+
+from ._args import join_negative_values
+from ._compare import add_compare, compare
+from ._files import add_merge_and_repair, merge, repair
+from ._io import _BadInput, _write
+from ._parse import EXIT_BAD_INPUT, _Parser
+from ._report import add_report, report
+from ._run import add_run, run
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``ppetrace`` command."""
+    parser = _Parser(
+        prog="ppetrace",
+        description="Run a script traced; report on, compare and merge ppetrace Chrome traces.",
+        epilog="Exit codes: 0 ok, 1 gated regression (compare), 2 bad input; run: the script's.",
+    )
+    parser.add_argument("--version", action="version", version=f"ppetrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    add_run(sub)
+    add_report(sub)
+    add_compare(sub)
+    add_merge_and_repair(sub)
+    return parser
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
+    "run": run,
+    "report": report,
+    "compare": compare,
+    "merge": merge,
+    "repair": repair,
+}
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> int:
+    """Run the ``ppetrace`` command with ``argv`` (default: ``sys.argv[1:]``); return the
+    exit code. ``stdout``/``stderr`` default to the process's streams."""
+    out = stdout if stdout is not None else sys.stdout
+    err = stderr if stderr is not None else sys.stderr
+    parser = build_parser()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # --help, --version or a usage error
+        code = exc.code
+        return code if isinstance(code, int) else EXIT_BAD_INPUT
+    if args.command is None:
+        parser.print_help(out)
+        return EXIT_BAD_INPUT
+    try:
+        return _COMMANDS[args.command](args, out, err)
+    except _BadInput as exc:
+        _write(err, f"ppetrace {args.command}: error: {exc}\n")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        err.write("ppetrace: interrupted\n")
+        return 130
+    except Exception as exc:  # last resort: one line, and never exit 1 ("regression")
+        message = " ".join(str(exc).split()) or "(no message)"
+        _write(err, f"ppetrace: error: {type(exc).__name__}: {message}\n")
+        return EXIT_BAD_INPUT

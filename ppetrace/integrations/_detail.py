@@ -1,0 +1,176 @@
+"""How much of each training step the trace file keeps: ``trace_detail`` and ``max_trace_bytes``.
+
+Takes in: the option values of ``Trainer``, ``instrument()`` and ``ppetrace
+run``, the run's ``ChromeTraceExporter``, and each training step as it
+starts. Gives back: for each step, whether it keeps full detail or is
+*summarised* (the exporter folds its hook-level spans into per-event
+aggregates on its ``trainer.step`` row; see ``ChromeTraceExporter``).
+
+- ``"auto"`` (the default): every step in full until the trace holds
+  ``max_trace_bytes`` (``exporter.bytes_written``, every part), then one
+  step in full in each window of :data:`DEFAULT_WINDOWS` (1 in 1,000) and the
+  others summarised; one line says so when it switches.
+- ``"all"``: every step in full, whatever the size.
+- a :class:`~ppetrace.Schedule`: from the first step, the steps whose action
+  records (``RECORD``/``RECORD_AND_SAVE``) are in full, the others summarised.
+
+Step numbers are those of the profilers' schedules: training batches
+completed before the step, over the whole run. The policy is written in
+``otherData["ppetrace.detail"]`` (:func:`detail_metadata`), and the step at
+which ``"auto"`` switched in the exporter's closing ``ppetrace.final`` event
+(``switched_at_step``: int or null).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..profilers._schedule import Schedule
+from ..tracing._recorder import RECORDER
+
+__all__ = [
+    "DEFAULT_MAX_TRACE_BYTES",
+    "DEFAULT_WINDOWS",
+    "TRACE_PART_BYTES",
+    "StepDetail",
+    "check_detail",
+    "detail_metadata",
+]
+
+#: ``max_trace_bytes`` by default: about 1 GB of trace before the windows start.
+DEFAULT_MAX_TRACE_BYTES = 1_000_000_000
+#: The windows of ``"auto"`` past the budget: 1 step in full in 1,000.
+DEFAULT_WINDOWS = Schedule(wait=999, warmup=0, active=1, repeat=0)
+#: The part size of the trace files the Trainer and ``ppetrace run`` write (256 MiB).
+TRACE_PART_BYTES = 1 << 28
+
+
+def check_detail(trace_detail: Any, max_trace_bytes: Any) -> tuple[str | Schedule, int]:
+    """The validated ``(trace_detail, max_trace_bytes)``; raises with a full sentence."""
+    if not (isinstance(trace_detail, Schedule) or trace_detail in ("auto", "all")):
+        raise ValueError(
+            "Expected 'auto', 'all' or a ppetrace.Schedule for trace_detail, but received "
+            f"{trace_detail!r}. Pass trace_detail='all' to trace every step in full, or "
+            "trace_detail=ppetrace.Schedule(wait=99, warmup=0, active=1, repeat=0) for 1 "
+            "step in 100."
+        )
+    if (
+        isinstance(max_trace_bytes, bool)
+        or not isinstance(max_trace_bytes, int)
+        or max_trace_bytes < 1
+    ):
+        raise ValueError(
+            "Expected a positive int number of bytes for max_trace_bytes, but received "
+            f"{max_trace_bytes!r}. Pass e.g. max_trace_bytes=10_000_000_000 for 10 GB."
+        )
+    return trace_detail, max_trace_bytes
+
+
+def detail_metadata(trace_detail: str | Schedule, max_trace_bytes: int) -> dict[str, Any]:
+    """``otherData["ppetrace.detail"]``: the policy, its budget and its schedule."""
+    schedule: Schedule | None
+    if isinstance(trace_detail, Schedule):
+        policy, schedule = "schedule", trace_detail
+    else:
+        policy, schedule = trace_detail, DEFAULT_WINDOWS if trace_detail == "auto" else None
+    return {
+        "policy": policy,
+        "max_trace_bytes": max_trace_bytes if policy == "auto" else None,
+        "schedule": None
+        if schedule is None
+        else {
+            "wait": schedule.wait,
+            "warmup": schedule.warmup,
+            "active": schedule.active,
+            "repeat": schedule.repeat,
+            "skip_first": schedule.skip_first,
+        },
+    }
+
+
+class StepDetail:
+    """Decides, step by step, which steps a run's trace keeps in full (module doc).
+
+    ``due(step)`` is True for a step to summarise; :meth:`summarise` then
+    publishes the step's start to the exporter. ``notify`` prints the one-line
+    notice of the switch. Build it with :meth:`create`, which returns None
+    when every step is kept in full (``"all"``, or no exporter): the caller
+    then tests ``detail is not None`` and nothing else per step.
+    """
+
+    def __init__(
+        self,
+        exporter: Any,
+        trace_detail: str | Schedule,
+        max_trace_bytes: int,
+        notify: Callable[[str], None],
+    ) -> None:
+        self.exporter = exporter
+        self.max_trace_bytes = max_trace_bytes
+        self.notify = notify
+        self.schedule = trace_detail if isinstance(trace_detail, Schedule) else DEFAULT_WINDOWS
+        #: the step at which "auto" switched to windows (None: not yet, or a Schedule)
+        self.switched_at: int | None = None
+        self._switched = isinstance(trace_detail, Schedule)
+        sch = self.schedule  # Schedule.action(step).records, as arithmetic (per step)
+        self._skip, self._cycle = sch.skip_first, sch.wait + sch.warmup + sch.active
+        self._idle, self._until = sch.wait + sch.warmup, sch.repeat * self._cycle
+        self._summarise = exporter.summarise_step
+        self._tid = threading.get_native_id()
+        self._publish = exporter.step_summariser(self._tid)
+
+    @classmethod
+    def create(
+        cls,
+        exporter: Any,
+        trace_detail: str | Schedule,
+        max_trace_bytes: int,
+        notify: Callable[[str], None],
+    ) -> StepDetail | None:
+        """The policy for ``exporter`` (None: every step in full, nothing to do per step)."""
+        if exporter is None or not hasattr(exporter, "summarise_step"):
+            return None
+        if trace_detail == "all":
+            return None
+        exporter.add_final_metadata(switched_at_step=None)  # "auto": set when it switches
+        return cls(exporter, trace_detail, max_trace_bytes, notify)
+
+    def due(self, step: int) -> bool:
+        """True when ``step`` is to be summarised (it switches "auto" when due)."""
+        if not self._switched:
+            if self.exporter.bytes_written < self.max_trace_bytes:
+                return False
+            self._switch(step)
+        rel = step - self._skip
+        if rel < 0 or (self._until and rel >= self._until):
+            return True
+        return rel % self._cycle < self._idle
+
+    def _switch(self, step: int) -> None:
+        self._switched = True
+        self.switched_at = step
+        self.exporter.add_final_metadata(switched_at_step=step)
+        sch = self.schedule
+        cycle = sch.wait + sch.warmup + sch.active
+        self.notify(
+            f"ppetrace: the trace reached max_trace_bytes={self.max_trace_bytes:,} at step "
+            f"{step}; from here it keeps {sch.active} step in {cycle:,} in full and, for "
+            "the others, each hook's count, total and self time. Pass trace_detail='all' "
+            "(ppetrace run: --detail all) to keep every span, or a larger max_trace_bytes."
+        )
+
+    def summarise(self, span: Any) -> None:
+        """Publish the start of the entered ``trainer.step`` span ``span`` (a ppetrace span;
+        anything else, or a span that recorded nothing, leaves the step in full)."""
+        rec = RECORDER
+        if rec.enabled:  # else no step row comes
+            # not a ppetrace span (no start_ns): the step stays in full
+            with contextlib.suppress(AttributeError, TypeError):
+                self._publish(span.start_ns + rec.offset_ns)
+
+    def summarise_at(self, start_ns: int, tid: int) -> None:
+        """Publish a step that starts at ``start_ns`` (epoch ns) on thread ``tid``."""
+        self._summarise(tid, start_ns)

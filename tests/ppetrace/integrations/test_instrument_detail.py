@@ -1,0 +1,71 @@
+"""instrument(trace_detail=...): summarised steps of a hand-written loop, counted in full."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import ppetrace
+from exporters import read_chrome_trace
+
+HOOKS, NAMES = "ppetrace.hooks", "ppetrace.hook_names"
+
+
+def _run(path: Path, make_loader: Callable[..., Any], **options: Any) -> Any:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = make_loader(64, 4)
+    with ppetrace.instrument(trace_path=path, **options) as handle:
+        for x, y in data:
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():  # an evaluation pass: no step, nothing summarised
+            for x, _ in make_loader(8, 4):
+                model(x)
+    return handle
+
+
+def _counts(frame: pd.DataFrame) -> dict[str, int]:
+    """Each event's count: its spans plus the aggregates of the summarised steps."""
+    counts = {str(k): int(v) for k, v in frame["name"].value_counts().items()}
+    names: list[str] = []
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    for row in steps.to_dict("records"):
+        if isinstance(row.get(NAMES), str):
+            names = row[NAMES].split(";")
+        if isinstance(row.get(HOOKS), str):
+            for name, entry in zip(names, row[HOOKS].split(";"), strict=False):
+                if entry:
+                    parts = entry.split("/")
+                    counts[name] = counts.get(name, 0) + (int(parts[2]) if len(parts) > 2 else 1)
+    return counts
+
+
+def test_instrument_summarises_the_steps_of_its_schedule(
+    tmp_path: Path, make_loader: Callable[..., Any]
+) -> None:
+    full = _run(tmp_path / "full.json", make_loader, trace_detail="all")
+    every_other = ppetrace.Schedule(wait=1, warmup=0, active=1, repeat=0)
+    summ = _run(tmp_path / "summ.json", make_loader, trace_detail=every_other)
+    a, b = read_chrome_trace(full.trace_path), read_chrome_trace(summ.trace_path)
+    steps = b[b["name"] == "trainer.step"].sort_values("start_ns")
+    assert [isinstance(v, str) for v in steps[HOOKS]] == [i % 2 == 0 for i in range(16)]
+    assert _counts(b) == _counts(a)
+    assert summ.trace_exporter.steps_summarised == 8
+    assert b.attrs["metadata"]["ppetrace.detail"]["policy"] == "schedule"
+    # the evaluation forwards are written in full, tagged val
+    assert (b.loc[b["name"] == "module.forward", "stage"] == "val").sum() == 2
+
+
+def test_instrument_refuses_a_bad_trace_detail() -> None:
+    with pytest.raises(ValueError, match=r"Expected 'auto', 'all' or a ppetrace.Schedule"):
+        ppetrace.instrument(trace_detail="none")

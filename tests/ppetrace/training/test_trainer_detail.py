@@ -1,0 +1,198 @@
+"""trace_detail and max_trace_bytes: every step's step level, the hooks in full or summarised."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import ppetrace
+from exporters import read_chrome_trace
+
+HOOKS, NAMES = "ppetrace.hooks", "ppetrace.hook_names"
+BATCHES = 12  # per epoch
+
+
+@pytest.fixture
+def quiet_flusher() -> Iterator[None]:
+    """No background flush: the trace grows only at the flushes a test asks for."""
+    ppetrace.configure(flush_interval=3600)
+    yield
+    ppetrace.configure()
+
+
+class FlushAtEpochEnd(ppetrace.CallbackInterface):
+    """Writes the epoch's spans before the next epoch: the trace size is known then."""
+
+    def on_end_train_epoch(self, global_step: int, *outputs: Any) -> None:
+        ppetrace.flush()
+
+
+def _fit(path: Path, epochs: int = 2, **options: Any) -> ppetrace.Trainer:
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(BATCHES * 2, 16, generator=g), torch.randint(0, 4, (24,)))
+    net = torch.nn.Linear(16, 4)
+    trainer = ppetrace.Trainer(
+        max_epochs=epochs,
+        progress=False,
+        trace_path=path,
+        val_every_n_epochs=None,
+        callbacks=[FlushAtEpochEnd()],
+        **options,
+    )
+    trainer.fit(
+        net,
+        DataLoader(ds, batch_size=2),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        loss_fn=F.cross_entropy,
+    )
+    return trainer
+
+
+def _steps(path: Path) -> Any:
+    frame = read_chrome_trace(path)
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    summarised = [isinstance(v, str) for v in steps.get(HOOKS, [None] * len(steps))]
+    return frame, steps, summarised
+
+
+def _final(path: Path) -> dict[str, Any]:
+    events = json.loads(path.read_text())["traceEvents"]
+    return dict(next(e for e in events if e.get("name") == "ppetrace.final")["args"])
+
+
+def test_auto_switches_at_the_volume_budget_with_one_notice(
+    tmp_path: Path, quiet_flusher: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "trace.json"
+    trainer = _fit(path, epochs=3, max_trace_bytes=1)
+    frame, steps, summarised = _steps(path)
+    assert len(steps) == 3 * BATCHES  # every step is in the trace
+    # the first epoch is written at its end: the first step after that is summarised,
+    # and (1 step in 1,000 in full) every later one
+    assert summarised == [False] * BATCHES + [True] * 2 * BATCHES
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ppetrace:")]
+    assert len(lines) == 1
+    assert f"max_trace_bytes=1 at step {BATCHES};" in lines[0]
+    assert "trace_detail='all'" in lines[0] and "larger max_trace_bytes" in lines[0]
+    other = frame.attrs["metadata"]["ppetrace.detail"]
+    assert other == {
+        "policy": "auto",
+        "max_trace_bytes": 1,
+        "schedule": {"wait": 999, "warmup": 0, "active": 1, "repeat": 0, "skip_first": 0},
+    }
+    final = _final(path)
+    assert final["switched_at_step"] == BATCHES
+    assert final["steps_summarised"] == 2 * BATCHES
+    # the hooks of a summarised step: every hook that ran, once each
+    names = steps[NAMES].dropna().iloc[0].split(";")
+    assert {"module.train_step", "trainer.backward", "trainer.optimizer_step"} <= set(names)
+    hooks = frame[frame["name"].isin(names)]
+    assert len(hooks) == BATCHES * len(names)  # only the detailed steps' hook spans
+    assert not set(names) & ppetrace_step_level()
+    stats = ppetrace.stats().sinks
+    assert trainer.trace_exporter.spans_summarised == final["spans_summarised"] > 0
+    assert all(s.name != repr(trainer.trace_exporter) for s in stats)  # detached at the end
+
+
+def ppetrace_step_level() -> frozenset[str]:
+    from exporters import STEP_LEVEL_EVENTS
+
+    return STEP_LEVEL_EVENTS
+
+
+def test_all_never_switches(tmp_path: Path, quiet_flusher: None) -> None:
+    path = tmp_path / "trace.json"
+    _fit(path, epochs=2, trace_detail="all", max_trace_bytes=1)
+    frame, steps, summarised = _steps(path)
+    assert len(steps) == 2 * BATCHES and not any(summarised)
+    assert "ppetrace.final" not in path.read_text()
+    assert frame.attrs["metadata"]["ppetrace.detail"]["policy"] == "all"
+
+
+def test_a_schedule_summarises_from_the_start_and_matches_full_detail(
+    tmp_path: Path, quiet_flusher: None
+) -> None:
+    """The per-event count and total over the run are the same with and without windows
+    (two runs of the same model: the counts exactly, the totals are times)."""
+    full_path, summ_path = tmp_path / "full.json", tmp_path / "summ.json"
+    _fit(full_path, epochs=1, trace_detail="all")
+    schedule = ppetrace.Schedule(wait=3, warmup=0, active=1, repeat=0)
+    _fit(summ_path, epochs=1, trace_detail=schedule)
+    full, _, _ = _steps(full_path)
+    frame, steps, summarised = _steps(summ_path)
+    assert summarised == [i % 4 != 3 for i in range(BATCHES)]
+    counts: dict[str, int] = {}
+    names: list[str] = []
+    for _, row in steps.iterrows():
+        if isinstance(row.get(NAMES), str):
+            names = row[NAMES].split(";")
+        if isinstance(row.get(HOOKS), str):
+            for name, entry in zip(names, row[HOOKS].split(";"), strict=False):
+                if entry:
+                    parts = entry.split("/")
+                    counts[name] = counts.get(name, 0) + (int(parts[2]) if len(parts) > 2 else 1)
+    for name, n in frame["name"].value_counts().items():
+        counts[name] = counts.get(name, 0) + int(n)
+    assert counts == full["name"].value_counts().to_dict()
+    assert frame.attrs["metadata"]["ppetrace.detail"]["policy"] == "schedule"
+
+
+def test_the_trace_stays_far_smaller_after_the_switch(tmp_path: Path, quiet_flusher: None) -> None:
+    full_path, summ_path = tmp_path / "full.json", tmp_path / "summ.json"
+    every = ppetrace.Schedule(wait=999, warmup=0, active=1, repeat=0, skip_first=10_000)
+    full = _fit(full_path, epochs=1, trace_detail="all").trace_exporter.bytes_written
+    summ = _fit(summ_path, epochs=1, trace_detail=every).trace_exporter.bytes_written
+    assert summ < 0.6 * full  # the step level and the aggregates only
+
+
+def test_stats_count_the_summarised_spans(tmp_path: Path, quiet_flusher: None) -> None:
+    every = ppetrace.Schedule(wait=999, warmup=0, active=1, repeat=0, skip_first=10_000)
+    exporter = None
+
+    class Look(ppetrace.CallbackInterface):
+        def on_end_train(self, global_step: int) -> None:
+            nonlocal exporter
+            ppetrace.flush()
+            exporter = trainer_ref[0].trace_exporter
+            sink = ppetrace.stats().sink(repr(exporter))
+            seen.append((sink.summarised, exporter.spans_summarised, sink.delivered))
+
+    seen: list[tuple[int, int, int]] = []
+    trainer_ref: list[Any] = []
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,)))
+    net = torch.nn.Linear(16, 4)
+    trainer = ppetrace.Trainer(
+        progress=False, trace_path=tmp_path / "t.json", trace_detail=every, callbacks=[Look()]
+    )
+    trainer_ref.append(trainer)
+    trainer.fit(
+        net,
+        DataLoader(ds, batch_size=2),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+        loss_fn=F.cross_entropy,
+    )
+    ((summarised, counted, delivered),) = seen
+    assert summarised == counted > 0 and delivered >= summarised
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"trace_detail": "some"}, r"Expected 'auto', 'all' or a ppetrace.Schedule for "),
+        ({"trace_detail": 5}, r"but received 5\. Pass trace_detail='all'"),
+        ({"max_trace_bytes": 0}, r"Expected a positive int number of bytes for max_trace_bytes"),
+        ({"max_trace_bytes": True}, r"max_trace_bytes, but received True\."),
+        ({"max_trace_bytes": 1.5e9}, r"but received 1500000000\.0\. Pass e\.g\."),
+    ],
+)
+def test_bad_options_are_refused_in_full_sentences(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ppetrace.Trainer(**options)
