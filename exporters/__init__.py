@@ -110,6 +110,9 @@ if TYPE_CHECKING:
     )
     from .report import STEP_PARTS as STEP_PARTS
     from .report import (
+        Detail as Detail,
+    )
+    from .report import (
         RankReport as RankReport,
     )
     from .report import (
@@ -154,6 +157,7 @@ _LAZY = {
     "spans_to_frame": ".frame",
     "REPORT_FORMATS": ".report",
     "StepReport": ".report",
+    "Detail": ".report",
     "RankReport": ".report",
     "Throughput": ".report",
     "render": ".report",

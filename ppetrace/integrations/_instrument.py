@@ -143,7 +143,7 @@ class Instrumentation:
             if self in _active:
                 _active.remove(self)
         errors: list[BaseException] = []
-        for step in (self._tracker.close, self._hooks.uninstall):
+        for step in (self._tracker.close, self._hooks.uninstall, self._tracker.release):
             try:
                 step()
             except Exception as exc:

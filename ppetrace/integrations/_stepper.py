@@ -402,6 +402,14 @@ class StepTracker:
             if st.had_step:
                 self._emit_validation(st)
 
+    def release(self) -> None:
+        """After the hooks are gone: give every thread's buffer back to the recorder,
+        which drains it once more and then forgets it."""
+        with self._lock:
+            states = list(self._states.values())
+        for st in states:
+            st.rows.close()
+
 
 def _call(fn: Any, *args: Any) -> None:
     """Call a profiler hook; telemetry never breaks training."""

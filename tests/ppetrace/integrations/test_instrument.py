@@ -523,3 +523,24 @@ def test_under_torchrun_each_rank_writes_its_own_file(
         assert handle.trace_path == tmp_path / "t.ranks" / f"rank{rank}.json"
         assert _frame(handle.trace_path)["name"].value_counts()["trainer.step"] == 2
     assert not (tmp_path / "t.json").exists()
+
+
+def test_closing_gives_the_step_buffers_back_and_keeps_their_rows(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    from ppetrace.tracing._recorder import RECORDER
+
+    def buffers() -> int:
+        with RECORDER._buffers_lock:
+            return len(RECORDER._buffers)
+
+    ppetrace.flush()
+    before = buffers()
+    model, data = _model(), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(3):
+        with ppetrace.instrument(trace_path=tmp_path / f"t{i}.json"):
+            _train(model, data, opt)
+        assert len(_names(_frame(tmp_path / f"t{i}.json"), "trainer.step")) == 2
+    ppetrace.flush()
+    assert buffers() == before
