@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import types
 import warnings
@@ -50,6 +51,7 @@ from lightning.pytorch.profilers import Profiler
 from .. import tracing
 from ..tracing._recorder import RECORDER
 from . import _precedence
+from ._detail import DEFAULT_MAX_TRACE_BYTES, StepDetail, check_detail, detail_metadata
 from ._ranks import rank_info, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
 
@@ -72,6 +74,18 @@ _SUFFIXES = {
     ".optimizer_step": OPTIMIZER_STEP,
 }
 _OWNERS = ("[Strategy]", "[LightningModule]")
+
+
+def _notice(line: str) -> None:
+    """The one-line notice of the switch to windows, above Lightning's progress bar."""
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+    except ImportError:
+        print(line, file=sys.stderr, flush=True)
+
+
 _PROFILER_METHODS = ("setup", "step_begin", "step_end", "teardown")
 
 
@@ -133,6 +147,10 @@ class LightningProfiler(Profiler):
       about a tenth of a second. Off by default: the summary then names the trace and
       the ``ppetrace report`` command that prints the same report.
     - ``warmup_steps``: left out of the step report.
+    - ``trace_detail`` and ``max_trace_bytes``: as for ``ppetrace.Trainer`` (README,
+      "Long runs"): every span in full until the trace holds ``max_trace_bytes``,
+      then 1 training batch in 1,000 in full and the others summarised; ``"all"``
+      keeps every span, a ``ppetrace.Schedule`` uses its windows from the start.
 
     While it is set up, ``ppetrace.instrument()``'s global hooks stand aside.
     """
@@ -147,8 +165,12 @@ class LightningProfiler(Profiler):
         warmup_steps: int = 1,
         dirpath: str | Path | None = None,
         filename: str | None = None,
+        trace_detail: Any = "auto",
+        max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
+        #: ``(trace_detail, max_trace_bytes)``: which steps the trace keeps in full
+        self.detail = check_detail(trace_detail, max_trace_bytes)
         if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
             raise TypeError(
                 "Expected a file path (str or os.PathLike) or None for trace_path, but received "
@@ -192,6 +214,7 @@ class LightningProfiler(Profiler):
         # open spans: (action, event, start, trace id, span id, parent id, attrs, pair)
         self._stack: list[tuple[Any, ...]] = []
         self._rows: RowBuffer | None = None
+        self._step_detail: StepDetail | None = None
         self._ids: Any = None
         self._actions: dict[str, tuple[str, int, dict[str, Any]]] = {}
         self._batch_in_epoch = 0
@@ -217,9 +240,12 @@ class LightningProfiler(Profiler):
 
             path = self._next_path(str(getattr(stage, "value", stage) or "fit"))
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.trace_exporter = ChromeTraceExporter(path)
+            self.trace_exporter = ChromeTraceExporter(
+                path, metadata={"ppetrace.detail": detail_metadata(*self.detail)}
+            )
             self.last_trace_path = path
             self.trace_paths.append(path)
+            self._step_detail = StepDetail.create(self.trace_exporter, *self.detail, _notice)
             tracing.add_exporter(self.trace_exporter)
         for prof in self.profilers:
             prof.setup(self)
@@ -253,6 +279,8 @@ class LightningProfiler(Profiler):
                 self._in_validation = True
         if self._timer is not None:
             self._open(action_name, event, attrs)
+            if kind == _STEP and self._step_detail is not None:
+                self._summarise(self._stack[-1][2])
             return
         # _open without a timer, inline: this runs for every action
         stack = self._stack
@@ -262,7 +290,17 @@ class LightningProfiler(Profiler):
         else:
             trace_id, parent_id = current_parent()
         span_id = next(self._ids)
-        stack.append((action_name, event, _perf_ns(), trace_id, span_id, parent_id, attrs, None))
+        start = _perf_ns()
+        stack.append((action_name, event, start, trace_id, span_id, parent_id, attrs, None))
+        if kind == _STEP and self._step_detail is not None:
+            self._summarise(start)
+
+    def _summarise(self, start: int) -> None:
+        """The training batch that starts at ``start`` (perf_counter ns): publish it to the
+        trace exporter when the detail policy summarises it."""
+        detail, rows = self._step_detail, self._rows
+        if detail is not None and rows is not None and detail.due(self.batches):
+            detail.summarise_at(start + RECORDER.offset_ns, rows.tid)
 
     def stop(self, action_name: str) -> None:
         """End the span of ``action_name`` (and, out of order, any begun after it)."""
@@ -377,6 +415,7 @@ class LightningProfiler(Profiler):
                 if self._rows is not None:
                     self._rows.close()
                     self._rows = None
+                self._step_detail = None
                 for prof in reversed(self.profilers):
                     try:
                         prof.teardown()

@@ -206,3 +206,33 @@ def test_each_stage_gives_its_row_buffer_back_to_the_recorder(tmp_path: Path) ->
     assert buffers() == before
     counts = read_chrome_trace(tmp_path / "trace.json")["name"].value_counts()
     assert counts["trainer.step"] == 2  # nothing left behind in a forgotten buffer
+
+
+def test_a_schedule_summarises_the_batches_between_its_windows(tmp_path: Path) -> None:
+    from exporters import step_report
+
+    path = tmp_path / "trace.json"
+    every_fourth = ppetrace.Schedule(wait=3, warmup=0, active=1, repeat=0)
+    profiler = LightningProfiler(path, trace_detail=every_fourth)
+    _trainer(profiler, max_epochs=1, limit_val_batches=0).fit(_Module(), _loader(32))
+    frame = read_chrome_trace(path)
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    summarised = [isinstance(v, str) for v in steps["ppetrace.hooks"]]
+    assert summarised == [i % 4 != 3 for i in range(8)]  # batches 3 and 7 in full
+    counts = frame["name"].value_counts()
+    assert counts["trainer.backward"] == 2  # the others are in the aggregates
+    report = step_report(frame, warmup_steps=0)
+    events = report.events.set_index("event")
+    assert events.loc["trainer.backward", "count"] == 8  # every batch, from both
+    assert report.detail is not None and (report.detail.detailed, report.detail.summarised) == (
+        2,
+        6,
+    )
+    assert report.detail.policy is not None and report.detail.policy["policy"] == "schedule"
+
+
+def test_trace_detail_is_checked_like_the_trainers() -> None:
+    with pytest.raises(ValueError, match=r"Expected 'auto', 'all' or a ppetrace\.Schedule"):
+        LightningProfiler(trace_detail="some")
+    with pytest.raises(ValueError, match="Expected a positive int number of bytes"):
+        LightningProfiler(max_trace_bytes=0)
