@@ -67,7 +67,7 @@ MAX_HELD = 1 << 16
 #: Take a thread's rows column-wise where it can (``_fold``); False: the loop alone.
 FAST = True
 _STEP = "trainer.step"
-_name, _end, _tid = itemgetter(0), itemgetter(5), itemgetter(6)
+_name, _start, _end, _tid = itemgetter(0), itemgetter(4), itemgetter(5), itemgetter(6)
 _tuple_new = tuple.__new__
 _K_HOOK, _K_FULL, _K_STEP, _K_ENCLOSING = 0, 1, 2, 3  # what a name is to the filter
 _ENCLOSING = frozenset({"trainer.epoch", "trainer.run"})
@@ -168,12 +168,16 @@ class DetailFilter:
         try:  # grouped by thread, each in end order
             if _speedups is not None:  # the columns in C
                 cols = _speedups.span_columns(rows if type(rows) is list else list(rows))
+                starts = np.frombuffer(cols[7], dtype=np.int64)
                 ends = np.frombuffer(cols[8], dtype=np.int64)
                 tids = np.frombuffer(cols[9], dtype=np.int64)
             else:
+                starts = np.fromiter(map(_start, rows), dtype=np.int64, count=n)
                 ends = np.fromiter(map(_end, rows), dtype=np.int64, count=n)
                 tids = np.fromiter(map(_tid, rows), dtype=np.int64, count=n)
-            order = np.lexsort((ends, tids))
+            # at equal ends the later start (the inner span) first: instrument() records a
+            # step and its last optimizer step after the fact, both ending at one instant
+            order = np.lexsort((-starts, ends, tids))
             if (order == np.arange(n)).all():  # one buffer's rows: in order already
                 ordered = list(rows)
             else:
@@ -186,7 +190,7 @@ class DetailFilter:
             ]
         except (OverflowError, TypeError, ValueError):  # ids beyond int64
             by_tid: dict[Any, list[SpanRow]] = {}
-            for r in sorted(rows, key=lambda r: (r[6], r[5])):
+            for r in sorted(rows, key=lambda r: (r[6], r[5], -r[4])):
                 by_tid.setdefault(r[6], []).append(r)
             groups = list(by_tid.items())
         for tid, group in groups:
@@ -256,7 +260,9 @@ class DetailFilter:
                         emit(row)
                     break
                 if kind == _K_STEP:
-                    if row[5] < start:  # an earlier step, in full
+                    if row[5] < start or (row[5] == start and row[4] < start):
+                        # an earlier step, in full (one that ends where this interval
+                        # starts, too: without a DataLoader the next step starts there)
                         lane.announce = True
                         emit(row)
                         break

@@ -69,7 +69,9 @@ def take_lane_fast(
     for i, st, en in zip(
         step_pos.tolist(), start[step_pos].tolist(), end[step_pos].tolist(), strict=True
     ):
-        if c < m and en >= published[c]:
+        head = published[c] if c < m else 0
+        # the step row of interval c; one that ends where it starts is an earlier step
+        if c < m and (en > head or (en == head and st >= head)):
             if st > published[c]:
                 return False  # the interval's step row never came: the loop's case
             closes.append(i)

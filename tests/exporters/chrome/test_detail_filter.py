@@ -446,3 +446,25 @@ def test_the_column_path_equals_the_loop_on_random_runs(monkeypatch: pytest.Monk
         assert fast == loop
         assert fast[1] > 0 or len(detailed) == len(starts) or not rows
     assert taken.count(True) > 100  # the column path took most batches itself
+
+
+def test_steps_that_touch_close_their_own_intervals(tmp_path: Path) -> None:
+    """Without a DataLoader a step starts where the one before ends, and instrument()
+    records the step and its last optimizer step after the fact, both ending at one
+    instant, the step's row first. Steps 0 and 2 are summarised, 1 is in full."""
+    rows: list[SpanRow] = []
+    ids = iter(range(500, 10**6))
+    starts = [T0 + 1_000 + k * 100 for k in range(3)]
+    for k, s in enumerate(starts):
+        end = s + 100  # = the next step's start
+        fwd = SpanRow("module.forward", next(ids), 0, TRACE, s + 10, s + 40, MAIN, {})
+        opt = SpanRow("trainer.optimizer_step", next(ids), 0, TRACE, s + 60, end, MAIN, {})
+        step = SpanRow("trainer.step", next(ids), 0, TRACE, s, end, MAIN, {"k": k})
+        rows += [fwd, step, opt]
+    exporter = _write(tmp_path / "t.json", [SpanBatch(rows, {}, PID)], [starts[0], starts[2]])
+    frame = _read(exporter.path)
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    assert [isinstance(h, str) for h in steps[_detail.HOOKS]] == [True, False, True]
+    assert list(steps[_detail.HOOKS])[::2] == ["30;40", "30;40"]
+    assert (frame["name"] == "module.forward").sum() == 1  # step 1's, in full
+    assert exporter.spans_summarised == 4

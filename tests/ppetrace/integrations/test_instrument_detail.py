@@ -69,3 +69,23 @@ def test_instrument_summarises_the_steps_of_its_schedule(
 def test_instrument_refuses_a_bad_trace_detail() -> None:
     with pytest.raises(ValueError, match=r"Expected 'auto', 'all' or a ppetrace.Schedule"):
         ppetrace.instrument(trace_detail="none")
+
+
+def test_a_loop_without_a_dataloader_is_summarised_too(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    every_fifth = ppetrace.Schedule(wait=4, warmup=0, active=1, repeat=0)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json", trace_detail=every_fifth):
+        for _ in range(20):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    frame = read_chrome_trace(tmp_path / "t.json")
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    summarised = [isinstance(h, str) for h in steps[HOOKS]]
+    assert summarised == [i % 5 != 4 for i in range(20)]  # steps 4, 9, 14, 19 in full
+    assert all(h for h in steps[HOOKS] if isinstance(h, str))  # each holds its hooks
+    assert (frame["name"] == "trainer.backward").sum() == 4
+    assert _counts(frame)["trainer.backward"] == 20
