@@ -48,7 +48,7 @@ from ._fields import (
     _text,
     _us_to_ns,
 )
-from ._parse import Event, TypedEvent
+from ._parse import _EVENTS, _TYPED, Event, TypedEvent
 
 __all__ = ["SpanColumns", "frame_from_chrome_events"]
 
@@ -86,6 +86,18 @@ class _Part:
     attrs: np.ndarray  # codes into SpanColumns._attr_items
 
 
+@dataclass
+class _Scanned:
+    """A block of lines read by ``_speedups.scan_events``: its spans' columns (the tuple
+    ``event_columns`` gives) and its other events (no ``X`` among them)."""
+
+    columns: tuple[Any, ...]
+    others: list[Any]
+
+    def __len__(self) -> int:
+        return len(self.columns[2]) // 8 + len(self.others)
+
+
 class SpanColumns:
     """The spans of a trace, gathered chunk by chunk, then made a frame (module doc)."""
 
@@ -112,8 +124,42 @@ class SpanColumns:
         parts, meta, pairs, self._id_key, self._not_hex = mark
         del self._parts[parts:], self.meta[meta:], self._pairs[pairs:]
 
-    def add(self, events: list[Event]) -> None:
+    def scan(self, buffer: bytearray, start: int, end: int) -> _Scanned | None:
+        """The lines ``buffer[start:end]`` (whole lines of ppetrace's layout) read into
+        columns by the C line scanner, for :meth:`add`; None where it is not built, or
+        when a line it declines is an ``X`` event or does not decode (the caller then
+        decodes the block into events: the pure-Python twin of this path)."""
+        if _speedups is None:
+            return None
+        *cols, spans = _speedups.scan_events(buffer, start, end, self._attr_index, self._attr_items)
+        if not spans:
+            return _Scanned(tuple(cols), [])
+        lines = [bytes(buffer[a:b]).rstrip() for a, b in zip(spans[::2], spans[1::2], strict=True)]
+        if not all(line.endswith(b",") for line in lines):
+            return None  # the end of the events, or a layout of the msgspec path's to judge
+        text = b"[" + b",".join(line[:-1] for line in lines) + b"]"
+        others: list[Any]
+        try:
+            others = _TYPED.decode(text)
+        except msgspec.ValidationError:
+            try:
+                others = _EVENTS.decode(text)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                return None
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        if any(e.ph == "X" for e in others):
+            return None  # spans in the lines declined: the whole block the msgspec way
+        return _Scanned(tuple(cols), others)
+
+    def add(self, events: list[Event] | _Scanned) -> None:
         """Take a chunk of events (only the columns are kept)."""
+        if isinstance(events, _Scanned):
+            if len(events.columns[2]):
+                self._add_columns(*events.columns)
+            if events.others:
+                self.add(events.others)
+            return
         phases = list(map(_ph, events))
         if phases.count("X") == len(phases):
             if events:  # an empty chunk (a trace with no events) adds nothing

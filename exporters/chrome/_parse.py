@@ -20,7 +20,7 @@ from __future__ import annotations
 import codecs
 import json
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -154,13 +154,20 @@ def _strip_bom(data: bytes) -> bytes:
     return data[len(_BOM) :] if data.startswith(_BOM) else data
 
 
-def stream(path: Path, parsed: Parsed) -> Iterator[list[Any]] | None:
+#: Reads a block of whole lines straight into columns: ``scan(buffer, start, end)`` gives
+#: a chunk for the reader, or None to have those lines decoded into events here.
+Scan = Callable[[bytearray, int, int], Any]
+
+
+def stream(path: Path, parsed: Parsed, scan: Scan | None = None) -> Iterator[Any] | None:
     """The events of a file in ppetrace's one-event-per-line layout, a block at a time.
 
     Returns None when the file has another layout (then use :func:`document`).
     Fills ``parsed.top`` with the header's keys (and any after the events) and
     ``parsed.truncated``. Iterating raises :class:`_Fallback` when a block does
-    not decode: the caller then reads the whole document.
+    not decode: the caller then reads the whole document. With ``scan``, each
+    block of whole lines goes to it first (the C line scanner of
+    ``SpanColumns.scan``); the lines it declines are decoded here.
     """
     blocks = _blocks(path, parsed)
     head = b""
@@ -183,14 +190,16 @@ def stream(path: Path, parsed: Parsed) -> Iterator[list[Any]] | None:
         return None
     top.pop("traceEvents", None)
     parsed.top = top
-    return _lines(blocks, rest, parsed)
+    return _lines(blocks, rest, parsed, scan)
 
 
 class _Fallback(Exception):
     """A block of lines that did not decode as events: read the whole document instead."""
 
 
-def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[list[Any]]:
+def _lines(
+    blocks: Iterator[bytes], rest: bytes, parsed: Parsed, scan: Scan | None = None
+) -> Iterator[Any]:
     pending = rest
     for block in blocks:
         buf = bytearray(b"[")  # "[" + whole lines, decoded in place (one copy of the block)
@@ -201,12 +210,17 @@ def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[lis
             pending = bytes(buf[1:])
             continue
         pending = bytes(buf[cut + 1 :])
+        scanned = scan(buf, 1, cut + 1) if scan is not None else None
+        if scanned is not None:
+            if len(scanned):
+                yield scanned
+            continue
         events = _decode_in_place(buf, cut)
         if events is None:
             events = _try_decode(bytes(buf[1 : cut + 1]))
         if events is None:  # the end of the events array may be in this block
             lines = bytes(buf[1 : cut + 1])
-            events = _until_end(lines, pending + b"".join(blocks), parsed)
+            events = _until_end(lines, pending + b"".join(blocks), parsed, scan)
             if events:
                 yield events
             return
@@ -278,13 +292,19 @@ def _array_end(data: bytes) -> int:
     return at + 1 if at >= 0 else -1
 
 
-def _until_end(data: bytes, more: bytes, parsed: Parsed) -> list[Any]:
+def _until_end(data: bytes, more: bytes, parsed: Parsed, scan: Scan | None = None) -> Any:
     """The events of ``data`` before the line that closes the array; what follows that
     line (with ``more``) are top-level keys. :class:`_Fallback` when there is no such
     line or the events before it do not decode."""
     at = _array_end(data)
     if at < 0:
         raise _Fallback
+    head = data[:at].rstrip()
+    if scan is not None and head:  # the last event has no comma: give it one for scan
+        scanned = scan(bytearray(head + b",\n"), 0, len(head) + 2)
+        if scanned is not None:
+            _read_tail(data[at:] + more, parsed)
+            return scanned
     events = _try_decode(data[:at])
     if events is None:
         raise _Fallback
