@@ -2752,6 +2752,232 @@ done:
     return result;
 }
 
+/* attr_split(items) -> (keys, codes, values), or None
+ *
+ * The distinct raw attrs of a trace (bytes: JSON objects, as scan_events and msgspec
+ * keep them) taken apart by key, so that each distinct value of a key is decoded once
+ * rather than each distinct object: keys[k] is a key (str, in order of first
+ * appearance), codes[k] the int32 bytes, one per item, of its value among values[k]
+ * (the distinct raw values of that key, bytes), -1 where the item lacks the key. An
+ * item that is not a JSON object (b"" included) has no keys. None when an item is not
+ * valid JSON as scan_events checks it, has a key with an escape, or has a key twice:
+ * the caller then decodes the items whole (exporters/chrome/_events.py, the reference).
+ *
+ * The items are copied into a list that this call owns; nothing in the loop runs Python
+ * code (it makes bytes, str and int objects, and appends to lists), and the tables point
+ * only into bytes and str objects that lists owned here keep alive.
+ */
+typedef struct {
+    BytesTable table; /* raw value -> code */
+    PyObject *values; /* the distinct raw values */
+    PyObject *codes;  /* bytearray: int32 per item */
+    Py_ssize_t last_item;
+    const char *name; /* the key's raw bytes (in an item that the call's copy holds) */
+    Py_ssize_t name_len;
+    const char *last; /* the last value taken (in a bytes object of values), its code */
+    Py_ssize_t last_len;
+    int32_t last_code;
+} SplitKey;
+
+#define SPLIT_SLOTS 16 /* the keys at the first positions of the previous object */
+
+static PyObject *
+attr_split(PyObject *module, PyObject *arg)
+{
+    PyObject *items = copy_list(arg, "raw attributes"), *result = NULL, *key_list = NULL;
+    SplitKey *keys = NULL;
+    Py_ssize_t nkeys = 0, cap = 0;
+    BytesTable key_table = {NULL, 0, 0};
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    key_list = PyList_New(0);
+    if (key_list == NULL || table_init(&key_table) < 0 || n > PY_SSIZE_T_MAX / 4) {
+        goto done;
+    }
+    Py_ssize_t at_slot[SPLIT_SLOTS];
+    for (int j = 0; j < SPLIT_SLOTS; j++) {
+        at_slot[j] = -1;
+    }
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i); /* held by our copy */
+        if (!PyBytes_CheckExact(item)) {
+            ok = 0;
+            break;
+        }
+        const char *p = PyBytes_AS_STRING(item), *end = p + PyBytes_GET_SIZE(item);
+        if (p == end) {
+            continue;
+        }
+        if (*p != '{') {
+            ok = scan_value(p, end, 0) == end;
+            continue;
+        }
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == '}') {
+            ok = p + 1 == end;
+            continue;
+        }
+        int member = 0;
+        for (;;) {
+            const char *q;
+            if (p >= end || *p != '"' || (q = scan_string(p + 1, end, 0)) == NULL) {
+                ok = 0;
+                break;
+            }
+            const char *key = p + 1;
+            Py_ssize_t klen = q - key;
+            p = skip_ws(q + 1, end);
+            if (p >= end || *p != ':') {
+                ok = 0;
+                break;
+            }
+            const char *value = skip_ws(p + 1, end);
+            p = scan_value(value, end, 0);
+            if (p == NULL) {
+                ok = 0;
+                break;
+            }
+            Py_ssize_t vlen = p - value;
+            /* the key's column: the one at this position in the previous object, or
+             * through the table */
+            Py_ssize_t kc = -1;
+            if (member < SPLIT_SLOTS && at_slot[member] >= 0) {
+                SplitKey *guess = &keys[at_slot[member]];
+                if (guess->name_len == klen && memcmp(guess->name, key, (size_t)klen) == 0) {
+                    kc = at_slot[member];
+                }
+            }
+            uint64_t h = kc < 0 ? bytes_hash(key, klen) : 0;
+            TableEntry *slot = kc < 0 ? table_find(&key_table, key, klen, h) : NULL;
+            if (slot != NULL && slot->data != NULL) {
+                kc = (Py_ssize_t)slot->code;
+            }
+            if (kc < 0) {
+                if (nkeys == cap) {
+                    Py_ssize_t bigger = cap ? cap * 2 : 16;
+                    SplitKey *grown = PyMem_Realloc(keys, (size_t)bigger * sizeof(SplitKey));
+                    if (grown == NULL) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    keys = grown, cap = bigger;
+                }
+                SplitKey *k = &keys[nkeys];
+                memset(k, 0, sizeof(*k));
+                nkeys++;
+                k->last_item = -1;
+                k->name = key;
+                k->name_len = klen;
+                k->values = PyList_New(0);
+                k->codes = PyByteArray_FromStringAndSize(NULL, n * 4);
+                if (k->values == NULL || k->codes == NULL || table_init(&k->table) < 0) {
+                    goto done;
+                }
+                memset(PyByteArray_AS_STRING(k->codes), 0xFF, (size_t)(n * 4)); /* -1 */
+                PyObject *name = PyUnicode_DecodeUTF8(key, klen, "strict"); /* checked */
+                if (name == NULL) {
+                    goto done;
+                }
+                int failed = PyList_Append(key_list, name);
+                Py_DECREF(name);
+                if (failed) {
+                    goto done;
+                }
+                /* the table points into the item's bytes, which our copy keeps */
+                if (table_add(&key_table, slot, key, klen, h, nkeys - 1) < 0) {
+                    goto done;
+                }
+                kc = nkeys - 1;
+            }
+            if (member < SPLIT_SLOTS) {
+                at_slot[member] = kc;
+            }
+            member++;
+            SplitKey *k = &keys[kc];
+            if (k->last_item == i) {
+                ok = 0; /* a key twice in one object */
+                break;
+            }
+            k->last_item = i;
+            /* the value's code among the key's distinct values: the last one's, or
+             * through the key's table */
+            int32_t code;
+            if (k->last != NULL && k->last_len == vlen && memcmp(k->last, value, (size_t)vlen) == 0) {
+                code = k->last_code;
+                memcpy(PyByteArray_AS_STRING(k->codes) + i * 4, &code, 4);
+                goto next_member;
+            }
+            uint64_t vh = bytes_hash(value, vlen);
+            TableEntry *vslot = table_find(&k->table, value, vlen, vh);
+            if (vslot->data == NULL) {
+                Py_ssize_t next = PyList_GET_SIZE(k->values);
+                if (next >= INT32_MAX) {
+                    PyErr_SetString(PyExc_OverflowError, "Too many distinct values to encode.");
+                    goto done;
+                }
+                PyObject *raw = PyBytes_FromStringAndSize(value, vlen);
+                if (raw == NULL) {
+                    goto done;
+                }
+                int failed = PyList_Append(k->values, raw);
+                Py_DECREF(raw); /* k->values holds it, and the table points into it */
+                if (failed || table_add(&k->table, vslot, PyBytes_AS_STRING(raw), vlen, vh,
+                                        next) < 0) {
+                    goto done;
+                }
+                code = (int32_t)next;
+                k->last = PyBytes_AS_STRING(raw);
+            }
+            else {
+                code = (int32_t)vslot->code;
+                k->last = vslot->data;
+            }
+            k->last_len = vlen;
+            k->last_code = code;
+            memcpy(PyByteArray_AS_STRING(k->codes) + i * 4, &code, 4);
+        next_member:
+            p = skip_ws(p, end);
+            if (p < end && *p == ',') {
+                p = skip_ws(p + 1, end);
+                continue;
+            }
+            ok = p < end && *p == '}' && skip_ws(p + 1, end) == end;
+            break;
+        }
+    }
+    if (!ok) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *codes = PyList_New(nkeys), *values = PyList_New(nkeys);
+    if (codes == NULL || values == NULL) {
+        Py_XDECREF(codes);
+        Py_XDECREF(values);
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < nkeys; c++) {
+        PyList_SET_ITEM(codes, c, Py_NewRef(keys[c].codes));
+        PyList_SET_ITEM(values, c, Py_NewRef(keys[c].values));
+    }
+    result = PyTuple_Pack(3, key_list, codes, values);
+    Py_DECREF(codes);
+    Py_DECREF(values);
+done:
+    for (Py_ssize_t c = 0; c < nkeys; c++) {
+        Py_XDECREF(keys[c].values);
+        Py_XDECREF(keys[c].codes);
+        table_free(&keys[c].table);
+    }
+    PyMem_Free(keys);
+    table_free(&key_table);
+    Py_XDECREF(key_list);
+    Py_DECREF(items);
+    return result;
+}
+
 static PyObject *
 register_frozen_type(PyObject *module, PyObject *type)
 {
@@ -2773,6 +2999,8 @@ static PyMethodDef module_methods[] = {
      "The span columns of a chunk of decoded trace events (the reader's fast path)."},
     {"scan_events", scan_events, METH_VARARGS,
      "The span columns of lines of X events, read straight from the file's bytes."},
+    {"attr_split", attr_split, METH_O,
+     "Distinct raw attribute objects taken apart by key: each key's distinct raw values."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_batch", encode_x_batch, METH_VARARGS,

@@ -28,8 +28,8 @@ import pandas as pd
 
 from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
-from .._pandas import Coded
-from ..frame import _attribute_columns, _build, empty_frame
+from .._pandas import Coded, strings_from_codes
+from ..frame import _attribute_columns, _build, _column, empty_frame
 from ._encode import RANK_RE, RESERVED_ARGS
 from ._fields import (
     _I64_MAX,
@@ -53,6 +53,7 @@ from ._parse import _EVENTS, _TYPED, Event, TypedEvent
 __all__ = ["SpanColumns", "frame_from_chrome_events"]
 
 _NUMBER = frozenset({int, float})
+_NONE = type(None)
 
 #: The fields _speedups.event_columns reads, in its order.
 _FIELDS = ("name", "pid", "tid", "ts", "dur", "span_id", "parent_id", "status", "attrs", "args")
@@ -442,6 +443,10 @@ class SpanColumns:
             rows = position[codes]
             given = {int(position[c]): d for c, d in given.items() if seen[c]}
             items = [items[i] for i in used.tolist()]
+        split = _speedups.attr_split(items) if _speedups is not None and not given else None
+        if split is not None:  # each key's distinct values decoded, not each object
+            keys, key_codes, values = split
+            return _split_columns(keys, key_codes, values, rows)
         dicts = _decode_all([x or b"{}" for x in items])
         if set(map(type, dicts)) != {dict}:
             dicts = [x if type(x) is dict else {} for x in dicts]
@@ -449,6 +454,36 @@ class SpanColumns:
             dicts[code] = value
         columns = _attribute_columns(dicts, frozenset())
         return {key: _take(column, rows) for key, column in columns.items()}
+
+
+def _split_columns(
+    keys: list[str], codes: list[bytearray], values: list[list[bytes]], rows: np.ndarray
+) -> dict[str, Any]:
+    """The attribute columns from ``_speedups.attr_split`` of the distinct raw attributes
+    (``rows``: each row's code into them), typed as :meth:`SpanColumns._attr_columns`
+    types the decoded objects: by :func:`exporters.frame._column` of the key's values."""
+    out = {}
+    for k in sorted(range(len(keys)), key=keys.__getitem__):
+        uniques = _decode_all(values[k])
+        out[keys[k]] = _coded_column(uniques, np.frombuffer(codes[k], dtype=np.int32)[rows])
+    return out
+
+
+def _coded_column(uniques: list[Any], codes: np.ndarray) -> Any:
+    """``_column`` of ``uniques[codes[i]]`` (None where the code is -1) for each row,
+    typed once over the distinct values: its types and whether one is missing (None)
+    are those of the rows (every distinct value is some row's)."""
+    missing = codes < 0
+    types = set(map(type, uniques))
+    if types == {str} or types == {str, _NONE}:
+        present = [u for u in uniques if u is not None]
+        position = np.full(len(uniques) + 1, -1, dtype=np.int32)  # [-1]: the last, -1
+        position[[i for i, u in enumerate(uniques) if u is not None]] = np.arange(len(present))
+        return strings_from_codes(position[codes], present)
+    if not missing.any():
+        return _take(_column(uniques), codes)
+    table = _column([*uniques, None])  # the rows' values and types, None included
+    return _take(table, np.where(missing, len(uniques), codes))
 
 
 def _event(d: Mapping[str, Any]) -> Event:

@@ -228,3 +228,76 @@ def test_lines_the_scanner_declines_come_back_whole() -> None:
     assert SPEEDUPS.scan_events(bytearray(b"\n\n"), 0, 2, index, items)[-1] == []
     with pytest.raises(ValueError, match="start <= end"):
         SPEEDUPS.scan_events(data, 5, len(data) + 1, index, items)
+
+
+_ATTR_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from([2**63, -(2**63) - 1, 2**70, 1.5, -0.0, 1e300]),
+    st.sampled_from(["train", "val", "é", "a\nb", ""]),
+    st.lists(st.integers(0, 2), max_size=2),
+    st.dictionaries(st.sampled_from(["x", "y"]), st.integers(0, 2), max_size=2),
+)
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    attrs=st.lists(
+        st.one_of(
+            st.dictionaries(st.sampled_from(["a", "b", "c", "ppetrace.step"]), _ATTR_VALUES),
+            st.sampled_from([None, [1], "s", 3]),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    spaced=st.booleans(),
+)
+def test_attributes_taken_apart_by_key_type_as_whole_objects_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attrs: list[Any], spaced: bool
+) -> None:
+    """_speedups.attr_split (each key's distinct values decoded) against the objects
+    decoded whole (the Python path), for every kind of value and missing keys."""
+    separators = (", ", ": ") if spaced else (",", ":")
+    lines = [
+        _line(i, attrs=json.dumps(a, separators=separators, ensure_ascii=False).encode())
+        for i, a in enumerate(attrs * 3)
+    ]
+    path = tmp_path / "t.json"
+    path.write_bytes(_HEAD + b"".join(lines) + b"]}\n")
+    results = _read_all_ways(path, monkeypatch)
+    with monkeypatch.context() as m:  # the C helpers, but the objects decoded whole
+        m.setattr(_events, "_speedups", _NoSplit(SPEEDUPS))
+        results.append((read_chrome_trace(path), []))
+    _assert_same(results)
+
+
+class _NoSplit:
+    """exporters._speedups without attr_split (which then declines every table)."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "attr_split":
+            return lambda items: None
+        return getattr(self._module, name)
+
+
+def test_attr_split_declines_what_it_cannot_take_apart() -> None:
+    keys, codes, values = SPEEDUPS.attr_split(
+        [b"", b'{"a":1,"b":"x"}', b'{"a":2, "c": [1]}', b"[1]"]
+    )
+    assert keys == ["a", "b", "c"]
+    assert [list(struct.unpack("<4i", c)) for c in codes] == [
+        [-1, 0, 1, -1],
+        [-1, 0, -1, -1],
+        [-1, -1, 0, -1],
+    ]
+    assert values == [[b"1", b"2"], [b'"x"'], [b"[1]"]]
+    for odd in (b'{"a":1,"a":2}', b'{"a\\u0041":1}', b'{"a":1} x', b'{"a":01}', b'{"a":"\xff"}'):
+        assert SPEEDUPS.attr_split([b'{"a":1}', odd]) is None, odd
