@@ -2316,21 +2316,23 @@ static const char *
 scan_int(const char *p, const char *end, long long *out)
 {
     /* a JSON integer of at most 18 digits, or NULL */
-    int is_int;
-    const char *q = scan_number(p, end, &is_int);
-    if (q == NULL || !is_int) {
-        return NULL;
-    }
-    int negative = *p == '-';
-    if (q - p - negative > 18) {
-        return NULL;
-    }
+    const char *r = p;
+    int negative = r < end && *r == '-';
+    r += negative;
+    const char *first = r;
     long long v = 0;
-    for (const char *r = p + negative; r < q; r++) {
-        v = v * 10 + (*r - '0');
+    while (r < end && (unsigned)(*r - '0') < 10 && r - first < 18) { /* < 10**18 */
+        v = v * 10 + (*r++ - '0');
+    }
+    Py_ssize_t digits = r - first;
+    if (digits == 0 || (digits > 1 && *first == '0')) {
+        return NULL;
+    }
+    if (r < end && ((unsigned)(*r - '0') < 10 || *r == '.' || *r == 'e' || *r == 'E')) {
+        return NULL; /* more digits, or a float (which msgspec refuses for an int field) */
     }
     *out = negative ? -v : v;
-    return q;
+    return r;
 }
 
 static const char *

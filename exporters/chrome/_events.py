@@ -442,7 +442,7 @@ class SpanColumns:
             position[used] = np.arange(len(used))
             rows = position[codes]
             given = {int(position[c]): d for c, d in given.items() if seen[c]}
-            items = [items[i] for i in used.tolist()]
+            items = list(map(items.__getitem__, used.tolist()))
         split = _speedups.attr_split(items) if _speedups is not None and not given else None
         if split is not None:  # each key's distinct values decoded, not each object
             keys, key_codes, values = split
