@@ -215,6 +215,14 @@ def _lines(
             if len(scanned):
                 yield scanned
             continue
+        if scan is not None and b"\n]" in buf:  # the end of the events, scanned up to it
+            lines = bytes(buf[1 : cut + 1])
+            at, scanned = _scan_until_end(lines, scan)
+            if scanned is not None:  # (then the msgspec ways below would not decode)
+                _read_tail(lines[at:] + pending + b"".join(blocks), parsed)
+                if len(scanned):
+                    yield scanned
+                return
         events = _decode_in_place(buf, cut)
         if events is None:
             events = _try_decode(bytes(buf[1 : cut + 1]))
@@ -296,20 +304,29 @@ def _until_end(data: bytes, more: bytes, parsed: Parsed, scan: Scan | None = Non
     """The events of ``data`` before the line that closes the array; what follows that
     line (with ``more``) are top-level keys. :class:`_Fallback` when there is no such
     line or the events before it do not decode."""
-    at = _array_end(data)
+    at, scanned = _scan_until_end(data, scan)
     if at < 0:
         raise _Fallback
-    head = data[:at].rstrip()
-    if scan is not None and head:  # the last event has no comma: give it one for scan
-        scanned = scan(bytearray(head + b",\n"), 0, len(head) + 2)
-        if scanned is not None:
-            _read_tail(data[at:] + more, parsed)
-            return scanned
+    if scanned is not None:
+        _read_tail(data[at:] + more, parsed)
+        return scanned
     events = _try_decode(data[:at])
     if events is None:
         raise _Fallback
     _read_tail(data[at:] + more, parsed)
     return events
+
+
+def _scan_until_end(data: bytes, scan: Scan | None) -> tuple[int, Any]:
+    """Where the line that closes the events array starts in ``data`` (-1: nowhere), and
+    the lines before it as ``scan`` reads them (None: not read). Whole events before a
+    line that starts with ``]`` leave nothing after that line that makes the block one
+    JSON array, so a block read here is one that the msgspec ways would not decode."""
+    at = _array_end(data)
+    head = data[:at].rstrip() if at >= 0 else b""
+    if scan is None or not head:
+        return at, None
+    return at, scan(bytearray(head + b",\n"), 0, len(head) + 2)  # the last one's comma
 
 
 def _complete_lines(data: bytes) -> list[Any]:
