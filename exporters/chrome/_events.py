@@ -125,7 +125,7 @@ class SpanColumns:
         parts, meta, pairs, self._id_key, self._not_hex = mark
         del self._parts[parts:], self.meta[meta:], self._pairs[pairs:]
 
-    def scan(self, buffer: bytearray, start: int, end: int) -> _Scanned | None:
+    def scan(self, buffer: bytes | bytearray, start: int, end: int) -> _Scanned | None:
         """The lines ``buffer[start:end]`` (whole lines of ppetrace's layout) read into
         columns by the C line scanner, for :meth:`add`; None where it is not built, or
         when a line it declines is an ``X`` event or does not decode (the caller then

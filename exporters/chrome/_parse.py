@@ -156,7 +156,7 @@ def _strip_bom(data: bytes) -> bytes:
 
 #: Reads a block of whole lines straight into columns: ``scan(buffer, start, end)`` gives
 #: a chunk for the reader, or None to have those lines decoded into events here.
-Scan = Callable[[bytearray, int, int], Any]
+Scan = Callable[[bytes | bytearray, int, int], Any]
 
 
 def stream(path: Path, parsed: Parsed, scan: Scan | None = None) -> Iterator[Any] | None:
@@ -202,6 +202,12 @@ def _lines(
 ) -> Iterator[Any]:
     pending = rest
     for block in blocks:
+        if scan is not None:  # the block's whole lines scanned where they are: no copy
+            scanned = _scan_in_place(pending, block, scan)
+            if scanned is not None:
+                pending = block[block.rfind(b"\n") + 1 :]
+                yield from (chunk for chunk in scanned if len(chunk))
+                continue
         buf = bytearray(b"[")  # "[" + whole lines, decoded in place (one copy of the block)
         buf += pending
         buf += block
@@ -246,6 +252,22 @@ def _lines(
         events = _complete_lines(pending)
     if events:
         yield events
+
+
+def _scan_in_place(pending: bytes, block: bytes, scan: Scan) -> tuple[Any, Any] | None:
+    """The line that ``pending`` ends with the block's first line, and the block's other
+    whole lines, as ``scan`` reads them; None when it reads either not, or either has
+    lines that are no spans (the caller then reads them as one buffer, whose events
+    msgspec decodes all with one type)."""
+    first, last = block.find(b"\n"), block.rfind(b"\n")
+    if first < 0:
+        return None
+    head = bytearray(pending + block[: first + 1])
+    scanned = scan(head, 0, len(head))
+    if scanned is None or scanned.others:
+        return None
+    body = scan(block, first + 1, last + 1)
+    return None if body is None or body.others else (scanned, body)
 
 
 def _decode_in_place(buf: bytearray, end: int) -> list[Any] | None:
