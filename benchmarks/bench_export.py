@@ -16,11 +16,15 @@ on Linux keeps the parent's figure across exec) that imports exporters and
 reads the file; its RSS after the imports alone is printed beside it.
 ``--parsers`` adds how long each JSON parser takes to decode 200,000 of the
 file's events (no frame): the stdlib, orjson (when installed) and msgspec,
-generic and into the reader's structs.
+generic and into the reader's structs. ``--repeat N`` reads the file (and runs
+``report --html``) N times: the figures are then medians, printed with their
+lowest and highest, and the ``json.dumps`` reference is taken between the
+repeats too (shared CPUs drift within one run).
 
 Run::
 
     python benchmarks/bench_export.py [--spans 1000000] [--json results.json] [--parsers]
+                                      [--repeat 3]
 
 It prints each figure and PASS/FAIL, writes the figures as JSON with
 ``--json`` and exits with 1 when a budget is missed.
@@ -280,6 +284,17 @@ def parser_figures(path: Path, events: int = 200_000) -> dict[str, float]:
     return out
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _spread(values: list[float]) -> str:
+    """``[lowest-highest] `` of repeated runs, or nothing for one run."""
+    return f"[{min(values):.3f}-{max(values):.3f}] " if len(values) > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
@@ -287,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="where to write the trace (default: tmp)")
     parser.add_argument(
         "--parsers", action="store_true", help="also time each JSON parser on 200,000 events"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="read (and report --html) this many times"
     )
     args = parser.parse_args(argv)
     n = args.spans
@@ -314,13 +332,23 @@ def main(argv: list[str] | None = None) -> int:
         trace_s = _time(write, "trace")
         size = path.stat().st_size
         frame_s = _time(frame, "frame")
-        read_s = _time(lambda: read_chrome_trace(path), "read")
+        reads, read_cpus, htmls, refs = [], [], [], [ref_before]
+        for _ in range(max(args.repeat, 1)):
+            reads.append(_time(lambda: read_chrome_trace(path), "read"))
+            read_cpus.append(_cpu["read"])
+            htmls.append(report_html(path, Path(tmp) / "report.html"))
+            refs.append(reference_json_dumps_us(batches))
+        read_s, _cpu["read"] = _median(reads), _median(read_cpus)
+        html = (
+            None
+            if htmls[0] is None
+            else {key: _median([h[key] for h in htmls if h is not None]) for key in htmls[0]}
+        )
         fresh = read_in_fresh_process(path)
         parsers = parser_figures(path, min(200_000, n)) if args.parsers else {}
-        html = report_html(path, Path(tmp) / "report.html")
         gz_s = _time(write_gz)
-    ref_after = reference_json_dumps_us(batches)
-    ref = (ref_before + ref_after) / 2
+    refs.append(reference_json_dumps_us(batches))
+    ref = _median(refs)
     speed = DESIGN_JSON_DUMPS_US / ref  # < 1: the machine is slower now than in DESIGN.md
     results = {
         "spans": n,
@@ -339,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         "frame_budget_s": BUDGET_FRAME_S,
         "frame_pass": frame_s * scale <= BUDGET_FRAME_S,
         "read_chrome_trace_s": round(read_s, 4),
+        "read_chrome_trace_s_runs": [round(r, 4) for r in reads],
+        "report_html_s_runs": [None if h is None else round(h["wall_s"], 4) for h in htmls],
+        "reference_json_dumps_us_runs": [round(r, 3) for r in refs],
         "read_chrome_trace_cpu_s": round(_cpu["read"], 4),
         "read_budget_s": BUDGET_READ_S,
         "read_pass": read_s * scale <= BUDGET_READ_S,
@@ -384,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  budget {BUDGET_FRAME_S:.1f} s  {verdict(bool(results['frame_pass']))}"
     )
     print(
-        f"  Chrome trace -> frame : {read_s:7.3f} s  (cpu {_cpu['read']:.3f} s; read_chrome_trace; "
+        f"  Chrome trace -> frame : {read_s:7.3f} s  {_spread(reads)}(cpu {_cpu['read']:.3f} s; "
+        "read_chrome_trace; "
         f"{fresh['wall_s']:.3f} s in a fresh process)  budget {BUDGET_READ_S:.1f} s  "
         f"{verdict(bool(results['read_pass']))}"
     )
@@ -398,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         print("  report --html         : skipped (plotly is not installed: the [html] extra)")
     else:
         print(
-            f"  report --html         : {html['wall_s']:7.3f} s  (cpu {html['cpu_s']:.3f} s; the "
+            f"  report --html         : {html['wall_s']:7.3f} s  "
+            f"{_spread([h['wall_s'] for h in htmls if h is not None])}"
+            f"(cpu {html['cpu_s']:.3f} s; the "
             f"whole command in a new process; page {html['bytes'] / 1e6:.1f} MB)  budget "
             f"{BUDGET_HTML_S:.1f} s, {BUDGET_HTML_BYTES / 1e6:.0f} MB  "
             f"{verdict(bool(results['report_html_pass']))}"

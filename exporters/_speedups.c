@@ -1806,6 +1806,1191 @@ done:
     return result;
 }
 
+/* scan_events(buffer, start, end, attr_index, attr_items) -> (names, statuses, ts, dur,
+ *     pid, tid, span_id, parent_id, attrs, others)
+ *
+ * The trace reader's line scanner: the lines buffer[start:end] of a file in ppetrace's
+ * one-event-per-line layout, read straight into the columns event_columns gives (the
+ * same tuple, and the same attr_index/attr_items bookkeeping), without an object per
+ * event. Its pure-Python twin is the msgspec path (exporters/chrome/_parse.py decodes the
+ * lines into TypedEvent structs, exporters/chrome/_events.py takes their columns).
+ *
+ * A line is taken here only when it is exactly an X event as ppetrace writes it:
+ *
+ *   {"key":value,...},   then optional spaces, tabs or \r, then \n (or the end)
+ *
+ * with no whitespace between the event's tokens, "ph":"X", "name" and "status" strings
+ * without backslashes or control characters (and valid UTF-8), "pid"/"tid" integers of
+ * at most 18 digits, "ts"/"dur" finite numbers, "span_id"/"parent_id" 16 hex digits, optional "attrs" (any valid JSON value, kept
+ * raw), no "args", no key twice, and any other key's value valid JSON. Every other
+ * line (metadata events, an error's args, another layout, anything odd) is handed back
+ * as a (start, end) pair in others, for the caller to decode with msgspec; the caller
+ * reads the whole block the msgspec way when one of those is an X event. So every line
+ * taken here is one that msgspec would decode to a TypedEvent with these same values,
+ * which event_columns would take.
+ *
+ * Numbers: ts and dur of at most 15 digits without an exponent are exact integers
+ * divided once by an exact power of ten (correctly rounded, as msgspec's parser);
+ * others go through PyOS_string_to_double (correctly rounded too), and a value out of
+ * the double range sends the line back.
+ *
+ * The buffer is held (a Py_buffer export) for the whole call, so it cannot be resized
+ * or freed under the scan. Nothing in the loop runs Python code: it allocates only
+ * str, bytes and int objects (not tracked by the garbage collector), hashes and
+ * compares bytes and exact str in dicts, and appends to lists. attr_index and
+ * attr_items are borrowed from the call's arguments, which the caller keeps alive.
+ */
+
+typedef struct {
+    uint64_t hash;
+    const char *data; /* owned by a str or bytes object that the scan keeps alive */
+    Py_ssize_t len;
+    long long code;
+} TableEntry;
+
+typedef struct {
+    TableEntry *slots;
+    Py_ssize_t cap; /* a power of two */
+    Py_ssize_t used;
+} BytesTable;
+
+static uint64_t
+bytes_hash(const char *p, Py_ssize_t n)
+{
+    /* eight bytes at a time, each word mixed in by a multiply and a rotation */
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) {
+        h = (h ^ (unsigned char)p[i]) * 0x100000001B3ULL;
+    }
+    h ^= h >> 32;
+    return h * 0xC4CEB9FE1A85EC53ULL;
+}
+
+static int
+table_init(BytesTable *t)
+{
+    t->cap = 64;
+    t->used = 0;
+    t->slots = PyMem_Calloc((size_t)t->cap, sizeof(TableEntry));
+    if (t->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+table_free(BytesTable *t)
+{
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+}
+
+static TableEntry *
+table_find(BytesTable *t, const char *p, Py_ssize_t n, uint64_t h)
+{
+    /* the entry of these bytes, or the empty slot where they would go */
+    Py_ssize_t mask = t->cap - 1, i = (Py_ssize_t)(h & (uint64_t)mask);
+    for (;;) {
+        TableEntry *e = &t->slots[i];
+        if (e->data == NULL || (e->hash == h && e->len == n && memcmp(e->data, p, n) == 0)) {
+            return e;
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+static int
+table_add(BytesTable *t, TableEntry *slot, const char *p, Py_ssize_t n, uint64_t h,
+          long long code)
+{
+    /* fill the empty slot that table_find gave, growing the table at half full */
+    slot->hash = h;
+    slot->data = p;
+    slot->len = n;
+    slot->code = code;
+    t->used++;
+    if (t->used * 2 < t->cap) {
+        return 0;
+    }
+    if (t->cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(TableEntry)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    BytesTable bigger = {PyMem_Calloc((size_t)t->cap * 2, sizeof(TableEntry)), t->cap * 2, 0};
+    if (bigger.slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < t->cap; i++) {
+        TableEntry *e = &t->slots[i];
+        if (e->data != NULL) {
+            *table_find(&bigger, e->data, e->len, e->hash) = *e;
+            bigger.used++;
+        }
+    }
+    PyMem_Free(t->slots);
+    *t = bigger;
+    return 0;
+}
+
+/* A string's code in a chunk's own list of distinct strings, found by its raw bytes. */
+typedef struct {
+    BytesTable table;
+    PyObject *uniques;
+    const char *last;
+    Py_ssize_t last_len;
+    int32_t last_code;
+} RawEncoder;
+
+static int
+raw_code(RawEncoder *e, const char *p, Py_ssize_t n, int32_t *out)
+{
+    if (e->last != NULL && n == e->last_len && memcmp(p, e->last, n) == 0) {
+        *out = e->last_code;
+        return 0;
+    }
+    uint64_t h = bytes_hash(p, n);
+    TableEntry *slot = table_find(&e->table, p, n, h);
+    if (slot->data == NULL) {
+        Py_ssize_t code = PyList_GET_SIZE(e->uniques);
+        if (code >= INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "Too many distinct strings to encode.");
+            return -1;
+        }
+        PyObject *s = PyUnicode_DecodeUTF8(p, n, "strict"); /* valid UTF-8, checked */
+        if (s == NULL) {
+            return -1;
+        }
+        int failed = PyList_Append(e->uniques, s);
+        Py_DECREF(s); /* uniques owns it, and with it the UTF-8 bytes below */
+        if (failed) {
+            return -1;
+        }
+        Py_ssize_t len;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(s, &len);
+        if (utf8 == NULL || len != n) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_SystemError, "A decoded string changed its length.");
+            }
+            return -1;
+        }
+        if (table_add(&e->table, slot, utf8, n, h, code) < 0) {
+            return -1;
+        }
+        slot = table_find(&e->table, p, n, h);
+    }
+    e->last = slot->data;
+    e->last_len = n;
+    e->last_code = (int32_t)slot->code;
+    *out = (int32_t)slot->code;
+    return 0;
+}
+
+/* --- strict JSON, as msgspec reads it; 0 from any of these sends the line back --- */
+
+static const char *
+skip_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t')) {
+        p++;
+    }
+    return p;
+}
+
+static int
+utf8_valid(const unsigned char *p, const unsigned char *end, const unsigned char **next)
+{
+    /* one well-formed UTF-8 sequence of two to four bytes (no surrogates, no overlong) */
+    unsigned c = p[0];
+    int n;
+    unsigned min, v;
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 1, min = 0x80, v = c & 0x1F;
+    }
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 2, min = 0x800, v = c & 0x0F;
+    }
+    else if (c >= 0xF0 && c <= 0xF4) {
+        n = 3, min = 0x10000, v = c & 0x07;
+    }
+    else {
+        return 0;
+    }
+    if (end - p <= n) {
+        return 0;
+    }
+    for (int i = 1; i <= n; i++) {
+        if ((p[i] & 0xC0) != 0x80) {
+            return 0;
+        }
+        v = (v << 6) | (p[i] & 0x3F);
+    }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
+        return 0;
+    }
+    *next = p + n + 1;
+    return 1;
+}
+
+/* the bytes a JSON string's fast loop stops at: '"', '\\', control characters, non-ASCII */
+static unsigned char string_stop[256];
+/* each hex digit's value, -1 for any other byte */
+static signed char hex_value[256];
+
+static void
+scan_tables_init(void)
+{
+    for (int c = 0; c < 256; c++) {
+        string_stop[c] = c < 0x20 || c == '"' || c == '\\' || c >= 0x80;
+        hex_value[c] = (signed char)(c >= '0' && c <= '9'   ? c - '0'
+                                     : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                     : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                            : -1);
+    }
+}
+
+static const char *
+scan_string(const char *p, const char *end, int escapes)
+{
+    /* p after the opening quote; returns the closing quote, or NULL. Escapes are taken
+     * only when escapes is set (and then no escaped surrogate); control characters and
+     * malformed UTF-8 never. */
+    const unsigned char *q = (const unsigned char *)p, *e = (const unsigned char *)end;
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    for (;;) {
+        /* eight plain bytes at a time: none below 0x20 or above 0x7f, no '"' or '\\' */
+        while (e - q >= 8) {
+            uint64_t w;
+            memcpy(&w, q, 8);
+            uint64_t quote = w ^ (ones * '"'), slash = w ^ (ones * '\\');
+            uint64_t stop = ((w - ones * 0x20) | ((quote - ones) & ~quote) |
+                             ((slash - ones) & ~slash) | w) & highs;
+            if (stop) { /* the lowest flagged byte is a true stop: no borrow reaches it */
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                q += __builtin_ctzll(stop) >> 3;
+#endif
+                break;
+            }
+            q += 8;
+        }
+        while (q < e && !string_stop[*q]) {
+            q++;
+        }
+        if (q >= e) {
+            return NULL;
+        }
+        unsigned c = *q;
+        if (c == '"') {
+            return (const char *)q;
+        }
+        if (c < 0x20) {
+            return NULL;
+        }
+        if (c == '\\') {
+            if (!escapes || e - q < 2) {
+                return NULL;
+            }
+            c = q[1];
+            if (c == 'u') {
+                if (e - q < 6) {
+                    return NULL;
+                }
+                unsigned v = 0;
+                for (int i = 2; i < 6; i++) {
+                    int d = hex_value[q[i]];
+                    if (d < 0) {
+                        return NULL;
+                    }
+                    v = (v << 4) | (unsigned)d;
+                }
+                if (v >= 0xD800 && v <= 0xDFFF) {
+                    return NULL;
+                }
+                q += 6;
+                continue;
+            }
+            if (c == 0 || !strchr("\"\\/bfnrt", (int)c)) {
+                return NULL;
+            }
+            q += 2;
+            continue;
+        }
+        if (!utf8_valid(q, e, &q)) { /* c >= 0x80 */
+            return NULL;
+        }
+    }
+}
+
+static const char *
+scan_number(const char *p, const char *end, int *is_int)
+{
+    /* a JSON number at p: where it ends, or NULL */
+    const char *q = p;
+    *is_int = 1;
+    if (q < end && *q == '-') {
+        q++;
+    }
+    if (q >= end) {
+        return NULL;
+    }
+    if (*q == '0') {
+        q++;
+    }
+    else if (*q >= '1' && *q <= '9') {
+        while (q < end && *q >= '0' && *q <= '9') {
+            q++;
+        }
+    }
+    else {
+        return NULL;
+    }
+    if (q < end && *q == '.') {
+        *is_int = 0;
+        q++;
+        const char *digits = q;
+        while (q < end && *q >= '0' && *q <= '9') {
+            q++;
+        }
+        if (q == digits) {
+            return NULL;
+        }
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        *is_int = 0;
+        q++;
+        if (q < end && (*q == '+' || *q == '-')) {
+            q++;
+        }
+        const char *digits = q;
+        while (q < end && *q >= '0' && *q <= '9') {
+            q++;
+        }
+        if (q == digits) {
+            return NULL;
+        }
+    }
+    return q;
+}
+
+static const char *
+scan_value(const char *p, const char *end, int depth)
+{
+    /* any valid JSON value at p (spaces and tabs between tokens): where it ends, or NULL */
+    if (p >= end || depth > 64) {
+        return NULL;
+    }
+    int is_int;
+    switch (*p) {
+    case '"': {
+        const char *q = scan_string(p + 1, end, 1);
+        return q == NULL ? NULL : q + 1;
+    }
+    case '{':
+    case '[': {
+        char close = *p == '{' ? '}' : ']';
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == close) {
+            return p + 1;
+        }
+        for (;;) {
+            if (close == '}') {
+                if (p >= end || *p != '"') {
+                    return NULL;
+                }
+                p = scan_string(p + 1, end, 1);
+                if (p == NULL) {
+                    return NULL;
+                }
+                p = skip_ws(p + 1, end);
+                if (p >= end || *p != ':') {
+                    return NULL;
+                }
+                p = skip_ws(p + 1, end);
+            }
+            p = scan_value(p, end, depth + 1);
+            if (p == NULL) {
+                return NULL;
+            }
+            p = skip_ws(p, end);
+            if (p < end && *p == ',') {
+                p = skip_ws(p + 1, end);
+                continue;
+            }
+            if (p < end && *p == close) {
+                return p + 1;
+            }
+            return NULL;
+        }
+    }
+    case 't':
+        return end - p >= 4 && memcmp(p, "true", 4) == 0 ? p + 4 : NULL;
+    case 'f':
+        return end - p >= 5 && memcmp(p, "false", 5) == 0 ? p + 5 : NULL;
+    case 'n':
+        return end - p >= 4 && memcmp(p, "null", 4) == 0 ? p + 4 : NULL;
+    default:
+        return scan_number(p, end, &is_int);
+    }
+}
+
+static const double exact_pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                     1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                     1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static const char *
+scan_double(const char *p, const char *end, double *out)
+{
+    /* a finite JSON number as a correctly rounded double, or NULL */
+    const char *r = p;
+    int negative = r < end && *r == '-';
+    r += negative;
+    unsigned long long m = 0; /* wraps past 19 digits, which take the slow path */
+    int digits = 0, fraction = 0;
+    if (r < end && *r == '0') {
+        r++;
+        digits = 1;
+    }
+    else {
+        while (r < end && (unsigned)(*r - '0') < 10) {
+            m = m * 10 + (unsigned long long)(*r++ - '0');
+            digits++;
+        }
+        if (digits == 0) {
+            return NULL;
+        }
+    }
+    if (r < end && *r == '.') {
+        const char *first = ++r;
+        while (r < end && (unsigned)(*r - '0') < 10) {
+            m = m * 10 + (unsigned long long)(*r++ - '0');
+        }
+        fraction = (int)(r - first);
+        if (fraction == 0) {
+            return NULL;
+        }
+        digits += fraction;
+    }
+    int exponent = r < end && (*r == 'e' || *r == 'E');
+    if (!exponent && digits <= 15) { /* m < 2**53 and 10**fraction exact: one rounding */
+        double v = (double)m;
+        if (fraction > 0) {
+            v /= exact_pow10[fraction];
+        }
+        /* an integer is read as an int and then made a float, as msgspec does: "-0" is 0.0 */
+        *out = negative && (fraction > 0 || m != 0) ? -v : v;
+        return r;
+    }
+    int is_int;
+    const char *q = scan_number(p, end, &is_int);
+    if (q == NULL) {
+        return NULL;
+    }
+    char text[64];
+    if (q - p >= (Py_ssize_t)sizeof(text)) {
+        return NULL;
+    }
+    memcpy(text, p, (size_t)(q - p));
+    text[q - p] = '\0';
+    char *stop = NULL;
+    double v = PyOS_string_to_double(text, &stop, NULL); /* no Python code runs */
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (stop != text + (q - p) || !isfinite(v)) {
+        return NULL;
+    }
+    *out = v;
+    return q;
+}
+
+static const char *
+scan_int(const char *p, const char *end, long long *out)
+{
+    /* a JSON integer of at most 18 digits, or NULL */
+    const char *r = p;
+    int negative = r < end && *r == '-';
+    r += negative;
+    const char *first = r;
+    long long v = 0;
+    while (r < end && (unsigned)(*r - '0') < 10 && r - first < 18) { /* < 10**18 */
+        v = v * 10 + (*r++ - '0');
+    }
+    Py_ssize_t digits = r - first;
+    if (digits == 0 || (digits > 1 && *first == '0')) {
+        return NULL;
+    }
+    if (r < end && ((unsigned)(*r - '0') < 10 || *r == '.' || *r == 'e' || *r == 'E')) {
+        return NULL; /* more digits, or a float (which msgspec refuses for an int field) */
+    }
+    *out = negative ? -v : v;
+    return r;
+}
+
+static const char *
+scan_hex16(const char *p, const char *end, unsigned long long *out)
+{
+    /* "16 hex digits" (either case), or NULL */
+    if (end - p < 18 || p[0] != '"' || p[17] != '"') {
+        return NULL;
+    }
+    const unsigned char *h = (const unsigned char *)p + 1;
+    int bad = 0;
+    unsigned long long v = 0;
+#define HEX4(i)                                                                            \
+    do {                                                                                   \
+        int d0 = hex_value[h[i]], d1 = hex_value[h[i + 1]], d2 = hex_value[h[i + 2]],      \
+            d3 = hex_value[h[i + 3]];                                                      \
+        bad |= d0 | d1 | d2 | d3;                                                          \
+        v = (v << 16) | (unsigned long long)(((d0 & 15) << 12) | ((d1 & 15) << 8) |        \
+                                             ((d2 & 15) << 4) | (d3 & 15));                \
+    } while (0)
+    HEX4(0);
+    HEX4(4);
+    HEX4(8);
+    HEX4(12);
+#undef HEX4
+    if (bad < 0) {
+        return NULL;
+    }
+    *out = v;
+    return p + 18;
+}
+
+typedef struct {
+    const char *name, *status, *attrs;
+    Py_ssize_t name_len, status_len, attrs_len;
+    double ts, dur;
+    long long pid, tid;
+    unsigned long long sid, par;
+    int attrs_hashed; /* attrs_hash is the hash of the attrs (of attrs_len bytes) */
+    uint64_t attrs_hash;
+    TableEntry *attrs_seen; /* the same attrs seen before in this call, or NULL */
+} ScannedEvent;
+
+enum {
+    SK_PH = 1,
+    SK_NAME = 2,
+    SK_PID = 4,
+    SK_TID = 8,
+    SK_TS = 16,
+    SK_DUR = 32,
+    SK_SID = 64,
+    SK_PAR = 128,
+    SK_STATUS = 256,
+    SK_ATTRS = 512,
+    SK_OTHER = 1024,
+    SK_ARGS = 2048,
+};
+#define SK_REQUIRED 511
+
+#define KEY_IS(literal) (end - p >= (Py_ssize_t)sizeof(literal) - 1 && \
+                       memcmp(p, literal, sizeof(literal) - 1) == 0 && \
+                       (*next = p + sizeof(literal) - 1))
+
+static int
+known_key(const char *p, const char *end, const char **next)
+{
+    /* the field of the "key": at p when it is one of ours (*next after the colon), or 0
+     * (memcmp of a constant length: inlined) */
+    switch (end - p >= 2 ? p[1] : 0) {
+    case 'p':
+        return KEY_IS("\"ph\":")          ? SK_PH
+               : KEY_IS("\"pid\":")       ? SK_PID
+               : KEY_IS("\"parent_id\":") ? SK_PAR
+                                          : 0;
+    case 'n':
+        return KEY_IS("\"name\":") ? SK_NAME : 0;
+    case 't':
+        return KEY_IS("\"tid\":") ? SK_TID : KEY_IS("\"ts\":") ? SK_TS : 0;
+    case 'd':
+        return KEY_IS("\"dur\":") ? SK_DUR : 0;
+    case 's':
+        return KEY_IS("\"span_id\":") ? SK_SID : KEY_IS("\"status\":") ? SK_STATUS : 0;
+    case 'a':
+        return KEY_IS("\"attrs\":") ? SK_ATTRS : KEY_IS("\"args\":") ? SK_ARGS : 0;
+    case 'c':
+        return KEY_IS("\"cat\":") ? SK_OTHER : 0; /* a key we skip, found fast */
+    default:
+        return 0;
+    }
+}
+#undef KEY_IS
+
+static const char *
+scan_attrs(const char *p, const char *end, ScannedEvent *ev, BytesTable *seen)
+{
+    /* the raw attrs value at p: where it ends, or NULL. ppetrace writes attrs last, so
+     * its line ends with "}},": the bytes up to there, when they are attrs met before in
+     * this call (a valid JSON value, which a parse from p takes whole), are not checked
+     * again. */
+    const char *tail = end;
+    ev->attrs = p;
+    ev->attrs_hashed = 0;
+    ev->attrs_seen = NULL;
+    while (tail > p && (tail[-1] == ' ' || tail[-1] == '\t' || tail[-1] == '\r')) {
+        tail--;
+    }
+    if (tail - p >= 3 && tail[-1] == ',' && tail[-2] == '}') {
+        Py_ssize_t n = tail - 2 - p;
+        ev->attrs_hash = bytes_hash(p, n);
+        ev->attrs_hashed = 1;
+        ev->attrs_len = n;
+        TableEntry *e = table_find(seen, p, n, ev->attrs_hash);
+        if (e->data != NULL) {
+            ev->attrs_seen = e;
+            return p + n;
+        }
+    }
+    const char *q = scan_value(p, end, 0);
+    if (q == NULL) {
+        return NULL;
+    }
+    if (ev->attrs_hashed && q - p != ev->attrs_len) {
+        ev->attrs_hashed = 0;
+    }
+    ev->attrs_len = q - p;
+    return q;
+}
+
+static const char *
+scan_event(const char *p, const char *end, ScannedEvent *ev, BytesTable *seen_attrs)
+{
+    /* the X event of the line at p ('{'), up to and including its ",": where the event
+     * ends, or NULL when the line is not one that this scanner takes */
+    int seen = 0;
+    ev->attrs_hashed = 0;
+    ev->attrs_seen = NULL;
+    p++;
+    for (;;) {
+        if (p >= end || *p != '"') {
+            return NULL;
+        }
+        const char *q;
+        int field = known_key(p, end, &q);
+        if (field == 0) { /* another key: any string without escapes */
+            q = scan_string(p + 1, end, 0);
+            if (q == NULL || q + 1 >= end || q[1] != ':') {
+                return NULL;
+            }
+            field = SK_OTHER;
+            q += 2;
+        }
+        p = q;
+        if (p >= end) {
+            return NULL;
+        }
+        if (field == SK_ARGS) {
+            return NULL; /* an error's args: the Python path */
+        }
+        if (field != SK_OTHER && (seen & field)) {
+            return NULL; /* a key twice */
+        }
+        seen |= field;
+        switch (field) {
+        case SK_PH:
+            if (end - p < 4 || memcmp(p, "\"X\"", 3) != 0) {
+                return NULL;
+            }
+            p += 3;
+            break;
+        case SK_NAME:
+        case SK_STATUS:
+            if (*p != '"' || (q = scan_string(p + 1, end, 0)) == NULL) {
+                return NULL;
+            }
+            if (field == SK_NAME) {
+                ev->name = p + 1, ev->name_len = q - p - 1;
+            }
+            else {
+                ev->status = p + 1, ev->status_len = q - p - 1;
+            }
+            p = q + 1;
+            break;
+        case SK_PID:
+            p = scan_int(p, end, &ev->pid);
+            break;
+        case SK_TID:
+            p = scan_int(p, end, &ev->tid);
+            break;
+        case SK_TS:
+            p = scan_double(p, end, &ev->ts);
+            break;
+        case SK_DUR:
+            p = scan_double(p, end, &ev->dur);
+            break;
+        case SK_SID:
+            p = scan_hex16(p, end, &ev->sid);
+            break;
+        case SK_PAR:
+            p = scan_hex16(p, end, &ev->par);
+            break;
+        case SK_ATTRS:
+            p = scan_attrs(p, end, ev, seen_attrs);
+            break;
+        default:
+            p = scan_value(p, end, 0);
+        }
+        if (p == NULL || p >= end) {
+            return NULL;
+        }
+        if (*p == ',') {
+            p++;
+            continue;
+        }
+        if (*p != '}') {
+            return NULL;
+        }
+        p++;
+        break;
+    }
+    if ((seen & SK_REQUIRED) != SK_REQUIRED || p >= end || *p != ',') {
+        return NULL;
+    }
+    if (!(seen & SK_ATTRS)) {
+        ev->attrs = p, ev->attrs_len = 0; /* no attrs: the empty raw value */
+        ev->attrs_hashed = 0;
+    }
+    return p + 1;
+}
+
+static int
+attr_code(BytesTable *t, PyObject *keep, PyObject *index, PyObject *items,
+          const ScannedEvent *ev, long long *out)
+{
+    /* the code of the event's raw attrs in index/items (added when new), through the
+     * scan's table of the attrs met so far */
+    if (ev->attrs_seen != NULL) {
+        *out = ev->attrs_seen->code;
+        return 0;
+    }
+    const char *p = ev->attrs;
+    Py_ssize_t n = ev->attrs_len;
+    uint64_t h = ev->attrs_hashed ? ev->attrs_hash : bytes_hash(p, n);
+    TableEntry *slot = table_find(t, p, n, h);
+    if (slot->data != NULL) {
+        *out = slot->code;
+        return 0;
+    }
+    PyObject *key = PyBytes_FromStringAndSize(p, n);
+    if (key == NULL) {
+        return -1;
+    }
+    if (PyList_Append(keep, key) < 0) { /* keeps the bytes the table points to */
+        Py_DECREF(key);
+        return -1;
+    }
+    Py_DECREF(key);
+    long long code;
+    PyObject *found = PyDict_GetItemWithError(index, key); /* bytes: no Python code */
+    if (found != NULL) {
+        code = PyLong_AsLongLong(found);
+        if (code == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    else {
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        code = (long long)PyList_GET_SIZE(items);
+        PyObject *boxed = PyLong_FromLongLong(code);
+        int failed = boxed == NULL || PyDict_SetItem(index, key, boxed) < 0 ||
+                     PyList_Append(items, key) < 0;
+        Py_XDECREF(boxed);
+        if (failed) {
+            return -1;
+        }
+    }
+    *out = code;
+    return table_add(t, slot, PyBytes_AS_STRING(key), n, h, code);
+}
+
+static PyObject *
+scan_events(PyObject *module, PyObject *args)
+{
+    PyObject *source, *attr_index, *attr_items;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "OnnO!O!:scan_events", &source, &start, &stop, &PyDict_Type,
+                          &attr_index, &PyList_Type, &attr_items)) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *result = NULL, *keep = NULL, *others = NULL;
+    PyObject *arrays[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    PyObject *codes[2] = {NULL, NULL}, *coded[2] = {NULL, NULL};
+    RawEncoder enc[2];
+    BytesTable attrs_table = {NULL, 0, 0};
+    memset(enc, 0, sizeof(enc));
+    Py_ssize_t *spans = NULL, n_spans = 0, cap_spans = 0;
+    if (start < 0 || stop > view.len || start > stop) {
+        PyErr_SetString(PyExc_ValueError, "Expected 0 <= start <= end <= len(buffer).");
+        goto done;
+    }
+    const char *base = view.buf, *p = base + start, *end = base + stop;
+    Py_ssize_t lines = 1;
+    for (const char *q = p; (q = memchr(q, '\n', (size_t)(end - q))) != NULL; q++) {
+        lines++;
+    }
+    if (lines > PY_SSIZE_T_MAX / 8) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int c = 0; c < 7; c++) {
+        arrays[c] = PyByteArray_FromStringAndSize(NULL, lines * 8);
+        if (arrays[c] == NULL) {
+            goto done;
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        codes[c] = PyByteArray_FromStringAndSize(NULL, lines * 4);
+        enc[c].uniques = PyList_New(0);
+        if (codes[c] == NULL || enc[c].uniques == NULL || table_init(&enc[c].table) < 0) {
+            goto done;
+        }
+    }
+    keep = PyList_New(0);
+    if (keep == NULL || table_init(&attrs_table) < 0) {
+        goto done;
+    }
+    double *ts = (double *)PyByteArray_AS_STRING(arrays[0]);
+    double *dur = (double *)PyByteArray_AS_STRING(arrays[1]);
+    long long *pid = (long long *)PyByteArray_AS_STRING(arrays[2]);
+    long long *tid = (long long *)PyByteArray_AS_STRING(arrays[3]);
+    unsigned long long *sid = (unsigned long long *)PyByteArray_AS_STRING(arrays[4]);
+    unsigned long long *par = (unsigned long long *)PyByteArray_AS_STRING(arrays[5]);
+    long long *attr = (long long *)PyByteArray_AS_STRING(arrays[6]);
+    int32_t *name_codes = (int32_t *)PyByteArray_AS_STRING(codes[0]);
+    int32_t *status_codes = (int32_t *)PyByteArray_AS_STRING(codes[1]);
+    Py_ssize_t n = 0;
+    while (p < end) {
+        if (*p == '\n' || *p == ' ' || *p == '\t' || *p == '\r') {
+            p++;
+            continue;
+        }
+        const char *line_end = memchr(p, '\n', (size_t)(end - p));
+        if (line_end == NULL) {
+            line_end = end;
+        }
+        ScannedEvent ev;
+        const char *q = *p == '{' ? scan_event(p, line_end, &ev, &attrs_table) : NULL;
+        if (q != NULL) {
+            q = skip_ws(q, line_end);
+            while (q < line_end && *q == '\r') {
+                q = skip_ws(q + 1, line_end);
+            }
+        }
+        if (q == NULL || q != line_end) { /* not taken here: the caller decodes it */
+            if (n_spans + 2 > cap_spans) {
+                Py_ssize_t bigger = cap_spans ? cap_spans * 2 : 64;
+                Py_ssize_t *grown = PyMem_Realloc(spans, (size_t)bigger * sizeof(Py_ssize_t));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                spans = grown, cap_spans = bigger;
+            }
+            spans[n_spans++] = p - base;
+            spans[n_spans++] = line_end - base;
+            p = line_end;
+            continue;
+        }
+        ts[n] = ev.ts;
+        dur[n] = ev.dur;
+        pid[n] = ev.pid;
+        tid[n] = ev.tid;
+        sid[n] = ev.sid;
+        par[n] = ev.par;
+        if (raw_code(&enc[0], ev.name, ev.name_len, &name_codes[n]) < 0 ||
+            raw_code(&enc[1], ev.status, ev.status_len, &status_codes[n]) < 0 ||
+            attr_code(&attrs_table, keep, attr_index, attr_items, &ev, &attr[n]) < 0) {
+            goto done;
+        }
+        n++;
+        p = line_end;
+    }
+    for (int c = 0; c < 7; c++) {
+        if (PyByteArray_Resize(arrays[c], n * 8) < 0) {
+            goto done;
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        if (PyByteArray_Resize(codes[c], n * 4) < 0) {
+            goto done;
+        }
+        coded[c] = PyTuple_Pack(2, codes[c], enc[c].uniques);
+        if (coded[c] == NULL) {
+            goto done;
+        }
+    }
+    others = PyList_New(n_spans);
+    if (others == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_spans; i++) {
+        PyObject *at = PyLong_FromSsize_t(spans[i]);
+        if (at == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(others, i, at);
+    }
+    result = PyTuple_Pack(10, coded[0], coded[1], arrays[0], arrays[1], arrays[2], arrays[3],
+                          arrays[4], arrays[5], arrays[6], others);
+done:
+    PyBuffer_Release(&view);
+    for (int c = 0; c < 7; c++) {
+        Py_XDECREF(arrays[c]);
+    }
+    for (int c = 0; c < 2; c++) {
+        Py_XDECREF(codes[c]);
+        Py_XDECREF(coded[c]);
+        Py_XDECREF(enc[c].uniques);
+        table_free(&enc[c].table);
+    }
+    table_free(&attrs_table);
+    Py_XDECREF(keep);
+    Py_XDECREF(others);
+    PyMem_Free(spans);
+    return result;
+}
+
+/* attr_split(items) -> (keys, codes, values), or None
+ *
+ * The distinct raw attrs of a trace (bytes: JSON objects, as scan_events and msgspec
+ * keep them) taken apart by key, so that each distinct value of a key is decoded once
+ * rather than each distinct object: keys[k] is a key (str, in order of first
+ * appearance), codes[k] the int32 bytes, one per item, of its value among values[k]
+ * (the distinct raw values of that key, bytes), -1 where the item lacks the key. An
+ * item that is not a JSON object (b"" included) has no keys. None when an item is not
+ * valid JSON as scan_events checks it, has a key with an escape, or has a key twice:
+ * the caller then decodes the items whole (exporters/chrome/_events.py, the reference).
+ *
+ * The items are copied into a list that this call owns; nothing in the loop runs Python
+ * code (it makes bytes, str and int objects, and appends to lists), and the tables point
+ * only into bytes and str objects that lists owned here keep alive.
+ */
+typedef struct {
+    BytesTable table; /* raw value -> code */
+    PyObject *values; /* the distinct raw values */
+    PyObject *codes;  /* bytearray: int32 per item */
+    Py_ssize_t last_item;
+    const char *name; /* the key's raw bytes (in an item that the call's copy holds) */
+    Py_ssize_t name_len;
+    const char *last; /* the last value taken (in a bytes object of values), its code */
+    Py_ssize_t last_len;
+    int32_t last_code;
+} SplitKey;
+
+#define SPLIT_SLOTS 16 /* the keys at the first positions of the previous object */
+
+static PyObject *
+attr_split(PyObject *module, PyObject *arg)
+{
+    PyObject *items = copy_list(arg, "raw attributes"), *result = NULL, *key_list = NULL;
+    SplitKey *keys = NULL;
+    Py_ssize_t nkeys = 0, cap = 0;
+    BytesTable key_table = {NULL, 0, 0};
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    key_list = PyList_New(0);
+    if (key_list == NULL || table_init(&key_table) < 0 || n > PY_SSIZE_T_MAX / 4) {
+        goto done;
+    }
+    Py_ssize_t at_slot[SPLIT_SLOTS];
+    for (int j = 0; j < SPLIT_SLOTS; j++) {
+        at_slot[j] = -1;
+    }
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i); /* held by our copy */
+        if (!PyBytes_CheckExact(item)) {
+            ok = 0;
+            break;
+        }
+        const char *p = PyBytes_AS_STRING(item), *end = p + PyBytes_GET_SIZE(item);
+        if (p == end) {
+            continue;
+        }
+        if (*p != '{') {
+            ok = scan_value(p, end, 0) == end;
+            continue;
+        }
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == '}') {
+            ok = p + 1 == end;
+            continue;
+        }
+        int member = 0;
+        for (;;) {
+            const char *q;
+            if (p >= end || *p != '"' || (q = scan_string(p + 1, end, 0)) == NULL) {
+                ok = 0;
+                break;
+            }
+            const char *key = p + 1;
+            Py_ssize_t klen = q - key;
+            p = skip_ws(q + 1, end);
+            if (p >= end || *p != ':') {
+                ok = 0;
+                break;
+            }
+            const char *value = skip_ws(p + 1, end);
+            p = scan_value(value, end, 0);
+            if (p == NULL) {
+                ok = 0;
+                break;
+            }
+            Py_ssize_t vlen = p - value;
+            /* the key's column: the one at this position in the previous object, or
+             * through the table */
+            Py_ssize_t kc = -1;
+            if (member < SPLIT_SLOTS && at_slot[member] >= 0) {
+                SplitKey *guess = &keys[at_slot[member]];
+                if (guess->name_len == klen && memcmp(guess->name, key, (size_t)klen) == 0) {
+                    kc = at_slot[member];
+                }
+            }
+            uint64_t h = kc < 0 ? bytes_hash(key, klen) : 0;
+            TableEntry *slot = kc < 0 ? table_find(&key_table, key, klen, h) : NULL;
+            if (slot != NULL && slot->data != NULL) {
+                kc = (Py_ssize_t)slot->code;
+            }
+            if (kc < 0) {
+                if (nkeys == cap) {
+                    Py_ssize_t bigger = cap ? cap * 2 : 16;
+                    SplitKey *grown = PyMem_Realloc(keys, (size_t)bigger * sizeof(SplitKey));
+                    if (grown == NULL) {
+                        PyErr_NoMemory();
+                        goto done;
+                    }
+                    keys = grown, cap = bigger;
+                }
+                SplitKey *k = &keys[nkeys];
+                memset(k, 0, sizeof(*k));
+                nkeys++;
+                k->last_item = -1;
+                k->name = key;
+                k->name_len = klen;
+                k->values = PyList_New(0);
+                k->codes = PyByteArray_FromStringAndSize(NULL, n * 4);
+                if (k->values == NULL || k->codes == NULL || table_init(&k->table) < 0) {
+                    goto done;
+                }
+                memset(PyByteArray_AS_STRING(k->codes), 0xFF, (size_t)(n * 4)); /* -1 */
+                PyObject *name = PyUnicode_DecodeUTF8(key, klen, "strict"); /* checked */
+                if (name == NULL) {
+                    goto done;
+                }
+                int failed = PyList_Append(key_list, name);
+                Py_DECREF(name);
+                if (failed) {
+                    goto done;
+                }
+                /* the table points into the item's bytes, which our copy keeps */
+                if (table_add(&key_table, slot, key, klen, h, nkeys - 1) < 0) {
+                    goto done;
+                }
+                kc = nkeys - 1;
+            }
+            if (member < SPLIT_SLOTS) {
+                at_slot[member] = kc;
+            }
+            member++;
+            SplitKey *k = &keys[kc];
+            if (k->last_item == i) {
+                ok = 0; /* a key twice in one object */
+                break;
+            }
+            k->last_item = i;
+            /* the value's code among the key's distinct values: the last one's, or
+             * through the key's table */
+            int32_t code;
+            if (k->last != NULL && k->last_len == vlen && memcmp(k->last, value, (size_t)vlen) == 0) {
+                code = k->last_code;
+                memcpy(PyByteArray_AS_STRING(k->codes) + i * 4, &code, 4);
+                goto next_member;
+            }
+            uint64_t vh = bytes_hash(value, vlen);
+            TableEntry *vslot = table_find(&k->table, value, vlen, vh);
+            if (vslot->data == NULL) {
+                Py_ssize_t next = PyList_GET_SIZE(k->values);
+                if (next >= INT32_MAX) {
+                    PyErr_SetString(PyExc_OverflowError, "Too many distinct values to encode.");
+                    goto done;
+                }
+                PyObject *raw = PyBytes_FromStringAndSize(value, vlen);
+                if (raw == NULL) {
+                    goto done;
+                }
+                int failed = PyList_Append(k->values, raw);
+                Py_DECREF(raw); /* k->values holds it, and the table points into it */
+                if (failed || table_add(&k->table, vslot, PyBytes_AS_STRING(raw), vlen, vh,
+                                        next) < 0) {
+                    goto done;
+                }
+                code = (int32_t)next;
+                k->last = PyBytes_AS_STRING(raw);
+            }
+            else {
+                code = (int32_t)vslot->code;
+                k->last = vslot->data;
+            }
+            k->last_len = vlen;
+            k->last_code = code;
+            memcpy(PyByteArray_AS_STRING(k->codes) + i * 4, &code, 4);
+        next_member:
+            p = skip_ws(p, end);
+            if (p < end && *p == ',') {
+                p = skip_ws(p + 1, end);
+                continue;
+            }
+            ok = p < end && *p == '}' && skip_ws(p + 1, end) == end;
+            break;
+        }
+    }
+    if (!ok) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *codes = PyList_New(nkeys), *values = PyList_New(nkeys);
+    if (codes == NULL || values == NULL) {
+        Py_XDECREF(codes);
+        Py_XDECREF(values);
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < nkeys; c++) {
+        PyList_SET_ITEM(codes, c, Py_NewRef(keys[c].codes));
+        PyList_SET_ITEM(values, c, Py_NewRef(keys[c].values));
+    }
+    result = PyTuple_Pack(3, key_list, codes, values);
+    Py_DECREF(codes);
+    Py_DECREF(values);
+done:
+    for (Py_ssize_t c = 0; c < nkeys; c++) {
+        Py_XDECREF(keys[c].values);
+        Py_XDECREF(keys[c].codes);
+        table_free(&keys[c].table);
+    }
+    PyMem_Free(keys);
+    table_free(&key_table);
+    Py_XDECREF(key_list);
+    Py_DECREF(items);
+    return result;
+}
+
 static PyObject *
 register_frozen_type(PyObject *module, PyObject *type)
 {
@@ -1825,6 +3010,10 @@ static PyMethodDef module_methods[] = {
     {"dict_encode", dict_encode, METH_O, "A list of str or None as int32 codes and uniques."},
     {"event_columns", event_columns, METH_VARARGS,
      "The span columns of a chunk of decoded trace events (the reader's fast path)."},
+    {"scan_events", scan_events, METH_VARARGS,
+     "The span columns of lines of X events, read straight from the file's bytes."},
+    {"attr_split", attr_split, METH_O,
+     "Distinct raw attribute objects taken apart by key: each key's distinct raw values."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_batch", encode_x_batch, METH_VARARGS,
@@ -1837,6 +3026,7 @@ static PyMethodDef module_methods[] = {
 static int
 speedups_exec(PyObject *m)
 {
+    scan_tables_init();
     PyInterpreterState *interp = PyInterpreterState_Get();
     if (owner_interp != NULL && owner_interp != interp) {
         PyErr_SetString(PyExc_ImportError,

@@ -28,8 +28,8 @@ import pandas as pd
 
 from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
-from .._pandas import Coded
-from ..frame import _attribute_columns, _build, empty_frame
+from .._pandas import Coded, strings_from_codes
+from ..frame import _attribute_columns, _build, _column, empty_frame
 from ._encode import RANK_RE, RESERVED_ARGS
 from ._fields import (
     _I64_MAX,
@@ -48,11 +48,12 @@ from ._fields import (
     _text,
     _us_to_ns,
 )
-from ._parse import Event, TypedEvent
+from ._parse import _EVENTS, _TYPED, Event, TypedEvent
 
 __all__ = ["SpanColumns", "frame_from_chrome_events"]
 
 _NUMBER = frozenset({int, float})
+_NONE = type(None)
 
 #: The fields _speedups.event_columns reads, in its order.
 _FIELDS = ("name", "pid", "tid", "ts", "dur", "span_id", "parent_id", "status", "attrs", "args")
@@ -86,6 +87,18 @@ class _Part:
     attrs: np.ndarray  # codes into SpanColumns._attr_items
 
 
+@dataclass
+class _Scanned:
+    """A block of lines read by ``_speedups.scan_events``: its spans' columns (the tuple
+    ``event_columns`` gives) and its other events (no ``X`` among them)."""
+
+    columns: tuple[Any, ...]
+    others: list[Any]
+
+    def __len__(self) -> int:
+        return len(self.columns[2]) // 8 + len(self.others)
+
+
 class SpanColumns:
     """The spans of a trace, gathered chunk by chunk, then made a frame (module doc)."""
 
@@ -112,8 +125,42 @@ class SpanColumns:
         parts, meta, pairs, self._id_key, self._not_hex = mark
         del self._parts[parts:], self.meta[meta:], self._pairs[pairs:]
 
-    def add(self, events: list[Event]) -> None:
+    def scan(self, buffer: bytes | bytearray, start: int, end: int) -> _Scanned | None:
+        """The lines ``buffer[start:end]`` (whole lines of ppetrace's layout) read into
+        columns by the C line scanner, for :meth:`add`; None where it is not built, or
+        when a line it declines is an ``X`` event or does not decode (the caller then
+        decodes the block into events: the pure-Python twin of this path)."""
+        if _speedups is None:
+            return None
+        *cols, spans = _speedups.scan_events(buffer, start, end, self._attr_index, self._attr_items)
+        if not spans:
+            return _Scanned(tuple(cols), [])
+        lines = [bytes(buffer[a:b]).rstrip() for a, b in zip(spans[::2], spans[1::2], strict=True)]
+        if not all(line.endswith(b",") for line in lines):
+            return None  # the end of the events, or a layout of the msgspec path's to judge
+        text = b"[" + b",".join(line[:-1] for line in lines) + b"]"
+        others: list[Any]
+        try:
+            others = _TYPED.decode(text)
+        except msgspec.ValidationError:
+            try:
+                others = _EVENTS.decode(text)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                return None
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        if any(e.ph == "X" for e in others):
+            return None  # spans in the lines declined: the whole block the msgspec way
+        return _Scanned(tuple(cols), others)
+
+    def add(self, events: list[Event] | _Scanned) -> None:
         """Take a chunk of events (only the columns are kept)."""
+        if isinstance(events, _Scanned):
+            if len(events.columns[2]):
+                self._add_columns(*events.columns)
+            if events.others:
+                self.add(events.others)
+            return
         phases = list(map(_ph, events))
         if phases.count("X") == len(phases):
             if events:  # an empty chunk (a trace with no events) adds nothing
@@ -395,7 +442,11 @@ class SpanColumns:
             position[used] = np.arange(len(used))
             rows = position[codes]
             given = {int(position[c]): d for c, d in given.items() if seen[c]}
-            items = [items[i] for i in used.tolist()]
+            items = list(map(items.__getitem__, used.tolist()))
+        split = _speedups.attr_split(items) if _speedups is not None and not given else None
+        if split is not None:  # each key's distinct values decoded, not each object
+            keys, key_codes, values = split
+            return _split_columns(keys, key_codes, values, rows)
         dicts = _decode_all([x or b"{}" for x in items])
         if set(map(type, dicts)) != {dict}:
             dicts = [x if type(x) is dict else {} for x in dicts]
@@ -403,6 +454,36 @@ class SpanColumns:
             dicts[code] = value
         columns = _attribute_columns(dicts, frozenset())
         return {key: _take(column, rows) for key, column in columns.items()}
+
+
+def _split_columns(
+    keys: list[str], codes: list[bytearray], values: list[list[bytes]], rows: np.ndarray
+) -> dict[str, Any]:
+    """The attribute columns from ``_speedups.attr_split`` of the distinct raw attributes
+    (``rows``: each row's code into them), typed as :meth:`SpanColumns._attr_columns`
+    types the decoded objects: by :func:`exporters.frame._column` of the key's values."""
+    out = {}
+    for k in sorted(range(len(keys)), key=keys.__getitem__):
+        uniques = _decode_all(values[k])
+        out[keys[k]] = _coded_column(uniques, np.frombuffer(codes[k], dtype=np.int32)[rows])
+    return out
+
+
+def _coded_column(uniques: list[Any], codes: np.ndarray) -> Any:
+    """``_column`` of ``uniques[codes[i]]`` (None where the code is -1) for each row,
+    typed once over the distinct values: its types and whether one is missing (None)
+    are those of the rows (every distinct value is some row's)."""
+    missing = codes < 0
+    types = set(map(type, uniques))
+    if types == {str} or types == {str, _NONE}:
+        present = [u for u in uniques if u is not None]
+        position = np.full(len(uniques) + 1, -1, dtype=np.int32)  # [-1]: the last, -1
+        position[[i for i, u in enumerate(uniques) if u is not None]] = np.arange(len(present))
+        return strings_from_codes(position[codes], present)
+    if not missing.any():
+        return _take(_column(uniques), codes)
+    table = _column([*uniques, None])  # the rows' values and types, None included
+    return _take(table, np.where(missing, len(uniques), codes))
 
 
 def _event(d: Mapping[str, Any]) -> Event:

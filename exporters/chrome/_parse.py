@@ -20,7 +20,7 @@ from __future__ import annotations
 import codecs
 import json
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -154,13 +154,20 @@ def _strip_bom(data: bytes) -> bytes:
     return data[len(_BOM) :] if data.startswith(_BOM) else data
 
 
-def stream(path: Path, parsed: Parsed) -> Iterator[list[Any]] | None:
+#: Reads a block of whole lines straight into columns: ``scan(buffer, start, end)`` gives
+#: a chunk for the reader, or None to have those lines decoded into events here.
+Scan = Callable[[bytes | bytearray, int, int], Any]
+
+
+def stream(path: Path, parsed: Parsed, scan: Scan | None = None) -> Iterator[Any] | None:
     """The events of a file in ppetrace's one-event-per-line layout, a block at a time.
 
     Returns None when the file has another layout (then use :func:`document`).
     Fills ``parsed.top`` with the header's keys (and any after the events) and
     ``parsed.truncated``. Iterating raises :class:`_Fallback` when a block does
-    not decode: the caller then reads the whole document.
+    not decode: the caller then reads the whole document. With ``scan``, each
+    block of whole lines goes to it first (the C line scanner of
+    ``SpanColumns.scan``); the lines it declines are decoded here.
     """
     blocks = _blocks(path, parsed)
     head = b""
@@ -183,16 +190,24 @@ def stream(path: Path, parsed: Parsed) -> Iterator[list[Any]] | None:
         return None
     top.pop("traceEvents", None)
     parsed.top = top
-    return _lines(blocks, rest, parsed)
+    return _lines(blocks, rest, parsed, scan)
 
 
 class _Fallback(Exception):
     """A block of lines that did not decode as events: read the whole document instead."""
 
 
-def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[list[Any]]:
+def _lines(
+    blocks: Iterator[bytes], rest: bytes, parsed: Parsed, scan: Scan | None = None
+) -> Iterator[Any]:
     pending = rest
     for block in blocks:
+        if scan is not None:  # the block's whole lines scanned where they are: no copy
+            scanned = _scan_in_place(pending, block, scan)
+            if scanned is not None:
+                pending = block[block.rfind(b"\n") + 1 :]
+                yield from (chunk for chunk in scanned if len(chunk))
+                continue
         buf = bytearray(b"[")  # "[" + whole lines, decoded in place (one copy of the block)
         buf += pending
         buf += block
@@ -201,12 +216,25 @@ def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[lis
             pending = bytes(buf[1:])
             continue
         pending = bytes(buf[cut + 1 :])
+        scanned = scan(buf, 1, cut + 1) if scan is not None else None
+        if scanned is not None:
+            if len(scanned):
+                yield scanned
+            continue
+        if scan is not None and b"\n]" in buf:  # the end of the events, scanned up to it
+            lines = bytes(buf[1 : cut + 1])
+            at, scanned = _scan_until_end(lines, scan)
+            if scanned is not None:  # (then the msgspec ways below would not decode)
+                _read_tail(lines[at:] + pending + b"".join(blocks), parsed)
+                if len(scanned):
+                    yield scanned
+                return
         events = _decode_in_place(buf, cut)
         if events is None:
             events = _try_decode(bytes(buf[1 : cut + 1]))
         if events is None:  # the end of the events array may be in this block
             lines = bytes(buf[1 : cut + 1])
-            events = _until_end(lines, pending + b"".join(blocks), parsed)
+            events = _until_end(lines, pending + b"".join(blocks), parsed, scan)
             if events:
                 yield events
             return
@@ -224,6 +252,22 @@ def _lines(blocks: Iterator[bytes], rest: bytes, parsed: Parsed) -> Iterator[lis
         events = _complete_lines(pending)
     if events:
         yield events
+
+
+def _scan_in_place(pending: bytes, block: bytes, scan: Scan) -> tuple[Any, Any] | None:
+    """The line that ``pending`` ends with the block's first line, and the block's other
+    whole lines, as ``scan`` reads them; None when it reads either not, or either has
+    lines that are no spans (the caller then reads them as one buffer, whose events
+    msgspec decodes all with one type)."""
+    first, last = block.find(b"\n"), block.rfind(b"\n")
+    if first < 0:
+        return None
+    head = bytearray(pending + block[: first + 1])
+    scanned = scan(head, 0, len(head))
+    if scanned is None or scanned.others:
+        return None
+    body = scan(block, first + 1, last + 1)
+    return None if body is None or body.others else (scanned, body)
 
 
 def _decode_in_place(buf: bytearray, end: int) -> list[Any] | None:
@@ -278,18 +322,33 @@ def _array_end(data: bytes) -> int:
     return at + 1 if at >= 0 else -1
 
 
-def _until_end(data: bytes, more: bytes, parsed: Parsed) -> list[Any]:
+def _until_end(data: bytes, more: bytes, parsed: Parsed, scan: Scan | None = None) -> Any:
     """The events of ``data`` before the line that closes the array; what follows that
     line (with ``more``) are top-level keys. :class:`_Fallback` when there is no such
     line or the events before it do not decode."""
-    at = _array_end(data)
+    at, scanned = _scan_until_end(data, scan)
     if at < 0:
         raise _Fallback
+    if scanned is not None:
+        _read_tail(data[at:] + more, parsed)
+        return scanned
     events = _try_decode(data[:at])
     if events is None:
         raise _Fallback
     _read_tail(data[at:] + more, parsed)
     return events
+
+
+def _scan_until_end(data: bytes, scan: Scan | None) -> tuple[int, Any]:
+    """Where the line that closes the events array starts in ``data`` (-1: nowhere), and
+    the lines before it as ``scan`` reads them (None: not read). Whole events before a
+    line that starts with ``]`` leave nothing after that line that makes the block one
+    JSON array, so a block read here is one that the msgspec ways would not decode."""
+    at = _array_end(data)
+    head = data[:at].rstrip() if at >= 0 else b""
+    if scan is None or not head:
+        return at, None
+    return at, scan(bytearray(head + b",\n"), 0, len(head) + 2)  # the last one's comma
 
 
 def _complete_lines(data: bytes) -> list[Any]:

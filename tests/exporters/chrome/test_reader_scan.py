@@ -1,0 +1,303 @@
+"""The C line scanner (``_speedups.scan_events``) reads what its msgspec twin reads.
+
+The scanner takes the lines of ppetrace's own X events straight into columns and
+hands every other line back; a frame read with it must equal the frame read
+without it (the msgspec path, with and without the other C helpers), for any
+line a file may hold: escapes, non-ASCII and broken UTF-8, numbers in every
+JSON form, whitespace, duplicate keys, errors in ``args``, metadata and B/E
+events, cut-off files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exporters import TraceError, read_chrome_trace
+from exporters._accel import SPEEDUPS
+from exporters.chrome import _events, _parse
+
+pytestmark = pytest.mark.skipif(SPEEDUPS is None, reason="exporters._speedups not built")
+
+_HEAD = b'{"displayTimeUnit":"ns","otherData":{"origin_ns":1000,"trace_id":"ab"},"traceEvents":[\n'
+_META = b'{"ph":"M","name":"process_name","pid":7,"tid":0,"args":{"name":"x rank 3"}},\n'
+
+
+def _line(i: int, **change: bytes) -> bytes:
+    """One X event as ppetrace writes it, with some fields' raw JSON replaced."""
+    fields = {
+        "ph": b'"X"',
+        "cat": b'"trainer"',
+        "name": b'"trainer.step"',
+        "pid": b"7",
+        "tid": b"11",
+        "ts": f"{i * 3.5:.3f}".encode(),
+        "dur": b"2.250",
+        "span_id": f'"{i + 1:016x}"'.encode(),
+        "parent_id": f'"{(i + 1) // 2:016x}"'.encode(),
+        "status": b'"UNSET"',
+        "attrs": b'{"ppetrace.epoch":0,"ppetrace.stage":"train","ppetrace.step":%d}' % (i // 3),
+    }
+    fields.update(change)
+    body = b",".join(b'"%s":%s' % (k.encode(), v) for k, v in fields.items() if v is not None)
+    return b"{" + body + b"},\n"
+
+
+def _read_all_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The frame (or the TraceError's text) read with the scanner, with msgspec and the
+    other C helpers, and in pure Python."""
+    out = []
+    for way in ("scan", "msgspec", "python"):
+        with monkeypatch.context() as m:
+            if way == "msgspec":
+                m.setattr(_events.SpanColumns, "scan", lambda self, *a: None)
+            if way == "python":
+                m.setattr(_events, "_speedups", None)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    result: Any = read_chrome_trace(path)
+                except TraceError as exc:
+                    result = str(exc)
+            out.append((result, [str(w.message) for w in caught]))
+    return out
+
+
+def _assert_same(results: list[Any]) -> None:
+    (first, warned), *others = results
+    for result, more in others:
+        assert more == warned
+        if isinstance(first, str) or isinstance(result, str):
+            assert result == first
+            continue
+        pd.testing.assert_frame_equal(result, first)
+        assert result.attrs == first.attrs
+
+
+def test_ppetrace_lines_are_read_by_the_scanner_and_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(_HEAD + _META + b"".join(_line(i) for i in range(300)) + b"]}\n")
+    calls = []
+    scan = _events.SpanColumns.scan
+
+    def spy(self: Any, *args: Any) -> Any:
+        calls.append(result := scan(self, *args))
+        return result
+
+    monkeypatch.setattr(_parse, "_BLOCK", 4096)  # many blocks
+    with monkeypatch.context() as m:
+        m.setattr(_events.SpanColumns, "scan", spy)
+        frame = read_chrome_trace(path)
+    taken = [c for c in calls if c is not None]
+    assert len(taken) >= 5 and sum(len(c.columns[2]) // 8 for c in taken) >= 250
+    assert len(frame) == 300 and frame["rank"].eq(3).all()
+    assert frame["step"].tolist() == [i // 3 for i in range(300)]
+    assert frame["start_ns"].tolist() == [1000 + round(i * 3500) for i in range(300)]
+    _assert_same(_read_all_ways(path, monkeypatch))
+
+
+_NAMES = [b'"a\\"b"', b'"caf\xc3\xa9"', b'"\xed\xa0\x80"', b'"\xff"', b'"tab\tin"', b'"\\u00e9"']
+_NUMBERS = [b"5", b"-0.0", b"1e3", b"1.5E-2", b"12345678901234567890", b"1e400", b"01", b"1."]
+_ATTRS = [
+    b"{}",
+    b"null",
+    b"[1,2]",
+    b'{"k": [1, {"a": null}], "s": "\\ud800"}',
+    b'{"k":1e400}',
+    b'{"k":"\\u00e9\\n","b":true,"f":false}',
+    b'{"k":"\xc3\xa9"}',
+    b'{"k":"\xff"}',
+    b'{"ppetrace.step":1.5,"ppetrace.step":2}',
+    b'{"k":2e}',
+    b'{"k":9223372036854775808}',
+]
+
+
+@st.composite
+def _lines(draw: st.DrawFn) -> bytes:
+    """ppetrace's lines with a few fields, or whole lines, changed."""
+    out = [_HEAD]
+    for i in range(draw(st.integers(1, 12))):
+        kind = draw(st.integers(0, 12))
+        if kind == 0:
+            out.append(_META)
+            continue
+        change: dict[str, Any] = {}
+        if kind == 1:
+            change["name"] = draw(st.sampled_from(_NAMES))
+        elif kind == 2:
+            change[draw(st.sampled_from(["ts", "dur", "pid", "tid"]))] = draw(
+                st.sampled_from(_NUMBERS)
+            )
+        elif kind == 3:
+            change["attrs"] = draw(st.sampled_from(_ATTRS))
+        elif kind == 4:
+            key = draw(st.sampled_from(["name", "ts", "span_id", "status", "attrs", "cat"]))
+            change[key] = None  # absent
+        elif kind == 5:
+            change["args"] = b'{"error":"E: bad"}'
+        elif kind == 6:
+            change["span_id"] = draw(st.sampled_from([b'"0000000000000ABC"', b'"xyz"', b"5"]))
+        elif kind == 7:
+            change["ph"] = draw(st.sampled_from([b'"B"', b'"E"', b'"i"', b'"M"']))
+        line = _line(i, **change)
+        if kind == 8:  # whitespace, a key twice, another separator, no comma
+            line = draw(
+                st.sampled_from(
+                    [
+                        line.replace(b'"pid":7', b'"pid": 7'),
+                        line.replace(b"},\n", b',"ph":"X"},\n'),
+                        line.replace(b"},\n", b"} ,\r\n"),
+                        line.replace(b"},\n", b"}\n"),
+                        b"  " + line.replace(b"},\n", b"},\t\r\n"),
+                        line + line.rstrip(b"\n"),
+                    ]
+                )
+            )
+        out.append(line)
+    end = draw(st.sampled_from([b"]}\n", b'],"more":{"x":1}}', b"]", b""]))
+    data = b"".join(out) + end
+    if draw(st.integers(0, 5)) == 0:
+        data = data[: draw(st.integers(len(_HEAD), len(data)))]
+    return data
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(data=_lines(), block=st.sampled_from([97, 400, 1 << 20]))
+def test_any_lines_read_the_same_with_and_without_the_scanner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes, block: int
+) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(data)
+    monkeypatch.setattr(_parse, "_BLOCK", block)
+    _assert_same(_read_all_ways(path, monkeypatch))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.floats(allow_nan=False, allow_infinity=False),
+    form=st.sampled_from(["{:.3f}", "{!r}", "{:.17e}", "{:.6g}", "{:.0f}", "{:.20f}"]),
+)
+def test_numbers_are_read_as_msgspec_reads_them(value: float, form: str) -> None:
+    text = form.format(value).encode()
+    if b"inf" in text or len(text) > 63:
+        return
+    line = _line(0, ts=text, dur=text)
+    cols = SPEEDUPS.scan_events(bytearray(line), 0, len(line), {b"": 0}, [b""])
+    expected = msgspec.json.decode(b"[" + line.rstrip(b",\n") + b"]", type=list[_parse.TypedEvent])
+    ts, dur = struct.unpack("<d", cols[2])[0], struct.unpack("<d", cols[3])[0]
+    assert struct.pack("<d", ts) == struct.pack("<d", expected[0].ts), text
+    assert struct.pack("<d", dur) == struct.pack("<d", expected[0].dur), text
+    assert math.isfinite(ts)
+
+
+def test_lines_the_scanner_declines_come_back_whole() -> None:
+    good = _line(1)
+    odd = [
+        _META,
+        _line(2, name=b'"a\\u00e9"'),
+        _line(3, args=b'{"error":"E"}'),
+        _line(4, ts=b"1e400"),
+        _line(5, pid=b"1234567890123456789"),
+        _line(6, attrs=b'{"k":"\xff"}'),
+    ]
+    data = bytearray(good + b"".join(odd) + good)
+    index: dict[bytes, int] = {b"": 0}
+    items = [b""]
+    *cols, spans = SPEEDUPS.scan_events(data, 0, len(data), index, items)
+    assert len(cols[2]) // 8 == 2
+    back = [bytes(data[a:b]) + b"\n" for a, b in zip(spans[::2], spans[1::2], strict=True)]
+    assert back == odd
+    assert items[1:] == [json.dumps(json.loads(good[:-2])["attrs"], separators=(",", ":")).encode()]
+    assert SPEEDUPS.scan_events(bytearray(b"\n\n"), 0, 2, index, items)[-1] == []
+    with pytest.raises(ValueError, match="start <= end"):
+        SPEEDUPS.scan_events(data, 5, len(data) + 1, index, items)
+
+
+_ATTR_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from([2**63, -(2**63) - 1, 2**70, 1.5, -0.0, 1e300]),
+    st.sampled_from(["train", "val", "é", "a\nb", ""]),
+    st.lists(st.integers(0, 2), max_size=2),
+    st.dictionaries(st.sampled_from(["x", "y"]), st.integers(0, 2), max_size=2),
+)
+
+
+@settings(
+    max_examples=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    attrs=st.lists(
+        st.one_of(
+            st.dictionaries(st.sampled_from(["a", "b", "c", "ppetrace.step"]), _ATTR_VALUES),
+            st.sampled_from([None, [1], "s", 3]),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    spaced=st.booleans(),
+)
+def test_attributes_taken_apart_by_key_type_as_whole_objects_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attrs: list[Any], spaced: bool
+) -> None:
+    """_speedups.attr_split (each key's distinct values decoded) against the objects
+    decoded whole (the Python path), for every kind of value and missing keys."""
+    separators = (", ", ": ") if spaced else (",", ":")
+    lines = [
+        _line(i, attrs=json.dumps(a, separators=separators, ensure_ascii=False).encode())
+        for i, a in enumerate(attrs * 3)
+    ]
+    path = tmp_path / "t.json"
+    path.write_bytes(_HEAD + b"".join(lines) + b"]}\n")
+    results = _read_all_ways(path, monkeypatch)
+    with monkeypatch.context() as m:  # the C helpers, but the objects decoded whole
+        m.setattr(_events, "_speedups", _NoSplit(SPEEDUPS))
+        results.append((read_chrome_trace(path), []))
+    _assert_same(results)
+
+
+class _NoSplit:
+    """exporters._speedups without attr_split (which then declines every table)."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "attr_split":
+            return lambda items: None
+        return getattr(self._module, name)
+
+
+def test_attr_split_declines_what_it_cannot_take_apart() -> None:
+    keys, codes, values = SPEEDUPS.attr_split(
+        [b"", b'{"a":1,"b":"x"}', b'{"a":2, "c": [1]}', b"[1]"]
+    )
+    assert keys == ["a", "b", "c"]
+    assert [list(struct.unpack("<4i", c)) for c in codes] == [
+        [-1, 0, 1, -1],
+        [-1, 0, -1, -1],
+        [-1, -1, 0, -1],
+    ]
+    assert values == [[b"1", b"2"], [b'"x"'], [b"[1]"]]
+    for odd in (b'{"a":1,"a":2}', b'{"a\\u0041":1}', b'{"a":1} x', b'{"a":01}', b'{"a":"\xff"}'):
+        assert SPEEDUPS.attr_split([b'{"a":1}', odd]) is None, odd
