@@ -211,8 +211,15 @@ def _names_in_force(
     in_force = np.empty(len(both), dtype=np.int64)
     in_force[order] = filled
     at = np.searchsorted(both, rows)
-    lists = [str(u).split(";") for u in uniques]
+    lists = [[_unescape(x) for x in str(u).split(";")] for u in uniques]
     return lists, in_force[at]
+
+
+def _unescape(name: str) -> str:
+    """A name of ``ppetrace.hook_names`` as it was: ``%3B`` is ``;``, ``%25`` is ``%``."""
+    if "%" not in name:
+        return name
+    return name.replace("%3B", ";").replace("%3b", ";").replace("%25", "%")
 
 
 def _vocabulary(lists: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,8 @@ Lightning's actions that way. The spans that ran inside them in time were
 recorded with the parent that was current then: an ancestor of the span
 that really contains them (a sibling, for instrument()'s steps).
 
-:func:`effective_parents` repairs exactly that case and nothing else: a span
+:func:`effective_parents` repairs exactly that case, and spans whose parent is not in
+the trace at all (below), and nothing else: a span
 whose innermost enclosing span on the same process and thread (by time) lies
 below its parent by id (and not below the span itself) gets that enclosing
 span as its parent. On a trace whose ids already nest (ppetrace's Trainer,
@@ -74,6 +75,18 @@ def _enclosing(
     return out
 
 
+def _root(ppos: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The root (the ancestor without a parent) of each of ``rows``."""
+    cur = rows.copy()
+    for _ in range(len(ppos)):  # bounded: ids never make a cycle, but a frame could
+        up = ppos[cur]
+        climbing = up >= 0
+        if not climbing.any():
+            break
+        cur[climbing] = up[climbing]
+    return cur
+
+
 def _thread_codes(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
     """One int64 per (pid, tid) pair, equal exactly for equal pairs."""
     tid_fits = len(tid) and int(tid.min()) >= 0 and int(tid.max()) < (1 << 32)
@@ -105,9 +118,18 @@ def effective_parents(
     thread = _thread_codes(pid, tid)
     order = np.lexsort((-(end - start), start, thread))
     enc = _enclosing(order, start, end, thread)
+    # a span whose parent is not in the trace (a summarised step's hook, folded, above a
+    # span written in full; a foreign OpenTelemetry span) goes under the innermost span
+    # that encloses it on its thread, if any
+    orphans = np.flatnonzero((ppos < 0) & (parent_id != 0) & (enc >= 0))
+    if len(orphans):  # never under its own descendant (spans of equal times)
+        orphans = orphans[_root(ppos, enc[orphans]) != orphans]
+    if len(orphans):
+        ppos = ppos.copy()
+        ppos[orphans] = enc[orphans]
     rows = np.flatnonzero((enc >= 0) & (enc != ppos))
     if not len(rows):
-        return ppos, False
+        return ppos, bool(len(orphans))
     depth = _depth(ppos)
     # climb from the enclosing span to the row's own depth: the span there must be a
     # child of the row's parent (so the enclosing one lies below that parent) and not
@@ -127,7 +149,7 @@ def effective_parents(
     )
     moved = rows[same_parent & (cur != rows)]
     if not len(moved):
-        return ppos, False
+        return ppos, bool(len(orphans))
     out = ppos.copy()
     out[moved] = enc[moved]
     return out, True

@@ -13,8 +13,7 @@ row) and the interval open now. A batch's rows are taken in the order they
 ended on each thread (a stable sort by thread and end: a thread may record
 through several buffers, as ``instrument()`` does). A row that starts at or
 after the head start is held in the open interval, unless it is step-level
-(:data:`STEP_LEVEL_EVENTS`), an ERROR row or
-has a name with ``;`` or ``/``: those are written in full. The ``trainer.step``
+(:data:`STEP_LEVEL_EVENTS`) or an ERROR row: those are written in full. The ``trainer.step``
 row that contains the head start closes the interval: its held rows that ended
 within the step are folded into aggregates, the others are written in full.
 An interval whose step row cannot come any more (a later ``trainer.step`` row,
@@ -68,6 +67,13 @@ MAX_HELD = 1 << 16
 FAST = True
 _STEP = "trainer.step"
 _name, _start, _end, _tid = itemgetter(0), itemgetter(4), itemgetter(5), itemgetter(6)
+
+
+def _escape(name: str) -> str:
+    """An event name as ``ppetrace.hook_names`` lists it: ``%`` and ``;`` percent-encoded."""
+    return name.replace("%", "%25").replace(";", "%3B")
+
+
 _tuple_new = tuple.__new__
 _K_HOOK, _K_FULL, _K_STEP, _K_ENCLOSING = 0, 1, 2, 3  # what a name is to the filter
 _ENCLOSING = frozenset({"trainer.epoch", "trainer.run"})
@@ -213,7 +219,7 @@ class DetailFilter:
             kind = _K_STEP
         elif name in _ENCLOSING:
             kind = _K_ENCLOSING
-        elif name in STEP_LEVEL_EVENTS or ";" in name or "/" in name:
+        elif name in STEP_LEVEL_EVENTS:
             kind = _K_FULL
         else:
             kind = _K_HOOK
@@ -360,7 +366,7 @@ class DetailFilter:
                 at = index.get(name)
                 if at is None:
                     at = index[name] = len(names)
-                    names.append(name)
+                    names.append(_escape(name) if "%" in name or ";" in name else name)
                     entries.append("")
                     announce = True
                 if count != 1:

@@ -87,9 +87,8 @@ class ChromeTraceExporter(SpanExporter):
     ``start_ns`` on thread ``tid`` to be *summarised*: its hook-level rows
     (every row of that thread that starts at or after ``start_ns``, up to the
     step's own ``trainer.step`` row, except the names in
-    :data:`STEP_LEVEL_EVENTS`, ERROR rows, and names that contain ``;`` or
-    ``/``) are not written; their per-event aggregates are written as
-    attributes of the step's ``trainer.step`` row instead:
+    :data:`STEP_LEVEL_EVENTS` and ERROR rows) are not written; their per-event
+    aggregates are written as attributes of the step's ``trainer.step`` row instead:
 
     - ``ppetrace.hooks`` (str): one entry per name of the names list in force,
       in its order, ``;``-separated; an entry is empty when the event did not
@@ -100,7 +99,8 @@ class ChromeTraceExporter(SpanExporter):
       durations, self the total minus their direct children's durations,
       count the number of rows. A ``trainer.step`` row with ``ppetrace.hooks``
       (even ``""``) is a summarised step; one without it had full detail.
-    - ``ppetrace.hook_names`` (str): the names list, ``;``-separated, in force
+    - ``ppetrace.hook_names`` (str): the names list, ``;``-separated (``%`` and
+      ``;`` in a name percent-encoded as ``%25`` and ``%3B``), in force
       for this row and the later step rows of the same ``pid``/``tid`` until
       the next one; a new list extends the previous one. It is written on the
       first summarised step of each thread, the first after a detailed step,

@@ -468,3 +468,38 @@ def test_steps_that_touch_close_their_own_intervals(tmp_path: Path) -> None:
     assert list(steps[_detail.HOOKS])[::2] == ["30;40", "30;40"]
     assert (frame["name"] == "module.forward").sum() == 1  # step 1's, in full
     assert exporter.spans_summarised == 4
+
+
+def test_any_event_name_is_summarised_and_read_back_as_it_was(tmp_path: Path) -> None:
+    from exporters import step_report
+
+    odd = "user/augment;crop 100%;%3B"
+    run = Run()
+    for i in range(3):
+        run.step(i, extra=odd)
+    exporter = _write(tmp_path / "t.json", [run.batch()], run.steps)
+    frame = _read(exporter.path)
+    assert odd not in set(frame["name"])  # folded, not written in full
+    assert exporter.spans_summarised == 3 * 7
+    events = step_report(frame, warmup_steps=0).events.set_index("event")
+    assert events.loc[odd, "count"] == 3 and events.loc[odd, "total_ns"] == 3 * 9
+
+
+def test_a_span_written_in_full_under_a_folded_hook_stays_in_its_step(tmp_path: Path) -> None:
+    """An ERROR span is written in full; its parent hook is folded into the step's
+    aggregates, so the reader places it by time under the step."""
+    from exporters import step_report
+
+    run = Run()
+    for i in range(3):
+        run.step(i)
+        cb = next(r for r in reversed(run.rows) if r.name == "callback.on_end_backward")
+        at = run.rows.index(cb)
+        run.rows[at] = cb._replace(status="ERROR", error="ValueError: boom")
+    exporter = _write(tmp_path / "t.json", [run.batch()], run.steps)
+    frame = _read(exporter.path)
+    errors = frame[frame["name"] == "callback.on_end_backward"]
+    assert len(errors) == 3
+    report = step_report(frame, warmup_steps=1)
+    events = report.events.set_index("event")
+    assert events.loc["callback.on_end_backward", "count"] == 2  # the warmup step's left out
