@@ -14,6 +14,7 @@ missing (the count is not known when part 0 is closed, so no part records it).
 from __future__ import annotations
 
 import os
+import warnings
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 from ._ranks import read_header
 
-__all__ = ["first_parts", "part_path", "run_parts", "trace_parts"]
+__all__ = ["StaleTracePartWarning", "first_parts", "part_path", "run_parts", "trace_parts"]
 
 _HEAD_LIMIT = 1 << 16
 MIN_PART_BYTES = 1 << 20  # the smallest max_part_bytes
@@ -102,7 +103,36 @@ def trace_parts(path: str | os.PathLike[str]) -> list[Path]:
 
 def first_parts(paths: Sequence[str | Path]) -> list[Path]:
     """``paths`` without the files that are part 1, 2, ... of a run whose part 0 is among
-    them (reading part 0 reads those too), in the order given."""
+    them (reading part 0 reads those too), in the order given. A later part whose part 0
+    is among them but does not take it (left over from an earlier run that wrote more
+    parts under the same name) is left out too, with a warning: it is not a run."""
     found = [Path(p) for p in paths]
     taken = {q.resolve() for p in found for q in run_parts(p)[1:]}
-    return [p for p in found if p.resolve() not in taken]
+    given = {p.resolve() for p in found}
+    out = []
+    for p in found:
+        if p.resolve() in taken:
+            continue
+        other = _other(p)
+        part = None if other is None else other.get("part")
+        first = None if other is None else other.get("first_part")
+        if (
+            isinstance(part, int)
+            and part > 0
+            and isinstance(first, str)
+            and (p.parent / first).resolve() in given
+        ):
+            warnings.warn(
+                f"{p} is part {part} of a run named {first}, but {first} does not lead to "
+                "it (a part left over from an earlier run under the same name): it is "
+                "left out. Delete it, or read it alone by naming it.",
+                StaleTracePartWarning,
+                stacklevel=2,
+            )
+            continue
+        out.append(p)
+    return out
+
+
+class StaleTracePartWarning(UserWarning):
+    """A folder or glob holds a later part of a trace that its part 0 does not lead to."""

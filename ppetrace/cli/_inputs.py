@@ -4,6 +4,7 @@ once, and the one-line errors of a file that cannot be read."""
 from __future__ import annotations
 
 import glob
+import sys
 import warnings
 from pathlib import Path
 from typing import IO, Any
@@ -81,8 +82,14 @@ def _trace_paths(spec: str, label: str) -> list[str]:
 
 
 def _first_parts(paths: list[str]) -> list[str]:
-    """``paths`` without the later parts of a run whose part 0 is among them."""
-    import exporters
+    """``paths`` without the later parts of a run whose part 0 is among them, and without
+    stale later parts (with a warning: :func:`exporters.chrome.first_parts`)."""
+    from exporters.chrome._split import StaleTracePartWarning, first_parts
 
-    later = {Path(q).resolve() for p in paths for q in exporters.trace_parts(p)[1:]}
-    return [p for p in paths if Path(p).resolve() not in later]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StaleTracePartWarning)
+        kept = {p.resolve() for p in first_parts(paths)}
+    for w in caught:
+        if issubclass(w.category, StaleTracePartWarning):
+            sys.stderr.write(f"ppetrace: warning: {w.message}\n")
+    return [p for p in paths if Path(p).resolve() in kept]

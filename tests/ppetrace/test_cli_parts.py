@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from exporters import ChromeTraceExporter, SpanBatch, SpanRow, read_chrome_trace
 from ppetrace.cli import main
@@ -14,14 +15,16 @@ T0 = 1_700_000_000_000_000_000
 STEPS = 30
 
 
-def write_parts(path: Path, median_ns: int, seed: int, pid: int = 1234) -> list[Path]:
-    """A run of STEPS steps (a fetch and a step each), one batch per step, in parts of
+def write_parts(
+    path: Path, median_ns: int, seed: int, pid: int = 1234, steps: int = STEPS
+) -> list[Path]:
+    """A run of ``steps`` steps (a fetch and a step each), one batch per step, in parts of
     about 2 steps."""
     rng = np.random.default_rng(seed)
     exporter = ChromeTraceExporter(path, max_part_bytes=600, _min_part_bytes=1)
     t = T0 + seed * 10**9  # runs of different seeds start apart, as real runs do
     resource = {"service.name": "cli", "ppetrace.rank": 0}
-    for i in range(STEPS):
+    for i in range(steps):
         dur = int(rng.lognormal(np.log(median_ns), 0.05))
         rows = [
             SpanRow("trainer.fetch_batch", 2 * i + 10, 0, 7, t, t + 200, 1, {}),
@@ -32,7 +35,7 @@ def write_parts(path: Path, median_ns: int, seed: int, pid: int = 1234) -> list[
         exporter.export_batch(SpanBatch(rows, resource, pid))
         t += 300 + dur
     exporter.shutdown()
-    assert len(exporter.parts) >= STEPS // 3
+    assert len(exporter.parts) >= steps // 3
     return exporter.parts
 
 
@@ -63,3 +66,17 @@ def test_merge_of_a_run_in_parts(tmp_path: Path) -> None:
     frame = read_chrome_trace(out_file)
     assert len(frame) == 2 * STEPS and frame["span_id"].is_unique
     assert (frame["name"] == "trainer.step").sum() == STEPS
+
+
+def test_a_stale_later_part_in_a_folder_is_left_out_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "base"
+    old = write_parts(folder / "run.json", 1_000_000, 1)
+    new = write_parts(folder / "run.json", 1_000_000, 3, steps=12)  # fewer parts
+    assert len(new) < len(old)  # the old run's last parts are still there
+    write_parts(tmp_path / "cand" / "run.json", 1_000_000, 2)
+    _code, out, _ = run("compare", str(folder), str(tmp_path / "cand"))
+    assert "(1 run vs 1 run)" in out, out
+    err = capsys.readouterr().err
+    assert f"part {len(new)} of a run named run.json" in err and "left out" in err
