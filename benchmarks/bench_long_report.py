@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", help="a folder to write the generated traces in (kept)")
     args = parser.parse_args(argv)
     if args.trace:
-        measure(Path(args.trace), args.repeat, args.trace)
+        measure(Path(args.trace).resolve(), args.repeat, args.trace)
         return 0
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()} | {args.steps})
     with tempfile.TemporaryDirectory() as tmp:

@@ -417,7 +417,8 @@ def merge_traces(
     are rebased on the earliest origin. The merged ``otherData`` lists the
     inputs under ``merged_from``, each process's rank under ``processes``,
     the common ``trace_id`` if the inputs share one, ``ranks`` / ``world_size``,
-    and the first input's ``environment`` (the lowest rank's) when it has one.
+    and the first input's ``environment`` (the lowest rank's) when it has one, and
+    ``ppetrace.detail`` when every input that records one records the same.
     Returns the merged trace (its events are read from the file when first used);
     ``.json.gz`` outputs are gzip.
     """
@@ -492,6 +493,12 @@ def merge_traces(
     )
     if isinstance(env, dict):
         other["environment"] = env
+    # the trace_detail policy, when every input that has one has the same (the report's
+    # detail line reads it); each input's stays under merged_from
+    policies = [t.metadata.get("ppetrace.detail") for t in items]
+    known = [p for p in policies if isinstance(p, dict)]
+    if known and all(p == known[0] for p in known):
+        other["ppetrace.detail"] = known[0]
     if ranks:
         other["ranks"] = ranks
         sizes = {(t.header.distributed_info or {}).get("world_size") for t in items if t.header} - {

@@ -155,9 +155,11 @@ class StepDetail:
         self.exporter.add_final_metadata(switched_at_step=step)
         sch = self.schedule
         cycle = sch.wait + sch.warmup + sch.active
+        held = self.exporter.bytes_written
         self.notify(
-            f"ppetrace: the trace reached max_trace_bytes={self.max_trace_bytes:,} at step "
-            f"{step}; from here it keeps {sch.active} step in {cycle:,} in full and, for "
+            f"ppetrace: the trace held {held:,} bytes (max_trace_bytes={self.max_trace_bytes:,}, "
+            f"checked as spans are written) at step {step}; from here it keeps "
+            f"{sch.active} step in {cycle:,} in full and, for "
             "the others, each hook's count, total and self time. Pass trace_detail='all' "
             "(ppetrace run: --detail all) to keep every span, or a larger max_trace_bytes."
         )

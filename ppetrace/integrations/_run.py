@@ -275,6 +275,12 @@ def _detail(opts: RunOptions) -> dict[str, Any]:
     if opts.max_trace_bytes is not None:
         out["max_trace_bytes"] = opts.max_trace_bytes
     text = opts.detail.strip()
+    if opts.max_trace_bytes is not None and text != "auto":
+        raise BadRunInput(
+            f"Expected --max-trace-bytes only with --detail auto (the size at which it "
+            f"switches to windows), but received --detail {opts.detail}, which does not "
+            "switch. Leave out one of the two options."
+        )
     if text in ("auto", "all"):
         out["trace_detail"] = text
         return out

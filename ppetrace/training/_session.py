@@ -84,8 +84,7 @@ def session(
             exporter = self.trace_exporter
             cleanups.append(lambda: tracing.remove_exporter(exporter))
             if run is not None:
-                notify = getattr(self, "print", print)  # above the progress bar
-                run.detail = StepDetail.create(exporter, *_detail_of(self), notify)
+                run.detail = StepDetail.create(exporter, *_detail_of(self), _notifier(self))
         cleanups.insert(0, tracing.flush)
         if dist is not None:  # the user's explicit collectives, as dist.<name> spans
             collectives = contextlib.ExitStack()
@@ -188,3 +187,11 @@ def attach_trace_exporter(self: TrainerView, call: str) -> Any:
     _log.info("ppetrace: writing the %s trace to %s", call, exporter.path)
     tracing.add_exporter(exporter)
     return exporter
+
+
+def _notifier(trainer: Any) -> Callable[[str], None]:
+    """Where the switch notice goes: stderr, above the progress bar when one is drawn."""
+    out = getattr(trainer, "print", None)
+    if out is None:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    return lambda line: out(line, file=sys.stderr)

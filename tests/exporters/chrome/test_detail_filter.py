@@ -503,3 +503,20 @@ def test_a_span_written_in_full_under_a_folded_hook_stays_in_its_step(tmp_path: 
     report = step_report(frame, warmup_steps=1)
     events = report.events.set_index("event")
     assert events.loc["callback.on_end_backward", "count"] == 2  # the warmup step's left out
+
+
+def test_a_merged_trace_keeps_the_common_detail_policy(tmp_path: Path) -> None:
+    from exporters import load_chrome_trace, merge_traces
+
+    policy = {"policy": "auto", "max_trace_bytes": 5, "schedule": None}
+    paths = []
+    for i, pid in enumerate((PID, PID + 1)):
+        run = Run()
+        run.step(0)
+        path = tmp_path / f"rank{i}.json"
+        exporter = ChromeTraceExporter(path, metadata={"ppetrace.detail": policy})
+        exporter.export_batch(SpanBatch(run.rows, {}, pid))
+        exporter.shutdown()
+        paths.append(path)
+    merge_traces(tmp_path / "merged.json", paths)
+    assert load_chrome_trace(tmp_path / "merged.json").metadata["ppetrace.detail"] == policy

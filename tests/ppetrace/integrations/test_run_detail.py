@@ -53,7 +53,7 @@ def test_detail_n_keeps_one_step_in_n_in_full(tmp_path: Path) -> None:
 
 
 def test_detail_all_and_a_budget(tmp_path: Path) -> None:
-    code, err, trace = _run(tmp_path, "--detail", "all", "--max-trace-bytes", "1")
+    code, err, trace = _run(tmp_path, "--detail", "all")
     assert code == 0, err
     assert _summarised(trace) == [False] * 6
     detail = read_chrome_trace(trace).attrs["metadata"]["ppetrace.detail"]
@@ -70,6 +70,8 @@ def test_detail_all_and_a_budget(tmp_path: Path) -> None:
         (("--detail", "some"), "Expected --detail all, auto or a positive integer N"),
         (("--detail", "0"), r"but received '0'\. Pass --detail all"),
         (("--max-trace-bytes", "0"), "expected a positive integer for --max-trace-bytes"),
+        (("--detail", "all", "--max-trace-bytes", "1"), "only with --detail auto"),
+        (("--detail", "10", "--max-trace-bytes", "1"), "received --detail 10, which does"),
     ],
 )
 def test_bad_detail_options_are_one_line_errors(

@@ -77,9 +77,13 @@ def test_auto_switches_at_the_volume_budget_with_one_notice(
     # the first epoch is written at its end: the first step after that is summarised,
     # and (1 step in 1,000 in full) every later one
     assert summarised == [False] * BATCHES + [True] * 2 * BATCHES
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ppetrace:")]
+    captured = capsys.readouterr()
+    assert "ppetrace:" not in captured.out  # the notice goes to stderr
+    lines = [x for x in captured.err.splitlines() if x.startswith("ppetrace:")]
     assert len(lines) == 1
-    assert f"max_trace_bytes=1 at step {BATCHES};" in lines[0]
+    held = trainer.trace_exporter.bytes_written if trainer.trace_exporter else 0
+    assert "bytes (max_trace_bytes=1, checked as spans are written)" in lines[0]
+    assert f"at step {BATCHES};" in lines[0] and held > 1
     assert "trace_detail='all'" in lines[0] and "larger max_trace_bytes" in lines[0]
     other = frame.attrs["metadata"]["ppetrace.detail"]
     assert other == {
