@@ -6,8 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import isolation_guard
 import pytest
@@ -43,6 +44,30 @@ class RowSink:
 
     def shutdown(self) -> None:
         pass
+
+
+def _event_counts(frame: Any) -> dict[str, int]:
+    """Each event's count in a trace frame: its spans, plus the counts in the aggregates
+    of the summarised steps (``ppetrace.hooks`` under the ``ppetrace.hook_names`` in force),
+    read here independently of exporters' own reader."""
+    counts = {str(k): int(v) for k, v in frame["name"].value_counts().items()}
+    names: list[str] = []
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    for row in steps.to_dict("records"):
+        if isinstance(row.get("ppetrace.hook_names"), str):
+            names = row["ppetrace.hook_names"].split(";")
+        if isinstance(row.get("ppetrace.hooks"), str):
+            for name, entry in zip(names, row["ppetrace.hooks"].split(";"), strict=False):
+                if entry:
+                    parts = entry.split("/")
+                    counts[name] = counts.get(name, 0) + (int(parts[2]) if len(parts) > 2 else 1)
+    return counts
+
+
+@pytest.fixture
+def event_counts() -> Callable[[Any], dict[str, int]]:
+    """:func:`_event_counts`: spans plus the aggregates of summarised steps, per event."""
+    return _event_counts
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -34,24 +33,10 @@ def _run(path: Path, make_loader: Callable[..., Any], **options: Any) -> Any:
     return handle
 
 
-def _counts(frame: pd.DataFrame) -> dict[str, int]:
-    """Each event's count: its spans plus the aggregates of the summarised steps."""
-    counts = {str(k): int(v) for k, v in frame["name"].value_counts().items()}
-    names: list[str] = []
-    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
-    for row in steps.to_dict("records"):
-        if isinstance(row.get(NAMES), str):
-            names = row[NAMES].split(";")
-        if isinstance(row.get(HOOKS), str):
-            for name, entry in zip(names, row[HOOKS].split(";"), strict=False):
-                if entry:
-                    parts = entry.split("/")
-                    counts[name] = counts.get(name, 0) + (int(parts[2]) if len(parts) > 2 else 1)
-    return counts
-
-
 def test_instrument_summarises_the_steps_of_its_schedule(
-    tmp_path: Path, make_loader: Callable[..., Any]
+    tmp_path: Path,
+    make_loader: Callable[..., Any],
+    event_counts: Callable[[Any], dict[str, int]],
 ) -> None:
     full = _run(tmp_path / "full.json", make_loader, trace_detail="all")
     every_other = ppetrace.Schedule(wait=1, warmup=0, active=1, repeat=0)
@@ -59,7 +44,7 @@ def test_instrument_summarises_the_steps_of_its_schedule(
     a, b = read_chrome_trace(full.trace_path), read_chrome_trace(summ.trace_path)
     steps = b[b["name"] == "trainer.step"].sort_values("start_ns")
     assert [isinstance(v, str) for v in steps[HOOKS]] == [i % 2 == 0 for i in range(16)]
-    assert _counts(b) == _counts(a)
+    assert event_counts(b) == event_counts(a)
     assert summ.trace_exporter.steps_summarised == 8
     assert b.attrs["metadata"]["ppetrace.detail"]["policy"] == "schedule"
     # the evaluation forwards are written in full, tagged val
@@ -71,7 +56,9 @@ def test_instrument_refuses_a_bad_trace_detail() -> None:
         ppetrace.instrument(trace_detail="none")
 
 
-def test_a_loop_without_a_dataloader_is_summarised_too(tmp_path: Path) -> None:
+def test_a_loop_without_a_dataloader_is_summarised_too(
+    tmp_path: Path, event_counts: Callable[[Any], dict[str, int]]
+) -> None:
     torch.manual_seed(0)
     model = nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -88,4 +75,4 @@ def test_a_loop_without_a_dataloader_is_summarised_too(tmp_path: Path) -> None:
     assert summarised == [i % 5 != 4 for i in range(20)]  # steps 4, 9, 14, 19 in full
     assert all(h for h in steps[HOOKS] if isinstance(h, str))  # each holds its hooks
     assert (frame["name"] == "trainer.backward").sum() == 4
-    assert _counts(frame)["trainer.backward"] == 20
+    assert event_counts(frame)["trainer.backward"] == 20
