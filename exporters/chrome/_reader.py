@@ -232,6 +232,8 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     ``frame.attrs["parts"]`` lists the files read (when there are several).
     ``parts=False`` reads the one file given, as does naming a later part.
 
+    ``frame.attrs["metadata"]`` is the file's ``otherData``, plus ``ppetrace.final``:
+    the writer's closing counts of summarised steps when the file has them.
     A cut-off file is read up to its last complete event with a
     :class:`TraceTruncatedWarning`. Raises ``FileNotFoundError`` for a missing
     file and :class:`TraceError`, naming the file, for anything else it cannot
@@ -262,12 +264,34 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
             tables = _tables(columns.meta)
     if tables:
         frame.attrs["tables"] = tables  # plain data: pandas copies attrs around
+    final = _final_counts(columns.meta)
+    if final:  # the writer's closing counts (ChromeTraceExporter, "Final counts")
+        metadata = {**metadata, "ppetrace.final": final}
     frame.attrs["metadata"] = metadata
     frame.attrs["path"] = str(p)
     frame.attrs["truncated"] = cut
     if len(paths) > 1:
         frame.attrs["parts"] = [str(q) for q in paths]
     return frame
+
+
+def _final_counts(meta: list[Any]) -> dict[str, Any]:
+    """The ``args`` of the ``ppetrace.final`` events (a merged trace has one per process:
+    their ``steps_summarised`` and ``spans_summarised`` are added up, the rest taken from
+    the first)."""
+    out: dict[str, Any] = {}
+    for e in meta:
+        if e.name != "ppetrace.final" or type(e.args) is not dict:
+            continue
+        for key, value in e.args.items():
+            if key in _SUMMED and key in out and type(value) is int and type(out[key]) is int:
+                out[key] += value
+            else:
+                out.setdefault(key, value)
+    return out
+
+
+_SUMMED = frozenset({"steps_summarised", "spans_summarised"})
 
 
 def _tables(meta: list[Any]) -> dict[str, Any]:

@@ -92,6 +92,7 @@ def test_auto_switches_at_the_volume_budget_with_one_notice(
         "schedule": {"wait": 999, "warmup": 0, "active": 1, "repeat": 0, "skip_first": 0},
     }
     final = _final(path)
+    assert frame.attrs["metadata"]["ppetrace.final"] == final  # the reader gives it too
     assert final["switched_at_step"] == BATCHES
     assert final["steps_summarised"] == 2 * BATCHES
     # the hooks of a summarised step: every hook that ran, once each
