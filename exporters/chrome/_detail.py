@@ -7,15 +7,15 @@ back: the rows to write in full, in which the ``trainer.step`` row of each
 summarised step carries the per-event aggregates of the hook-level rows it
 replaces (count, total and self time, per event name).
 
-Method. Each ``(pid, tid)`` has a *lane*: a FIFO of the published starts
-(the training thread may publish step N+1 before this side has seen step N's
-row) and the interval open now. A batch's rows are taken in the order they
-ended on each thread (a stable sort by thread and end: a thread may record
-through several buffers, as ``instrument()`` does). A row that starts at or
-after the head start is held in the open interval, unless it is step-level
-(:data:`STEP_LEVEL_EVENTS`) or an ERROR row: those are written in full. The ``trainer.step``
-row that contains the head start closes the interval: its held rows that ended
-within the step are folded into aggregates, the others are written in full.
+Method. Each ``(pid, tid)`` has a *lane*: a FIFO of the published starts (the training
+thread may publish step N+1 before this side has seen step N's row) and the interval
+open now. A batch's rows are taken in the order they ended on each thread (a stable sort
+by thread and end, the later start first at equal ends: a thread may record through
+several buffers, as ``instrument()`` does). A row that starts at or after the head start
+is held in the open interval, unless it is step-level (:data:`STEP_LEVEL_EVENTS`) or an
+ERROR row: those are written in full. The ``trainer.step`` row that contains the head
+start closes the interval (one that only ends there is an earlier step): its held rows
+that ended within the step are folded into aggregates, the others are written in full.
 An interval whose step row cannot come any more (a later ``trainer.step`` row,
 or a ``trainer.epoch``/``trainer.run`` row around its start, ended first) and
 an interval that holds more than :data:`MAX_HELD` rows give their rows back

@@ -72,7 +72,7 @@ def take_lane_fast(
         head = published[c] if c < m else 0
         # the step row of interval c; one that ends where it starts is an earlier step
         if c < m and (en > head or (en == head and st >= head)):
-            if st > published[c]:
+            if st > head:
                 return False  # the interval's step row never came: the loop's case
             closes.append(i)
             flags.append(announce)

@@ -83,7 +83,11 @@ def run_parts(path: str | Path) -> list[Path]:
     """Every part of the run whose part 0 is ``path``, in order (``[path]`` for a file
     written in one piece, or one that is not part 0)."""
     first = Path(path)
-    other = _other(first)
+    return _parts_of(first, _other(first))
+
+
+def _parts_of(first: Path, other: dict[str, Any] | None) -> list[Path]:
+    """:func:`run_parts` given part 0's ``otherData`` (None: unreadable)."""
     if other is None or other.get("part") != 0 or not isinstance(other.get("first_part"), str):
         return [first]
     out = [first]
@@ -107,13 +111,14 @@ def first_parts(paths: Sequence[str | Path]) -> list[Path]:
     is among them but does not take it (left over from an earlier run that wrote more
     parts under the same name) is left out too, with a warning: it is not a run."""
     found = [Path(p) for p in paths]
-    taken = {q.resolve() for p in found for q in run_parts(p)[1:]}
+    headers = [_other(p) for p in found]  # each file's header, read once
+    pairs = list(zip(found, headers, strict=True))
+    taken = {q.resolve() for p, h in pairs for q in _parts_of(p, h)[1:]}
     given = {p.resolve() for p in found}
     out = []
-    for p in found:
+    for p, other in pairs:
         if p.resolve() in taken:
             continue
-        other = _other(p)
         part = None if other is None else other.get("part")
         first = None if other is None else other.get("first_part")
         if (
