@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
@@ -29,7 +30,7 @@ from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
 from ._ranks import TraceHeader, _open_read, read_header, trace_files
 from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
-from ._split import first_parts, run_parts
+from ._split import _NAMING, MIN_PART_BYTES, _check_part_bytes, first_parts, part_path, run_parts
 
 _SPAN_LINE = b'{"ph":"X","cat":'
 _PID_RE = re.compile(rb'"pid":(-?\d+)')
@@ -341,23 +342,60 @@ class _Rewriter:
 
 
 class _EventWriter:
-    """Writes events into the merged file's ``traceEvents``, separated by ``,\n``."""
+    """Writes the merged ``traceEvents`` at ``path``, separated by ``,\n``: one file, or
+    with ``max_part_bytes`` a run in parts as :class:`ChromeTraceExporter` writes them
+    (each part a whole trace whose ``otherData`` adds ``part`` and ``first_part``, and
+    which repeats the ``M`` events that named processes and threads before it)."""
 
-    def __init__(self, f: Any) -> None:
-        self.f = f
-        self.first = True
+    def __init__(self, path: Path, other: dict[str, Any], max_part_bytes: int | None) -> None:
+        self.path, self.other, self.max_part = path, other, max_part_bytes
+        self.paths: list[Path] = []
+        self.naming: dict[bytes, None] = {}  # the naming events so far, in order (parts)
         self.pending: list[bytes] = []
+        self.held = 0  # bytes pending
         self.count = 0  # events written one by one; -1 once a file was copied whole
+        self.f: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        index = len(self.paths)
+        p = part_path(self.path, index)
+        other = self.other
+        if self.max_part is not None:
+            other = {**other, "part": index, "first_part": self.path.name}
+        self.f = _open_binary(p)
+        self.paths.append(p)
+        head = ('{"displayTimeUnit":"ns","otherData":' + _dumps(other) + ',"traceEvents":[\n')
+        self.f.write(head.encode("ascii"))
+        self.size = len(head)
+        self.first = True
 
     def event(self, text: bytes) -> None:
+        if self.max_part is not None and _is_naming(text):
+            self.naming.setdefault(text)
         self.pending.append(text)
+        self.held += len(text) + 2
         if self.count >= 0:
             self.count += 1
-        if len(self.pending) >= _CHUNK:
+        if len(self.pending) >= _CHUNK or (
+            self.max_part is not None and self.size + self.held >= self.max_part
+        ):
             self.flush()
 
     def copy(self, parts: Iterator[bytes]) -> None:
-        """Events already joined by ``,\n`` (a file's traceEvents), written as they are."""
+        """Events already joined by ``,\n`` (a file's traceEvents), written as they are
+        (in parts: line by line, so that a part ends between events)."""
+        if self.max_part is not None:
+            rest = b""
+            for part in parts:
+                lines = (rest + part).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        self.event(line.rstrip().rstrip(b","))
+            if rest.strip():
+                self.event(rest.rstrip().rstrip(b","))
+            return
         self.flush()
         for i, part in enumerate(parts):
             if i == 0 and not self.first:
@@ -367,18 +405,45 @@ class _EventWriter:
         self.count = -1  # counted when asked for (_MergedTrace.event_count)
 
     def flush(self) -> None:
-        if self.pending:
-            self.f.write((b"" if self.first else b",\n") + b",\n".join(self.pending))
-            self.first, self.pending = False, []
+        if not self.pending:
+            return
+        if self.max_part is not None and not self.first and self.size >= self.max_part:
+            self.f.write(b"\n]}\n")
+            self.f.close()
+            self._open()
+            here = set(self.pending)
+            self.pending = [e for e in self.naming if e not in here] + self.pending
+        data = (b"" if self.first else b",\n") + b",\n".join(self.pending)
+        self.f.write(data)
+        self.size += len(data)
+        self.first, self.pending, self.held = False, [], 0
+
+    def close(self) -> None:
+        self.flush()
+        self.f.write(b"\n]}\n")
+        self.f.close()
+
+
+def _is_naming(text: bytes) -> bool:
+    """Whether an event names a process or thread (every part repeats those)."""
+    if b'"M"' not in text:
+        return False
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(event, dict) and event.get("ph") == "M" and event.get("name") in _NAMING
 
 
 class _MergedTrace(ChromeTrace):
     """The merged trace; its events are read back from the file when first asked for."""
 
-    def __init__(self, metadata: dict[str, Any], origin_ns: int, path: str, count: int) -> None:
-        super().__init__([], metadata, origin_ns, False, path)
+    def __init__(self, metadata: dict[str, Any], origin_ns: int, paths: list[Path], count: int):
+        super().__init__([], metadata, origin_ns, False, str(paths[0]))
         self._loaded: list[dict[str, Any]] | None = None
         self._count = count
+        #: the files written: ``[out]``, or its parts (``max_part_bytes``)
+        self.parts = [str(p) for p in paths]
 
     @property
     def event_count(self) -> int:
@@ -390,8 +455,8 @@ class _MergedTrace(ChromeTrace):
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        if self._loaded is None:
-            self._loaded = load_chrome_trace(self.path).events
+        if self._loaded is None:  # every part's (each repeats the naming events)
+            self._loaded = [e for p in self.parts for e in load_chrome_trace(p).events]
         return self._loaded
 
     @events.setter
@@ -400,7 +465,11 @@ class _MergedTrace(ChromeTrace):
 
 
 def merge_traces(
-    out: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]]
+    out: str | os.PathLike[str],
+    inputs: Sequence[str | os.PathLike[str]],
+    *,
+    max_part_bytes: int | None = None,
+    _min_part_bytes: int = MIN_PART_BYTES,
 ) -> ChromeTrace:
     """Merge per-rank or per-process trace files into one timeline at ``out``.
 
@@ -420,8 +489,12 @@ def merge_traces(
     and the first input's ``environment`` (the lowest rank's) when it has one, and
     ``ppetrace.detail`` when every input that records one records the same.
     Returns the merged trace (its events are read from the file when first used);
-    ``.json.gz`` outputs are gzip.
+    ``.json.gz`` outputs are gzip. ``max_part_bytes`` (None: one file) writes it in
+    parts as :class:`ChromeTraceExporter` does (``out``, then ``<stem>.1.json``, ...;
+    each part a whole trace that repeats the process and thread names; the result's
+    ``parts`` lists them), removing later parts that an earlier merge into ``out`` left.
     """
+    max_part = _check_part_bytes(max_part_bytes, _min_part_bytes)  # the minimum: tests
     if not inputs:
         raise ValueError("Expected at least one trace file to merge, but received none.")
     items = [_load_run(p) for p in _expand(inputs)]
@@ -507,16 +580,37 @@ def merge_traces(
         other["world_size"] = sizes.pop() if len(sizes) == 1 else len(ranks)
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    head = '{"displayTimeUnit":"ns","otherData":' + _dumps(other) + ',"traceEvents":[\n'
-    with _open_binary(out_path) as f:  # one input in memory at a time
-        f.write(head.encode("ascii"))
-        writer = _EventWriter(f)
+    writer = _EventWriter(out_path, other, max_part)  # one input in memory at a time
+    try:
         for rewriters, names in plans:
             for name in names:
                 writer.event(name)
             for rewriter in rewriters:
                 rewriter.write(writer)
-        writer.flush()
-        f.write(b"\n]}\n")
-    count = writer.count
-    return _MergedTrace(other, origin, str(out_path), count)
+    finally:
+        writer.close()
+    for stale in _stale_parts(out_path, len(writer.paths)):
+        stale.unlink()
+    return _MergedTrace(other, origin, writer.paths, writer.count)
+
+
+def _stale_parts(out: Path, written: int) -> list[Path]:
+    """Later parts of an earlier merge into ``out`` that this one did not write: part
+    ``written``, ``written + 1``, ... while they exist and their header says so (a
+    reader could take them for this merge's)."""
+    stale: list[Path] = []
+    while (p := part_path(out, written + len(stale))).is_file():
+        try:
+            header = read_header(p)
+        except (OSError, EOFError, ValueError, zlib.error):
+            break
+        other = None if header is None else header.other_data
+        if not (
+            other is not None
+            and other.get("part") == written + len(stale)
+            and other.get("first_part") == out.name
+            and "merged_from" in other
+        ):
+            break
+        stale.append(p)
+    return stale

@@ -20,9 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._ranks import read_header
+from ._ranks import read_header, update_other_data
 
-__all__ = ["StaleTracePartWarning", "first_parts", "part_path", "run_parts", "trace_parts"]
+__all__ = [
+    "StaleTracePartWarning",
+    "first_parts",
+    "part_path",
+    "run_parts",
+    "trace_parts",
+    "update_run_other_data",
+]
 
 _HEAD_LIMIT = 1 << 16
 MIN_PART_BYTES = 1 << 20  # the smallest max_part_bytes
@@ -30,7 +37,7 @@ MIN_PART_BYTES = 1 << 20  # the smallest max_part_bytes
 _NAMING = frozenset({"process_name", "process_sort_index", "thread_name", "thread_sort_index"})
 
 
-def _check_part_bytes(value: int | None, minimum: int, header_reserve: int) -> int | None:
+def _check_part_bytes(value: int | None, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -38,12 +45,6 @@ def _check_part_bytes(value: int | None, minimum: int, header_reserve: int) -> i
             f"Expected max_part_bytes to be None or an int of at least {minimum} bytes, "
             f"but received {value!r}. Pass a larger size, such as 1 << 30 for "
             "1 GiB parts, or None for one file."
-        )
-    if header_reserve > 0:
-        raise ValueError(
-            f"Expected header_reserve=0 with max_part_bytes, but received header_reserve="
-            f"{header_reserve}: update_other_data rewrites one file's header, and a run in "
-            "parts has several. Leave out one of the two options."
         )
     return value
 
@@ -103,6 +104,15 @@ def trace_parts(path: str | os.PathLike[str]) -> list[Path]:
     written in one file, else ``[path, <stem>.1.json, ...]`` (written with
     ``ChromeTraceExporter(max_part_bytes=...)``; each part's header is checked)."""
     return run_parts(Path(path))
+
+
+def update_run_other_data(path: str | os.PathLike[str], values: dict[str, Any]) -> None:
+    """:func:`~exporters.chrome._ranks.update_other_data` on every part of the run whose
+    part 0 is ``path`` (on ``path`` alone for a run written in one file): each part's
+    ``otherData`` is the run's, so each gets ``values`` (in place where its writer left
+    room, ``header_reserve``)."""
+    for part in run_parts(Path(path)):  # found before any header changes
+        update_other_data(part, values)
 
 
 def first_parts(paths: Sequence[str | Path]) -> list[Path]:

@@ -80,7 +80,8 @@ class ChromeTraceExporter(SpanExporter):
     ``otherData`` plus ``part`` (its index) and ``first_part`` (part 0's file
     name), and the ``M`` events that name the processes and threads so far.
     :attr:`parts` lists the files; :func:`read_chrome_trace` given part 0
-    reads them all. It cannot be combined with ``header_reserve``.
+    reads them all. With ``header_reserve``, every part's header has the room
+    (``update_run_other_data`` updates them all).
 
     **Summarised steps.** :meth:`summarise_step` (called by whoever drives the
     steps, on the training thread) asks for the step that starts at
@@ -148,7 +149,7 @@ class ChromeTraceExporter(SpanExporter):
                 f"Expected an int number of bytes for header_reserve, but received "
                 f"{header_reserve!r}."
             )
-        self._max_part = _check_part_bytes(max_part_bytes, _min_part_bytes, header_reserve)
+        self._max_part = _check_part_bytes(max_part_bytes, _min_part_bytes)
         self.path = Path(path)
         self._part = 0  # the index of the part being written
         self._part_path = self.path

@@ -9,7 +9,7 @@ from typing import IO, Any
 
 from ._inputs import _in_file, _unreadable
 from ._io import _BadInput
-from ._parse import EXIT_OK
+from ._parse import EXIT_OK, _int_at_least
 
 __all__ = ["add_merge_and_repair", "merge", "repair"]
 
@@ -32,6 +32,15 @@ def add_merge_and_repair(sub: Any) -> None:
     )
     merge.add_argument("out", metavar="OUT", help="the merged trace to write")
     merge.add_argument("inputs", metavar="IN", nargs="+", help="traces to merge")
+    merge.add_argument(
+        "--max-part-bytes",
+        type=_int_at_least(1 << 20, "--max-part-bytes"),
+        default=None,
+        metavar="N",
+        help="write OUT in parts of about N bytes (OUT, then OUT's stem.1.json, ...), each "
+        "a whole trace that viewers open; report, compare and merge read them as one run "
+        "from OUT (default: one file)",
+    )
 
     repair = sub.add_parser(
         "repair", help="close a cut-off trace as strict JSON", description=_REPAIR_DOC
@@ -72,7 +81,9 @@ def merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", exporters.TraceTruncatedWarning)
         try:
-            merged = exporters.merge_traces(args.out, args.inputs)
+            merged = exporters.merge_traces(
+                args.out, args.inputs, max_part_bytes=args.max_part_bytes
+            )
         except FileNotFoundError as exc:
             if exc.filename is None:  # a missing input, named in the message
                 raise _BadInput(str(exc)) from None
@@ -88,9 +99,11 @@ def merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             err.write(f"ppetrace: warning: {w.message}\n")
     processes = len(merged.metadata.get("processes", {}))
     traces = len(merged.metadata.get("merged_from", ()))  # a folder's files, a run's parts once
+    parts = getattr(merged, "parts", [args.out])
+    where = args.out if len(parts) < 2 else f"{args.out} and {_count(len(parts) - 1, 'more part')}"
     out.write(
         f"Merged {_count(traces, 'trace')} ({_count(_events(merged), 'event')}, "
-        f"{_count(processes, 'process')}) into {args.out}\n"
+        f"{_count(processes, 'process')}) into {where}\n"
     )
     return EXIT_OK
 

@@ -114,7 +114,9 @@ def _alpha(text: str) -> float:
 
 def _int_at_least(minimum: int, name: str) -> Callable[[str], int]:
     """An argparse type: an int of at least ``minimum`` (0: non-negative, 1: positive)."""
-    kind = "non-negative" if minimum == 0 else "positive"
+    kind = {0: "a non-negative integer", 1: "a positive integer"}.get(
+        minimum, f"an integer of at least {minimum:,}"
+    )
 
     def parse(text: str) -> int:
         try:
@@ -123,7 +125,7 @@ def _int_at_least(minimum: int, name: str) -> Callable[[str], int]:
             value = minimum - 1
         if value < minimum:
             raise argparse.ArgumentTypeError(
-                f"expected a {kind} integer for {name}, but received {text!r}"
+                f"expected {kind} for {name}, but received {text!r}"
             )
         return value
 

@@ -255,13 +255,12 @@ def instrument(
             trace_path=trace_path, module_depth=module_depth, profilers=profs, device=device
         )
         handle.detail = (trace_detail, max_trace_bytes)
-        if ranks is None:
-            handle.exporter_options = {"max_part_bytes": TRACE_PART_BYTES}
-        else:  # HTA's distributedInfo; room for the clock fields at the end
-            handle.exporter_options = {
-                "distributed_info": {"rank": ranks.rank, "world_size": ranks.world_size},
-                "header_reserve": HEADER_RESERVE,
-            }
+        handle.exporter_options = {"max_part_bytes": TRACE_PART_BYTES}
+        if ranks is not None:  # HTA's distributedInfo; room for the clock fields at the end
+            handle.exporter_options.update(
+                distributed_info={"rank": ranks.rank, "world_size": ranks.world_size},
+                header_reserve=HEADER_RESERVE,
+            )
         _active.append(handle)
     try:
         handle._start()

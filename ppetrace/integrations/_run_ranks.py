@@ -137,7 +137,7 @@ class RankRun:
             _log.exception("ppetrace: merging the rank traces into %s failed", self.merged)
 
     def _finish(self, traces: RankTraces) -> None:
-        from exporters.chrome._ranks import update_other_data
+        from exporters.chrome._split import update_run_other_data
 
         exporter = self.handle.trace_exporter
         if exporter is None:
@@ -149,7 +149,7 @@ class RankRun:
         tracing.remove_exporter(exporter)  # the file is complete: spans after it are not in it
         self.handle.trace_exporter = None
         start = self._start
-        update_other_data(
+        update_run_other_data(  # every part of this rank's file
             exporter.path,
             {
                 "trace_id": f"{RECORDER.trace_id:032x}",

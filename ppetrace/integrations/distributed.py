@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tracing._recorder import RECORDER, trace
+from ._detail import TRACE_PART_BYTES
 from ._ranks import rank_trace_path
 
 _log = logging.getLogger("ppetrace")
@@ -195,6 +196,7 @@ class RankTraces:
                 "backend": self.backend,
             },
             "header_reserve": HEADER_RESERVE,
+            "max_part_bytes": TRACE_PART_BYTES,
             "metadata": {
                 "trace_id": f"{RECORDER.trace_id:032x}",
                 "clock_error_ns": sync.error_ns,
@@ -221,11 +223,11 @@ class RankTraces:
         merged (returns ``False``): the rank files stay for ``ppetrace merge`` or HTA."""
 
         from exporters.chrome import merge_traces
-        from exporters.chrome._ranks import update_other_data
+        from exporters.chrome._split import update_run_other_data
 
         end = sync_clock(self.group)
         mine = rank_trace_path(merged, self.rank)
-        update_other_data(
+        update_run_other_data(  # every part of this rank's file
             mine, {"clock_sync": {"reference_rank": 0, "start": self._start, "end": end.as_dict()}}
         )
         if self.world_size > MERGE_MAX_RANKS:
@@ -239,44 +241,54 @@ class RankTraces:
             return False
         files = self._collect(mine, merged)
         if self.rank == 0:
-            merge_traces(merged, files)
+            merge_traces(merged, files, max_part_bytes=TRACE_PART_BYTES)
             _log.info("ppetrace: merged %d rank traces into %s", len(files), merged)
         untraced("barrier")(group=self.group)  # the merged file exists when fit returns
         return True
 
     def _collect(self, mine: Path, merged: Path) -> list[Path]:
-        """Rank 0: every rank's file, those it cannot see on its filesystem (a missing file,
-        or a size other than the writer's) received over the group into its rank folder,
-        one after the other."""
+        """Rank 0: every rank's file (its part 0: merging brings the later parts), the
+        files it cannot see on its filesystem (a missing part, or a size other than the
+        writer's) received over the group into its rank folder, one after the other."""
         import torch
         import torch.distributed as dist
 
-        size = mine.stat().st_size
+        from exporters.chrome._split import part_path, run_parts
+
+        parts = [(str(p), p.stat().st_size) for p in run_parts(mine)]
         info: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        untraced("gather_object")((str(mine), size), info, dst=0, group=self.group)
+        untraced("gather_object")(parts, info, dst=0, group=self.group)
         wanted: list[Any] = [None]
         if self.rank == 0:
             assert info is not None
             wanted[0] = [
                 r
-                for r, (p, n) in enumerate(info)
-                if not (os.path.isfile(p) and os.path.getsize(p) == n)
+                for r, files in enumerate(info)
+                if not all(os.path.isfile(p) and os.path.getsize(p) == n for p, n in files)
             ]
         untraced("broadcast_object_list")(wanted, src=0, group=self.group)
         files = [rank_trace_path(merged, r) for r in range(self.world_size)]
         for r in wanted[0]:  # one file at a time: rank 0 holds at most one in memory
-            length = torch.zeros(1, dtype=torch.int64)
-            if self.rank == r:
-                data = torch.frombuffer(bytearray(mine.read_bytes()), dtype=torch.uint8)
-                length[0] = data.numel()
-                dist.send(length, dst=0, group=self.group)
-                dist.send(data, dst=0, group=self.group)
-            elif self.rank == 0:
-                dist.recv(length, src=r, group=self.group)
-                data = torch.empty(int(length[0]), dtype=torch.uint8)
-                dist.recv(data, src=r, group=self.group)
-                files[r].parent.mkdir(parents=True, exist_ok=True)
-                files[r].write_bytes(data.numpy().tobytes())
+            count = len(parts) if self.rank == r else 0
+            if self.rank == 0:
+                assert info is not None
+                count = len(info[r])
+            for k in range(count):
+                length = torch.zeros(1, dtype=torch.int64)
+                if self.rank == r:
+                    data = torch.frombuffer(
+                        bytearray(Path(parts[k][0]).read_bytes()), dtype=torch.uint8
+                    )
+                    length[0] = data.numel()
+                    dist.send(length, dst=0, group=self.group)
+                    dist.send(data, dst=0, group=self.group)
+                elif self.rank == 0:
+                    dist.recv(length, src=r, group=self.group)
+                    data = torch.empty(int(length[0]), dtype=torch.uint8)
+                    dist.recv(data, src=r, group=self.group)
+                    target = part_path(files[r], k)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data.numpy().tobytes())
         return files
 
 

@@ -51,7 +51,13 @@ from lightning.pytorch.profilers import Profiler
 from .. import tracing
 from ..tracing._recorder import RECORDER
 from . import _precedence
-from ._detail import DEFAULT_MAX_TRACE_BYTES, StepDetail, check_detail, detail_metadata
+from ._detail import (
+    DEFAULT_MAX_TRACE_BYTES,
+    TRACE_PART_BYTES,
+    StepDetail,
+    check_detail,
+    detail_metadata,
+)
 from ._ranks import rank_info, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
 
@@ -241,7 +247,9 @@ class LightningProfiler(Profiler):
             path = self._next_path(str(getattr(stage, "value", stage) or "fit"))
             path.parent.mkdir(parents=True, exist_ok=True)
             self.trace_exporter = ChromeTraceExporter(
-                path, metadata={"ppetrace.detail": detail_metadata(*self.detail)}
+                path,
+                metadata={"ppetrace.detail": detail_metadata(*self.detail)},
+                max_part_bytes=TRACE_PART_BYTES,
             )
             self.last_trace_path = path
             self.trace_paths.append(path)

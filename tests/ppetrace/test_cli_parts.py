@@ -16,12 +16,17 @@ STEPS = 30
 
 
 def write_parts(
-    path: Path, median_ns: int, seed: int, pid: int = 1234, steps: int = STEPS
+    path: Path,
+    median_ns: int,
+    seed: int,
+    pid: int = 1234,
+    steps: int = STEPS,
+    part_bytes: int | None = 600,
 ) -> list[Path]:
     """A run of ``steps`` steps (a fetch and a step each), one batch per step, in parts of
-    about 2 steps."""
+    about 2 steps (``part_bytes``; None: one file)."""
     rng = np.random.default_rng(seed)
-    exporter = ChromeTraceExporter(path, max_part_bytes=600, _min_part_bytes=1)
+    exporter = ChromeTraceExporter(path, max_part_bytes=part_bytes, _min_part_bytes=1)
     t = T0 + seed * 10**9  # runs of different seeds start apart, as real runs do
     resource = {"service.name": "cli", "ppetrace.rank": 0}
     for i in range(steps):
@@ -35,7 +40,7 @@ def write_parts(
         exporter.export_batch(SpanBatch(rows, resource, pid))
         t += 300 + dur
     exporter.shutdown()
-    assert len(exporter.parts) >= steps // 3
+    assert len(exporter.parts) >= (steps // 3 if part_bytes == 600 else 1)
     return exporter.parts
 
 
@@ -66,6 +71,28 @@ def test_merge_of_a_run_in_parts(tmp_path: Path) -> None:
     frame = read_chrome_trace(out_file)
     assert len(frame) == 2 * STEPS and frame["span_id"].is_unique
     assert (frame["name"] == "trainer.step").sum() == STEPS
+
+
+def test_merge_writes_parts_with_max_part_bytes(tmp_path: Path) -> None:
+    first = write_parts(tmp_path / "a.json", 1_000_000, 1, pid=1, steps=4_000, part_bytes=None)[0]
+    write_parts(tmp_path / "b.json", 1_000_000, 2, pid=2, steps=4_000, part_bytes=None)
+    out_file = tmp_path / "merged.json"
+    code, out, err = run(
+        "merge",
+        str(out_file),
+        str(first),
+        str(tmp_path / "b.json"),
+        "--max-part-bytes",
+        str(1 << 20),
+    )
+    assert code == 0, err
+    parts = sorted(tmp_path.glob("merged*.json"))
+    assert len(parts) >= 2 and f"into {out_file} and {len(parts) - 1} more part" in out
+    frame = read_chrome_trace(out_file)
+    assert len(frame) == 2 * 2 * 4_000
+    assert frame.groupby("pid")["span_id"].nunique().to_dict() == {1: 8_000, 2: 8_000}
+    code, _, err = run("merge", str(out_file), str(first), "--max-part-bytes", "1000")
+    assert code == 2 and "expected an integer of at least 1,048,576 for --max-part-bytes" in err
 
 
 def test_a_stale_later_part_in_a_folder_is_left_out_with_a_warning(

@@ -19,6 +19,7 @@ from exporters import (
     read_chrome_trace,
     trace_parts,
 )
+from exporters.chrome._split import part_path
 
 PART_BYTES = 4_000  # about 13 spans: each batch of 20 below closes a part
 ROWS_PER_BATCH = 20
@@ -167,8 +168,8 @@ def test_max_part_bytes_is_checked(tmp_path: Path) -> None:
     for bad in (1000, True, 1.5e9, "1G"):
         with pytest.raises(ValueError, match=r"max_part_bytes to be None or an int of at least"):
             ChromeTraceExporter(never, max_part_bytes=bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"header_reserve=0 with max_part_bytes.*Leave out"):
-        ChromeTraceExporter(never, max_part_bytes=1 << 30, header_reserve=512)
+    with pytest.raises(ValueError, match=r"max_part_bytes to be None or an int of at least"):
+        merge_traces(never, [never], max_part_bytes=1000)
     assert not never.exists()
     with ChromeTraceExporter(never, max_part_bytes=1 << 20) as exporter:  # the minimum
         assert exporter.parts == [never]
@@ -209,3 +210,70 @@ def test_a_part_that_cannot_be_opened_is_counted_and_the_parts_before_stay_whole
         _load(part)  # closed, strict JSON
     frame = read_chrome_trace(tmp_path / "trace.json")
     assert len(frame) == 2 * ROWS_PER_BATCH and frame.attrs["truncated"] is False
+
+
+def test_every_part_keeps_the_header_room_and_gets_the_values(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    from exporters.chrome._split import update_run_other_data
+
+    builder = run_builder()
+    path = tmp_path / "trace.json"
+    exporter = ChromeTraceExporter(
+        path, max_part_bytes=PART_BYTES, header_reserve=512, _min_part_bytes=1
+    )
+    for batch in _batches(builder):
+        exporter.export_batch(batch)
+    exporter.shutdown()
+    parts = exporter.parts
+    assert len(parts) >= 3
+    sizes = [p.stat().st_size for p in parts]
+    update_run_other_data(path, {"clock_sync": {"end": {"offset_ns": -7}}})
+    assert [p.stat().st_size for p in parts] == sizes  # in place: the room was there
+    for i, part in enumerate(parts):
+        other = _load(part)[0]["otherData"]
+        assert other["clock_sync"] == {"end": {"offset_ns": -7}}
+        assert (other["part"], other["first_part"]) == (i, "trace.json")
+    assert trace_parts(path) == parts  # the updated headers still make one run
+    frame = read_chrome_trace(path)
+    assert sorted(frame["span_id"]) == sorted(r.span_id for r in builder.rows)
+
+
+@pytest.mark.parametrize("name", ["merged.json", "merged.json.gz"])
+def test_a_merge_is_written_in_parts_that_read_as_the_whole(
+    tmp_path: Path, run_builder: Callable[..., Any], name: str
+) -> None:
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    builders = []
+    for rank in range(2):
+        builder = run_builder(pid=100 + rank, rank=rank)
+        builder.training([10_000 + i for i in range(200)])
+        with ChromeTraceExporter(folder / f"rank{rank}.json") as exporter:
+            exporter.export_batch(builder.batch())
+        builders.append(builder)
+    whole = merge_traces(tmp_path / "whole.json", [folder])
+    out = tmp_path / name
+    earlier = merge_traces(out, [folder], max_part_bytes=PART_BYTES, _min_part_bytes=1)
+    mine = part_path(out, len(earlier.parts))  # not a part: a merge leaves it alone
+    mine.write_text("{}")
+    merged = merge_traces(out, [folder], max_part_bytes=PART_BYTES * 4, _min_part_bytes=1)
+    parts = [Path(p) for p in merged.parts]
+    assert 3 <= len(parts) < len(earlier.parts) and trace_parts(out) == parts
+    # the earlier merge's later parts are gone; the file that is no part of it is not
+    assert not any(Path(p).exists() for p in earlier.parts[len(parts) :]) and mine.exists()
+    for i, part in enumerate(parts):
+        doc = _load(part)[0]  # each part a whole trace
+        assert (doc["otherData"]["part"], doc["otherData"]["first_part"]) == (i, name)
+        named = {e["pid"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+        spans = {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"}
+        assert spans and spans <= named  # each part names the processes it shows
+    frame = read_chrome_trace(out)
+    reference = read_chrome_trace(tmp_path / "whole.json")
+    assert len(frame) == len(reference) == sum(len(b.rows) for b in builders)
+    columns = ["pid", "span_id", "start_ns", "dur_ns"]
+    pd.testing.assert_frame_equal(
+        frame[columns].sort_values("span_id").reset_index(drop=True),
+        reference[columns].sort_values("span_id").reset_index(drop=True),
+    )
+    assert merged.event_count == whole.event_count
