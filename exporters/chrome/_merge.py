@@ -365,7 +365,7 @@ class _EventWriter:
             other = {**other, "part": index, "first_part": self.path.name}
         self.f = _open_binary(p)
         self.paths.append(p)
-        head = ('{"displayTimeUnit":"ns","otherData":' + _dumps(other) + ',"traceEvents":[\n')
+        head = '{"displayTimeUnit":"ns","otherData":' + _dumps(other) + ',"traceEvents":[\n'
         self.f.write(head.encode("ascii"))
         self.size = len(head)
         self.first = True

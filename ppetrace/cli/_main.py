@@ -14,6 +14,7 @@ from ._args import join_negative_values
 from ._compare import add_compare, compare
 from ._files import add_merge_and_repair, merge, repair
 from ._io import _BadInput, _write
+from ._memory import keep_freed_memory
 from ._parse import EXIT_BAD_INPUT, _Parser
 from ._report import add_report, report
 from ._run import add_run, run
@@ -46,6 +47,10 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, IO[str], IO[str]], int]] = {
 }
 
 
+#: the commands that read traces and exit, for which :func:`keep_freed_memory` pays
+_READING = frozenset({"report", "compare", "merge"})
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -53,7 +58,9 @@ def main(
     stderr: IO[str] | None = None,
 ) -> int:
     """Run the ``ppetrace`` command with ``argv`` (default: ``sys.argv[1:]``); return the
-    exit code. ``stdout``/``stderr`` default to the process's streams."""
+    exit code. ``stdout``/``stderr`` default to the process's streams. Run as the
+    process's own command (``argv`` None), ``report``, ``compare`` and ``merge`` first
+    tune glibc's allocator for reading (:mod:`ppetrace.cli._memory`)."""
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     parser = build_parser()
@@ -66,6 +73,8 @@ def main(
     if args.command is None:
         parser.print_help(out)
         return EXIT_BAD_INPUT
+    if argv is None and args.command in _READING:  # this process is the command: it exits
+        keep_freed_memory()
     try:
         return _COMMANDS[args.command](args, out, err)
     except _BadInput as exc:

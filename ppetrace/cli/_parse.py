@@ -124,9 +124,7 @@ def _int_at_least(minimum: int, name: str) -> Callable[[str], int]:
         except ValueError:
             value = minimum - 1
         if value < minimum:
-            raise argparse.ArgumentTypeError(
-                f"expected {kind} for {name}, but received {text!r}"
-            )
+            raise argparse.ArgumentTypeError(f"expected {kind} for {name}, but received {text!r}")
         return value
 
     return parse

@@ -107,3 +107,30 @@ def test_a_stale_later_part_in_a_folder_is_left_out_with_a_warning(
     assert "(1 run vs 1 run)" in out, out
     err = capsys.readouterr().err
     assert f"part {len(new)} of a run named run.json" in err and "left out" in err
+
+
+def test_only_the_reading_commands_run_as_the_process_tune_the_allocator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppetrace.cli import _main
+
+    calls: list[str] = []
+    monkeypatch.setattr(_main, "keep_freed_memory", lambda: calls.append("tuned") or True)
+    first = write_parts(tmp_path / "run.json", 1_000_000, 1)[0]
+    assert run("report", str(first))[0] == 0 and calls == []  # argv given: a caller's process
+    monkeypatch.setattr("sys.argv", ["ppetrace", "report", str(first)])
+    assert main(stdout=io.StringIO(), stderr=io.StringIO()) == 0 and calls == ["tuned"]
+    monkeypatch.setattr("sys.argv", ["ppetrace", "run", str(tmp_path / "missing.py")])
+    assert main(stdout=io.StringIO(), stderr=io.StringIO()) == 2 and calls == ["tuned"]
+
+
+def test_keep_freed_memory_takes_glibcs_settings() -> None:
+    import subprocess
+    import sys
+
+    code = "from ppetrace.cli._memory import keep_freed_memory as k; print(k())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    libc = __import__("platform").libc_ver()[0]
+    assert out.stdout.strip() == (
+        "True" if sys.platform == "linux" and libc == "glibc" else "False"
+    )
