@@ -30,6 +30,7 @@ from typing import Any
 
 from ..profilers._schedule import Schedule
 from ..tracing._recorder import RECORDER
+from ._ranks import rank_info
 
 __all__ = [
     "DEFAULT_MAX_TRACE_BYTES",
@@ -157,8 +158,9 @@ class StepDetail:
         cycle = sch.wait + sch.warmup + sch.active
         held = self.exporter.bytes_written
         self.notify(
-            f"ppetrace: the trace held {held:,} bytes (max_trace_bytes={self.max_trace_bytes:,}, "
-            f"checked as spans are written) at step {step}; from here it keeps "
+            f"ppetrace: {_who()}the trace held {held:,} bytes "
+            f"(max_trace_bytes={self.max_trace_bytes:,}, checked as spans are written) at "
+            f"step {step}; from here it keeps "
             f"{sch.active} step in {cycle:,} in full and, for "
             "the others, each hook's count, total and self time. Pass trace_detail='all' "
             "(ppetrace run: --detail all) to keep every span, or a larger max_trace_bytes."
@@ -176,3 +178,13 @@ class StepDetail:
     def summarise_at(self, start_ns: int, tid: int) -> None:
         """Publish a step that starts at ``start_ns`` (epoch ns) on thread ``tid``."""
         self._summarise(tid, start_ns)
+
+
+def _who() -> str:
+    """``"rank R: "`` in a process of a multi-process run (``RANK``/``WORLD_SIZE``, as
+    torchrun sets them): each rank switches on its own, and their lines interleave."""
+    try:
+        info = rank_info()
+    except ValueError:
+        return ""
+    return "" if info is None or info.world_size < 2 else f"rank {info.rank}: "

@@ -106,6 +106,38 @@ def test_auto_switches_at_the_volume_budget_with_one_notice(
     assert all(s.name != repr(trainer.trace_exporter) for s in stats)  # detached at the end
 
 
+def test_the_notice_names_the_rank_in_a_multi_process_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ppetrace.integrations._detail import StepDetail
+
+    class Exporter:  # what StepDetail asks of ChromeTraceExporter
+        bytes_written = 10
+
+        def add_final_metadata(self, **values: Any) -> None:
+            pass
+
+        def summarise_step(self, tid: int, start_ns: int) -> None:
+            pass
+
+        def step_summariser(self, tid: int) -> Any:
+            return lambda start_ns: None
+
+    lines: list[str] = []
+    for env, who in (
+        ({}, ""),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, ""),
+        ({"RANK": "3", "WORLD_SIZE": "4"}, "rank 3: "),
+    ):
+        for key in ("RANK", "WORLD_SIZE"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        detail = StepDetail.create(Exporter(), "auto", 5, lines.append)
+        assert detail is not None and detail.due(7)
+        assert lines.pop().startswith(f"ppetrace: {who}the trace held 10 bytes")
+
+
 def ppetrace_step_level() -> frozenset[str]:
     from exporters import STEP_LEVEL_EVENTS
 
