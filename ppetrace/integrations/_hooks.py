@@ -27,7 +27,6 @@ import functools
 import logging
 import time
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +36,7 @@ from torch.optim import optimizer as _optim
 
 from ..tracing._recorder import RECORDER, span_attributes, trace
 from . import _precedence
+from ._modules import Paths, root_name
 from ._precedence import standing_aside
 from ._record import current_parent
 from ._stepper import VAL, StepTracker
@@ -48,7 +48,6 @@ _perf_ns = time.perf_counter_ns
 _MISSING = object()
 
 
-_COMPILED = "OptimizedModule"  # torch.compile's wrapper: named after the module inside
 _compiler: Any = torch.compiler
 if not hasattr(_compiler, "_is_compiling_flag"):  # an older torch: is_compiling() says it all
     _compiler = types.SimpleNamespace(
@@ -63,43 +62,6 @@ _drivers = _precedence.drivers
 _session = _precedence.session
 
 
-def _compiling() -> bool:
-    return _dynamo_compiling() or bool(getattr(_compiler, "_is_compiling_flag", False))
-
-
-def root_name(module: Any) -> str:
-    """The class name of a module (of the module inside a ``torch.compile`` wrapper).
-    ``nn.Module.__getattr__`` is slow for a missing name, so it is asked only of the wrapper."""
-    kind = type(module)
-    if kind.__name__ == _COMPILED:
-        inner = module.__dict__.get("_modules", {}).get("_orig_mod")
-        if inner is not None:
-            return type(inner).__name__
-    return kind.__name__
-
-
-class _Paths:
-    """Dotted paths of submodules below their outermost module, made once per root."""
-
-    def __init__(self) -> None:
-        self._by_root: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
-
-    def of(self, root: Any, module: Any) -> str:
-        try:
-            paths = self._by_root.get(root)
-        except TypeError:  # a module that cannot be weakly referenced
-            return type(module).__name__
-        if paths is None or id(module) not in paths:
-            base = root_name(root)
-            target = root.__dict__.get("_modules", {}).get("_orig_mod", root)
-            paths = {
-                id(m): f"{base}.{name}" if name else base for name, m in target.named_modules()
-            }
-            paths.setdefault(id(module), type(module).__name__)  # not below this root
-            self._by_root[root] = paths
-        return paths[id(module)]
-
-
 class Hooks:
     """Installs the hooks for one ``instrument()`` and removes them again."""
 
@@ -112,7 +74,7 @@ class Hooks:
         self.on = False
         self._saved: list[tuple[Any, str, Any, Any]] = []
         self._handles: list[Any] = []
-        self._paths = _Paths()
+        self._paths = Paths()
         self._reported: set[str] = set()
 
     def failed(self, where: str) -> None:
@@ -136,8 +98,9 @@ class Hooks:
         # Tensor.backward calls torch.autograd.backward: the outer one opens the span
         self._patch(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
         self._patch(torch.autograd, "backward", self._backward_wrapper(torch.autograd.backward))
-        self._handles.append(_optim.register_optimizer_step_pre_hook(self._optimizer_pre))
-        self._handles.append(_optim.register_optimizer_step_post_hook(self._optimizer_post))
+        pre, post = self._optimizer_hooks()
+        self._handles.append(_optim.register_optimizer_step_pre_hook(pre))
+        self._handles.append(_optim.register_optimizer_step_post_hook(post))
 
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
         before = (
@@ -175,26 +138,35 @@ class Hooks:
     def _fetch_wrapper(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         hooks, tracker = self, self.tracker
         tls = tracker.tls
+        drivers, sessions = _drivers, _session
 
         @functools.wraps(orig)
         def __next__(self: Any) -> Any:
-            if not hooks.on or standing_aside():
-                return orig(self)
+            session = sessions[0]
+            if not hooks.on or drivers[0] or (session is not None and session.running):
+                return orig(self)  # off, or the Trainer or Lightning traces the loop
             try:
                 st = tls.state
             except AttributeError:
                 st = tracker.state()
             if st.in_fetch:  # a loader inside a loader's fetch: only its span
-                with trace("trainer.fetch_batch", {"ppetrace.step": tracker.global_step}):
+                with trace("trainer.fetch_batch", tracker.step_attrs):
                     return orig(self)
             cand = st.cand
             if cand is not None and cand.profiled >= 0:
                 tracker.profilers_end(cand)  # outside the fetch, as the Trainer does
-            idx = getattr(self, "_num_yielded", None)
-            attrs = {"ppetrace.step": tracker.global_step}
-            if idx is not None:
-                attrs["ppetrace.batch_idx"] = idx
-            span = trace("trainer.fetch_batch", attrs)
+            # the span starts as soon as it can: the fetch is the call around it; what the
+            # previous step leaves to do is done inside it (the step ended where it began)
+            try:
+                idx = self._num_yielded
+            except AttributeError:
+                idx = None
+                span = trace("trainer.fetch_batch", tracker.step_attrs)
+            else:
+                span = trace(
+                    "trainer.fetch_batch",
+                    {"ppetrace.step": tracker.global_step, "ppetrace.batch_idx": idx},
+                )
             span.__enter__()
             start = getattr(span, "start_ns", None) or _perf_ns()
             if cand is not None:
@@ -226,8 +198,8 @@ class Hooks:
                 cand = None
                 hooks.failed("DataLoader")
             finally:
-                span.__exit__(None, None, None)
                 st.in_fetch = False
+                span.__exit__(None, None, None)
             if cand is not None:
                 try:
                     tracker.begin(st, cand, getattr(span, "end_ns", None) or _perf_ns())
@@ -240,12 +212,16 @@ class Hooks:
     def _module_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         hooks, tracker, max_depth, span = self, self.tracker, self.module_depth, self.span
         grad_enabled = torch.is_grad_enabled
-        paths = self._paths
         tls = tracker.tls
         dynamo, compiler = _dynamo_compiling, _compiler
+        drivers, sessions = _drivers, _session
+        forward_attrs = tracker.forward_attrs
+        other_call = self._module_call
 
         @functools.wraps(orig)
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # The common calls first, with as little as possible before the span starts
+            # and after it ends: the span is to match the call around it.
             if dynamo() or compiler._is_compiling_flag or not hooks.on:
                 return orig(self, *args, **kwargs)
             try:
@@ -253,71 +229,92 @@ class Hooks:
             except AttributeError:
                 st = tracker.state()
             depth = st.depth
-            if depth >= max_depth:  # below the traced depth: only count the depth
-                st.depth = depth + 1
-                try:
-                    return orig(self, *args, **kwargs)
-                finally:
-                    st.depth = depth
-            session = _session[0]
-            if _drivers[0] or (session is not None and session.running):
+            if depth >= max_depth:  # below the traced depth: nothing to record or count
+                return orig(self, *args, **kwargs)
+            session = sessions[0]
+            if drivers[0] or (session is not None and session.running):
                 return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
+            if depth or st.in_fetch or not grad_enabled():
+                return other_call(orig, self, args, kwargs, st, depth)
+            # the outermost module of a training forward
+            cand = st.cand
+            if cand is not None and (cand.train_seen or cand.fetched is not None):
+                cand.train_seen = True  # the common case, without a call
+            else:
+                try:
+                    tracker.train_forward(st, _perf_ns())
+                except Exception:
+                    hooks.failed("module call")
+            attrs = forward_attrs.get(type(self))
+            if attrs is None:
+                attrs = tracker.forward_attrs_of(self)
+            st.root = self
+            st.depth = 1
             try:
-                if depth == 0:
-                    st.root = self
-                    name = type(self).__name__
-                    attrs = {
-                        "ppetrace.module": name if name != _COMPILED else root_name(self),
-                        "ppetrace.step": tracker.global_step,
-                    }
-                    st.val_attrs = None
-                    if st.in_fetch:
-                        pass  # a module that loads data: no step bookkeeping
-                    elif grad_enabled():
-                        cand = st.cand
-                        if cand is not None and (cand.train_seen or cand.fetched is not None):
-                            cand.train_seen = True  # the common case, without a call
-                        else:
-                            tracker.train_forward(st, _perf_ns())
-                    elif tracker.is_val(st):
-                        attrs["ppetrace.stage"] = VAL
-                        st.val_attrs = []
-                else:
-                    attrs = {
-                        "ppetrace.module": paths.of(st.root, self),
-                        "ppetrace.step": tracker.global_step,
-                    }
-                    if st.val_attrs is not None:  # inside an evaluation forward
-                        attrs["ppetrace.stage"] = VAL
-            except Exception:
-                hooks.failed("module call")
-                attrs = {"ppetrace.module": type(self).__name__}
-            st.depth = depth + 1
-            start = _perf_ns()
-            try:
-                with span("module.forward", attrs) as entered:
-                    if st.val_attrs is not None:
-                        # the dict the span records (a snapshot of attrs): the step
-                        # takes the tag back if the forward turns out to be inside it
-                        recorded = span_attributes(entered)
-                        if recorded is not None:
-                            st.val_attrs.append(recorded)
+                with span("module.forward", attrs):
                     return orig(self, *args, **kwargs)
             finally:
-                st.depth = depth
-                if depth == 0 and st.val_attrs is not None:
-                    try:
-                        tracker.val_forward(st, st.val_attrs, start, _perf_ns())
-                    except Exception:
-                        hooks.failed("module call")
-                    st.val_attrs = None
+                st.depth = 0
 
         return __call__
+
+    def _module_call(
+        self, orig: Callable[..., Any], module: Any, args: Any, kwargs: Any, st: Any, depth: int
+    ) -> Any:
+        """A traced module call that is not the outermost module of a training forward:
+        a submodule (``module_depth`` > 1), a module inside a DataLoader fetch, or a
+        forward with gradients disabled (evaluation, ``ppetrace.stage = "val"``)."""
+        tracker = self.tracker
+        try:
+            if depth == 0:
+                st.root = module
+                attrs = {
+                    "ppetrace.module": root_name(module),
+                    "ppetrace.step": tracker.global_step,
+                }
+                st.val_attrs = None
+                if st.in_fetch:
+                    pass  # a module that loads data: no step bookkeeping
+                elif torch.is_grad_enabled():
+                    tracker.train_forward(st, _perf_ns())
+                elif tracker.is_val(st):
+                    attrs["ppetrace.stage"] = VAL
+                    st.val_attrs = []
+            else:
+                attrs = {
+                    "ppetrace.module": self._paths.of(st.root, module),
+                    "ppetrace.step": tracker.global_step,
+                }
+                if st.val_attrs is not None:  # inside an evaluation forward
+                    attrs["ppetrace.stage"] = VAL
+        except Exception:
+            self.failed("module call")
+            attrs = {"ppetrace.module": type(module).__name__}
+        st.depth = depth + 1
+        start = _perf_ns()
+        try:
+            with self.span("module.forward", attrs) as entered:
+                if st.val_attrs is not None:
+                    # the dict the span records (a snapshot of attrs): the step
+                    # takes the tag back if the forward turns out to be inside it
+                    recorded = span_attributes(entered)
+                    if recorded is not None:
+                        st.val_attrs.append(recorded)
+                return orig(module, *args, **kwargs)
+        finally:
+            st.depth = depth
+            if depth == 0 and st.val_attrs is not None:
+                try:
+                    tracker.val_forward(st, st.val_attrs, start, _perf_ns())
+                except Exception:
+                    self.failed("module call")
+                st.val_attrs = None
 
     def _backward_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         hooks, tracker, span = self, self.tracker, self.span
         tls = tracker.tls
         dynamo, compiler = _dynamo_compiling, _compiler
+        drivers, sessions = _drivers, _session
 
         @functools.wraps(orig)
         def backward(*args: Any, **kwargs: Any) -> Any:
@@ -329,8 +326,8 @@ class Hooks:
                 st = tracker.state()
             if st.in_backward or st.in_fetch:  # Tensor.backward's inner call, or data code
                 return orig(*args, **kwargs)
-            session = _session[0]
-            if _drivers[0] or (session is not None and session.running):
+            session = sessions[0]
+            if drivers[0] or (session is not None and session.running):
                 return orig(*args, **kwargs)  # the Trainer or Lightning traces it
             cand = st.cand
             if cand is not None and (cand.train_seen or cand.fetched is not None):
@@ -342,71 +339,84 @@ class Hooks:
                     hooks.failed("backward")
             st.in_backward = True
             try:
-                with span("trainer.backward", {"ppetrace.step": tracker.global_step}):
+                with span("trainer.backward", tracker.step_attrs):
                     return orig(*args, **kwargs)
             finally:
                 st.in_backward = False
 
         return backward
 
-    def _optimizer_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if _compiling() or not self.on:
-            return
-        session = _session[0]
-        if _drivers[0] or (session is not None and session.running):
-            return  # the Trainer or Lightning traces it
-        now = _perf_ns()
-        try:
-            tracker = self.tracker
-            try:
-                st = tracker.tls.state
-            except AttributeError:
-                st = tracker.state()
-            cand = st.cand
-            if cand is not None and (cand.train_seen or cand.fetched is not None):
-                cand.train_seen = cand.trained = True  # the common case, without a call
-            else:
-                tracker.training(st, now)
-            opts = st.opts
-            if opts and opts[-1][0] is opt:
-                opts.pop()  # its last step raised: no post hook came
-            attrs = {"ppetrace.step": tracker.global_step, "ppetrace.optimizer": type(opt).__name__}
-            pair = None
-            timer = tracker.timer
-            if timer is not None:
-                pair = timer.wrap("trainer.optimizer_step", attrs)
-                if pair is not None:
-                    RECORDER.hooked[id(attrs)] = attrs  # copied when the row is taken
-                    pair.begin(now, None)
-            opts.append((opt, now, current_parent(), attrs, pair))
-        except Exception:
-            self.failed("optimizer step")
+    def _optimizer_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """torch's global optimizer step pre and post hooks: ``trainer.optimizer_step``
+        from the start of the first to the end of the second, recorded after the fact."""
+        hooks, tracker = self, self.tracker
+        tls = tracker.tls
+        dynamo, compiler = _dynamo_compiling, _compiler
+        drivers, sessions = _drivers, _session
 
-    def _optimizer_post(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if _compiling() or not self.on:
-            return
-        session = _session[0]
-        if _drivers[0] or (session is not None and session.running):
-            return
-        try:
-            tracker = self.tracker
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            now = _perf_ns()
+            if dynamo() or compiler._is_compiling_flag or not hooks.on:
+                return
+            session = sessions[0]
+            if drivers[0] or (session is not None and session.running):
+                return  # the Trainer or Lightning traces it
             try:
-                st = tracker.tls.state
-            except AttributeError:
-                st = tracker.state()
-            opts = st.opts
-            while opts:
-                entry = opts.pop()
-                if entry[0] is opt:
-                    break
-            else:
-                return  # its pre hook ran before instrument() started
-            _, start, parent, attrs, pair = entry
-            if pair is not None:
-                pair.__exit__(None, None, None)
-            end = _perf_ns()
-            st.rows.record("trainer.optimizer_step", start, end, parent, attrs)
-            if not opts:
-                tracker.optimizer_end(st, end)
-        except Exception:
-            self.failed("optimizer step")
+                try:
+                    st = tls.state
+                except AttributeError:
+                    st = tracker.state()
+                cand = st.cand
+                if cand is not None and (cand.train_seen or cand.fetched is not None):
+                    cand.train_seen = cand.trained = True  # the common case, without a call
+                else:
+                    tracker.training(st, now)
+                opts = st.opts
+                if opts and opts[-1][0] is opt:
+                    opts.pop()  # its last step raised: no post hook came
+                attrs = {
+                    "ppetrace.step": tracker.global_step,
+                    "ppetrace.optimizer": type(opt).__name__,
+                }
+                pair = None
+                timer = tracker.timer
+                if timer is not None:
+                    pair = timer.wrap("trainer.optimizer_step", attrs)
+                    if pair is not None:
+                        RECORDER.hooked[id(attrs)] = attrs  # copied when the row is taken
+                        pair.begin(now, None)
+                opts.append((opt, now, current_parent(), attrs, pair))
+            except Exception:
+                hooks.failed("optimizer step")
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            if dynamo() or compiler._is_compiling_flag or not hooks.on:
+                return
+            session = sessions[0]
+            if drivers[0] or (session is not None and session.running):
+                return
+            try:
+                try:
+                    st = tls.state
+                except AttributeError:
+                    st = tracker.state()
+                opts = st.opts
+                while opts:
+                    entry = opts.pop()
+                    if entry[0] is opt:
+                        break
+                else:
+                    return  # its pre hook ran before instrument() started
+                _, start, parent, attrs, pair = entry
+                if pair is not None:
+                    pair.__exit__(None, None, None)
+                # the bookkeeping before the clock is read: inside the optimizer step,
+                # not in the time between steps
+                end = _perf_ns() if opts else tracker.optimizer_end(st)
+                st.rows.record("trainer.optimizer_step", start, end, parent, attrs)
+                if not opts:
+                    tracker.after_optimizer_step(st, end)
+            except Exception:
+                hooks.failed("optimizer step")
+
+        return pre, post

@@ -39,8 +39,10 @@ from typing import Any
 import torch
 
 from ..runtime._convert import batch_size
+from ..tracing import FrozenAttributes
 from ..tracing._recorder import RECORDER
 from ._detail import StepDetail
+from ._modules import COMPILED, root_name
 from ._record import RowBuffer, current_parent
 
 __all__ = ["Candidate", "StepTracker", "ThreadState"]
@@ -169,6 +171,11 @@ class StepTracker:
         self.detail: StepDetail | None = None
         self._trained_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._last_trained: Any = None  # the iterator added last (adding is not free)
+        #: ``{"ppetrace.step": global_step}``, shared by the spans that carry nothing else
+        self.step_attrs = FrozenAttributes({"ppetrace.step": 0})
+        #: module class -> the attributes of its outermost forward spans in this optimizer
+        #: step (shared; cleared when the step count changes)
+        self.forward_attrs: dict[type, FrozenAttributes] = {}
 
     # -- threads -------------------------------------------------------------------------
 
@@ -186,6 +193,26 @@ class StepTracker:
                 self._states = {k: v for k, v in self._states.items() if v.thread.is_alive()}
             self._states[threading.get_ident()] = st
         return st
+
+    # -- attributes ----------------------------------------------------------------------
+
+    def forward_attrs_of(self, module: Any) -> FrozenAttributes:
+        """The attributes of an outermost ``module.forward`` span of ``module`` now, kept for
+        the next calls of its class until the step count changes (not for a
+        ``torch.compile`` wrapper, which is named after the module inside it)."""
+        kind = type(module)
+        attrs = FrozenAttributes(
+            {"ppetrace.module": root_name(module), "ppetrace.step": self.global_step}
+        )
+        if kind.__name__ != COMPILED:
+            self.forward_attrs[kind] = attrs
+        return attrs
+
+    def _stepped(self) -> None:
+        """One more optimizer step: the shared attributes take the new count."""
+        self.global_step += 1
+        self.step_attrs = FrozenAttributes({"ppetrace.step": self.global_step})
+        self.forward_attrs.clear()
 
     # -- candidates ----------------------------------------------------------------------
 
@@ -295,16 +322,24 @@ class StepTracker:
             cand.val_start = cand.fetched if cand.fetched is not None else start
         cand.val_end = end
 
-    def optimizer_end(self, st: ThreadState, now: int) -> None:
-        """The outermost optimizer step ended at ``now``."""
-        self.global_step += 1
+    def optimizer_end(self, st: ThreadState) -> int:
+        """The outermost optimizer step ends now: count it, and return the time it ended
+        (``perf_counter_ns``, read after the count), which ends the open step.
+        :meth:`after_optimizer_step` follows once the step's span is recorded."""
+        self._stepped()
+        now = _perf_ns()
         cand = st.cand
-        if cand is None:
-            return
-        cand.opt_end = now
-        if cand.fetched is None:  # no DataLoader: one step per optimizer step
-            self.finalize(st, now)
-            self.open(st, now)
+        if cand is not None:
+            cand.opt_end = now
+        return now
+
+    def after_optimizer_step(self, st: ThreadState, end: int) -> None:
+        """After the outermost optimizer step that ended at ``end``: without a DataLoader,
+        the step ends there and the next one starts."""
+        cand = st.cand
+        if cand is not None and cand.fetched is None:  # one step per optimizer step
+            self.finalize(st, end)
+            self.open(st, end)
 
     def exhausted(self, st: ThreadState, iterator: Any, end: int) -> None:
         """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration)."""
