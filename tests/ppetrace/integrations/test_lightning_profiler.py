@@ -181,6 +181,26 @@ def test_out_of_order_stops_close_what_was_opened_inside(tmp_path: Path) -> None
     assert spans.loc["inner", "parent_id"] == spans.loc["outer", "span_id"]
 
 
+def test_profile_gives_the_action_and_stops_it_also_when_the_block_raises(
+    tmp_path: Path,
+) -> None:
+    profiler = LightningProfiler(tmp_path / "t.json")
+    profiler.setup("fit")
+    with profiler.profile("outer") as name:
+        assert name == "outer"
+        with pytest.raises(ValueError, match="inside"), profiler.profile("inner"):
+            raise ValueError("raised inside")
+        with profiler.profile("inner"):  # the same action again, after it ended
+            pass
+    profiler.teardown("fit")
+    frame = read_chrome_trace(tmp_path / "t.json")
+    assert sorted(frame["name"]) == ["inner", "inner", "outer"]
+    outer = frame.loc[frame["name"] == "outer"].iloc[0]
+    inner = frame.loc[frame["name"] == "inner"]
+    assert (inner["parent_id"] == outer["span_id"]).all()
+    assert (inner["end_ns"] <= outer["end_ns"]).all()
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(TypeError, match=r"file path .* for trace_path, but received int"):
         LightningProfiler(3)  # type: ignore[arg-type]
