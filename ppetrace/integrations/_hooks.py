@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 import torch.utils.data.dataloader as _dl
+from opentelemetry.trace.propagation import _SPAN_KEY
 from torch.optim import optimizer as _optim
 
-from ..tracing._recorder import RECORDER, span_attributes, trace
+from ..tracing._recorder import RECORDER, _get_ctx, span_attributes, trace
 from . import _precedence
 from ._modules import Paths, root_name
 from ._precedence import standing_aside
@@ -169,6 +170,8 @@ class Hooks:
                 )
             span.__enter__()
             start = getattr(span, "start_ns", None) or _perf_ns()
+            if st.fwd_end:
+                tracker.flush_forward(st)
             if cand is not None:
                 try:
                     tracker.finalize(st, start)  # the step ends where this fetch begins
@@ -210,20 +213,25 @@ class Hooks:
         return __next__
 
     def _module_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        hooks, tracker, max_depth, span = self, self.tracker, self.module_depth, self.span
+        hooks, tracker, max_depth = self, self.tracker, self.module_depth
         grad_enabled = torch.is_grad_enabled
         tls = tracker.tls
         dynamo, compiler = _dynamo_compiling, _compiler
         drivers, sessions = _drivers, _session
         forward_attrs = tracker.forward_attrs
         other_call = self._module_call
+        # a CudaTimer times spans it opens itself: every call takes the span path
+        timed = self.span is not trace
+        get_ctx, rec = _get_ctx, RECORDER
 
         @functools.wraps(orig)
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            # The common calls first, with as little as possible before the span starts
-            # and after it ends: the span is to match the call around it.
             if dynamo() or compiler._is_compiling_flag or not hooks.on:
                 return orig(self, *args, **kwargs)
+            # The outermost module of a training forward, the common call, is recorded
+            # after the fact from two clock reads right around it, all bookkeeping between
+            # them and its row made at the next hook: the span is the call around it.
+            start = _perf_ns()
             try:
                 st = tls.state
             except AttributeError:
@@ -234,27 +242,40 @@ class Hooks:
             session = sessions[0]
             if drivers[0] or (session is not None and session.running):
                 return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
-            if depth or st.in_fetch or not grad_enabled():
+            if depth or st.in_fetch or timed or not grad_enabled():
                 return other_call(orig, self, args, kwargs, st, depth)
-            # the outermost module of a training forward
+            if st.fwd_end:
+                tracker.flush_forward(st)  # the previous one
             cand = st.cand
             if cand is not None and (cand.train_seen or cand.fetched is not None):
                 cand.train_seen = True  # the common case, without a call
             else:
                 try:
-                    tracker.train_forward(st, _perf_ns())
+                    tracker.train_forward(st, start)
                 except Exception:
                     hooks.failed("module call")
             attrs = forward_attrs.get(type(self))
             if attrs is None:
                 attrs = tracker.forward_attrs_of(self)
+            st.fwd_attrs = attrs
+            st.fwd_parent = (
+                (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            )
+            st.fwd_start = start
             st.root = self
             st.depth = 1
             try:
-                with span("module.forward", attrs):
-                    return orig(self, *args, **kwargs)
-            finally:
+                result = orig(self, *args, **kwargs)
+            except BaseException as exc:
                 st.depth = 0
+                try:
+                    tracker.forward_failed(st, _perf_ns(), exc)
+                except Exception:
+                    hooks.failed("module call")
+                raise
+            st.depth = 0
+            st.fwd_end = _perf_ns()
+            return result
 
         return __call__
 
@@ -265,6 +286,8 @@ class Hooks:
         a submodule (``module_depth`` > 1), a module inside a DataLoader fetch, or a
         forward with gradients disabled (evaluation, ``ppetrace.stage = "val"``)."""
         tracker = self.tracker
+        if st.fwd_end:
+            tracker.flush_forward(st)
         try:
             if depth == 0:
                 st.root = module
@@ -340,6 +363,8 @@ class Hooks:
             st.in_backward = True
             try:
                 with span("trainer.backward", tracker.step_attrs):
+                    if st.fwd_end:  # inside the span: outside, it would be between spans
+                        tracker.flush_forward(st)
                     return orig(*args, **kwargs)
             finally:
                 st.in_backward = False
@@ -371,6 +396,8 @@ class Hooks:
                     cand.train_seen = cand.trained = True  # the common case, without a call
                 else:
                     tracker.training(st, now)
+                if st.fwd_end:
+                    tracker.flush_forward(st)
                 opts = st.opts
                 if opts and opts[-1][0] is opt:
                     opts.pop()  # its last step raised: no post hook came

@@ -107,9 +107,12 @@ class RowBuffer:
         parent: tuple[int, int],
         attrs: dict[str, Any],
         span_id: int | None = None,
+        status: str = "UNSET",
+        error: str = "",
     ) -> None:
         """Append the finished span ``name`` (``perf_counter_ns`` times) to the recorder;
-        ``span_id`` when its id was handed out before (:func:`new_span_id`)."""
+        ``span_id`` when its id was handed out before (:func:`new_span_id`); ``status``
+        ``"ERROR"`` and ``error`` (its text) for a span whose block raised."""
         rec = RECORDER
         if not rec.enabled:
             return
@@ -129,8 +132,8 @@ class RowBuffer:
                     end_ns + offset,
                     self.tid,
                     attrs,
-                    "UNSET",
-                    "",
+                    status,
+                    error,
                 ),
             )
         )

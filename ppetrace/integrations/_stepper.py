@@ -40,7 +40,7 @@ import torch
 
 from ..runtime._convert import batch_size
 from ..tracing import FrozenAttributes
-from ..tracing._recorder import RECORDER
+from ..tracing._recorder import RECORDER, _error_text
 from ._detail import StepDetail
 from ._modules import COMPILED, root_name
 from ._record import RowBuffer, current_parent
@@ -120,6 +120,10 @@ class ThreadState:
         "rows",
         "profiled",
         "thread",
+        "fwd_start",
+        "fwd_end",
+        "fwd_attrs",
+        "fwd_parent",
     )
 
     def __init__(self, profiled: bool) -> None:
@@ -142,6 +146,12 @@ class ThreadState:
         self.rows = RowBuffer()
         self.profiled = profiled
         self.thread = threading.current_thread()
+        #: the last outermost training forward, recorded at the next hook (its row is not
+        #: made between its end and the return to the caller): pending while fwd_end > 0
+        self.fwd_start = 0
+        self.fwd_end = 0
+        self.fwd_attrs: Any = None
+        self.fwd_parent = (0, 0)
 
 
 class StepTracker:
@@ -207,6 +217,25 @@ class StepTracker:
         if kind.__name__ != COMPILED:
             self.forward_attrs[kind] = attrs
         return attrs
+
+    def flush_forward(self, st: ThreadState) -> None:
+        """Record the pending forward of ``st`` (see ``ThreadState.fwd_end``)."""
+        end, st.fwd_end = st.fwd_end, 0
+        if end:
+            st.rows.record("module.forward", st.fwd_start, end, st.fwd_parent, st.fwd_attrs)
+
+    def forward_failed(self, st: ThreadState, end: int, exc: BaseException) -> None:
+        """The outermost training forward that started at ``st.fwd_start`` raised ``exc``
+        at ``end``: its span, with ERROR status, now."""
+        st.rows.record(
+            "module.forward",
+            st.fwd_start,
+            end,
+            st.fwd_parent,
+            st.fwd_attrs,
+            status="ERROR",
+            error=_error_text(exc),
+        )
 
     def _stepped(self) -> None:
         """One more optimizer step: the shared attributes take the new count."""
@@ -353,6 +382,8 @@ class StepTracker:
     def finalize(self, st: ThreadState, end: int) -> None:
         """Close the open candidate where the next fetch begins (``end``), or at the end
         of its last optimizer step; record it if it trained."""
+        if st.fwd_end:
+            self.flush_forward(st)  # before the step's row: the detail filter wants it so
         cand = st.cand
         if cand is None:
             return
@@ -432,6 +463,8 @@ class StepTracker:
         for st in states:
             if not st.rows.alive():
                 continue  # its thread ended: nothing more can be recorded for it
+            if st.fwd_end:
+                self.flush_forward(st)
             if st.cand is not None:
                 self.finalize(st, now)
             if st.had_step:
