@@ -170,8 +170,8 @@ class Hooks:
                 )
             span.__enter__()
             start = getattr(span, "start_ns", None) or _perf_ns()
-            if st.fwd_end:
-                tracker.flush_forward(st)
+            if st.fwd_end or st.bwd_end:
+                tracker.flush_pending(st)
             if cand is not None:
                 try:
                     tracker.finalize(st, start)  # the step ends where this fetch begins
@@ -244,8 +244,8 @@ class Hooks:
                 return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
             if depth or st.in_fetch or timed or not grad_enabled():
                 return other_call(orig, self, args, kwargs, st, depth)
-            if st.fwd_end:
-                tracker.flush_forward(st)  # the previous one
+            if st.fwd_end or st.bwd_end:
+                tracker.flush_pending(st)  # the previous forward's row, and backward's
             cand = st.cand
             if cand is not None and (cand.train_seen or cand.fetched is not None):
                 cand.train_seen = True  # the common case, without a call
@@ -286,8 +286,8 @@ class Hooks:
         a submodule (``module_depth`` > 1), a module inside a DataLoader fetch, or a
         forward with gradients disabled (evaluation, ``ppetrace.stage = "val"``)."""
         tracker = self.tracker
-        if st.fwd_end:
-            tracker.flush_forward(st)
+        if st.fwd_end or st.bwd_end:
+            tracker.flush_pending(st)
         try:
             if depth == 0:
                 st.root = module
@@ -338,11 +338,14 @@ class Hooks:
         tls = tracker.tls
         dynamo, compiler = _dynamo_compiling, _compiler
         drivers, sessions = _drivers, _session
+        timed = span is not trace  # a CudaTimer times the span it opens itself
+        get_ctx, rec = _get_ctx, RECORDER
 
         @functools.wraps(orig)
         def backward(*args: Any, **kwargs: Any) -> Any:
             if dynamo() or compiler._is_compiling_flag or not hooks.on:
                 return orig(*args, **kwargs)
+            start = _perf_ns()
             try:
                 st = tls.state
             except AttributeError:
@@ -352,22 +355,42 @@ class Hooks:
             session = sessions[0]
             if drivers[0] or (session is not None and session.running):
                 return orig(*args, **kwargs)  # the Trainer or Lightning traces it
+            # as the outermost training forward: after the fact, from clock reads right
+            # around the call, its row made at the next hook
+            if st.fwd_end or st.bwd_end:
+                tracker.flush_pending(st)
             cand = st.cand
             if cand is not None and (cand.train_seen or cand.fetched is not None):
                 cand.train_seen = cand.trained = True  # the common case, without a call
             else:
                 try:
-                    tracker.training(st, _perf_ns())
+                    tracker.training(st, start)
                 except Exception:
                     hooks.failed("backward")
             st.in_backward = True
+            if timed:
+                try:
+                    with span("trainer.backward", tracker.step_attrs):
+                        return orig(*args, **kwargs)
+                finally:
+                    st.in_backward = False
+            st.bwd_attrs = tracker.step_attrs
+            st.bwd_parent = (
+                (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            )
+            st.bwd_start = start
             try:
-                with span("trainer.backward", tracker.step_attrs):
-                    if st.fwd_end:  # inside the span: outside, it would be between spans
-                        tracker.flush_forward(st)
-                    return orig(*args, **kwargs)
-            finally:
+                result = orig(*args, **kwargs)
+            except BaseException as exc:
                 st.in_backward = False
+                try:
+                    tracker.backward_failed(st, _perf_ns(), exc)
+                except Exception:
+                    hooks.failed("backward")
+                raise
+            st.in_backward = False
+            st.bwd_end = _perf_ns()
+            return result
 
         return backward
 
@@ -396,8 +419,8 @@ class Hooks:
                     cand.train_seen = cand.trained = True  # the common case, without a call
                 else:
                     tracker.training(st, now)
-                if st.fwd_end:
-                    tracker.flush_forward(st)
+                if st.fwd_end or st.bwd_end:
+                    tracker.flush_pending(st)
                 opts = st.opts
                 if opts and opts[-1][0] is opt:
                     opts.pop()  # its last step raised: no post hook came

@@ -124,6 +124,10 @@ class ThreadState:
         "fwd_end",
         "fwd_attrs",
         "fwd_parent",
+        "bwd_start",
+        "bwd_end",
+        "bwd_attrs",
+        "bwd_parent",
     )
 
     def __init__(self, profiled: bool) -> None:
@@ -152,6 +156,11 @@ class ThreadState:
         self.fwd_end = 0
         self.fwd_attrs: Any = None
         self.fwd_parent = (0, 0)
+        #: the same for the last outermost backward
+        self.bwd_start = 0
+        self.bwd_end = 0
+        self.bwd_attrs: Any = None
+        self.bwd_parent = (0, 0)
 
 
 class StepTracker:
@@ -218,23 +227,28 @@ class StepTracker:
             self.forward_attrs[kind] = attrs
         return attrs
 
-    def flush_forward(self, st: ThreadState) -> None:
-        """Record the pending forward of ``st`` (see ``ThreadState.fwd_end``)."""
+    def flush_pending(self, st: ThreadState) -> None:
+        """Record the pending forward and backward of ``st`` (``ThreadState.fwd_end``)."""
         end, st.fwd_end = st.fwd_end, 0
         if end:
             st.rows.record("module.forward", st.fwd_start, end, st.fwd_parent, st.fwd_attrs)
+        end, st.bwd_end = st.bwd_end, 0
+        if end:
+            st.rows.record("trainer.backward", st.bwd_start, end, st.bwd_parent, st.bwd_attrs)
 
     def forward_failed(self, st: ThreadState, end: int, exc: BaseException) -> None:
         """The outermost training forward that started at ``st.fwd_start`` raised ``exc``
         at ``end``: its span, with ERROR status, now."""
+        error = _error_text(exc)
         st.rows.record(
-            "module.forward",
-            st.fwd_start,
-            end,
-            st.fwd_parent,
-            st.fwd_attrs,
-            status="ERROR",
-            error=_error_text(exc),
+            "module.forward", st.fwd_start, end, st.fwd_parent, st.fwd_attrs, None, "ERROR", error
+        )
+
+    def backward_failed(self, st: ThreadState, end: int, exc: BaseException) -> None:
+        """The same for the outermost backward that started at ``st.bwd_start``."""
+        error = _error_text(exc)
+        st.rows.record(
+            "trainer.backward", st.bwd_start, end, st.bwd_parent, st.bwd_attrs, None, "ERROR", error
         )
 
     def _stepped(self) -> None:
@@ -382,8 +396,8 @@ class StepTracker:
     def finalize(self, st: ThreadState, end: int) -> None:
         """Close the open candidate where the next fetch begins (``end``), or at the end
         of its last optimizer step; record it if it trained."""
-        if st.fwd_end:
-            self.flush_forward(st)  # before the step's row: the detail filter wants it so
+        if st.fwd_end or st.bwd_end:
+            self.flush_pending(st)  # before the step's row: the detail filter wants it so
         cand = st.cand
         if cand is None:
             return
@@ -463,8 +477,8 @@ class StepTracker:
         for st in states:
             if not st.rows.alive():
                 continue  # its thread ended: nothing more can be recorded for it
-            if st.fwd_end:
-                self.flush_forward(st)
+            if st.fwd_end or st.bwd_end:
+                self.flush_pending(st)
             if st.cand is not None:
                 self.finalize(st, now)
             if st.had_step:
