@@ -35,7 +35,7 @@ import torch.utils.data.dataloader as _dl
 from opentelemetry.trace.propagation import _SPAN_KEY
 from torch.optim import optimizer as _optim
 
-from ..tracing._recorder import RECORDER, _get_ctx, span_attributes, trace
+from ..tracing._recorder import RECORDER, _error_text, _get_ctx, span_attributes, trace
 from . import _precedence
 from ._modules import Paths, root_name
 from ._precedence import standing_aside
@@ -140,12 +140,19 @@ class Hooks:
         hooks, tracker = self, self.tracker
         tls = tracker.tls
         drivers, sessions = _drivers, _session
+        spanned = self._fetch_span
+        get_ctx, rec = _get_ctx, RECORDER
 
         @functools.wraps(orig)
         def __next__(self: Any) -> Any:
             session = sessions[0]
             if not hooks.on or drivers[0] or (session is not None and session.running):
                 return orig(self)  # off, or the Trainer or Lightning traces the loop
+            if not tracker.untimed:
+                return spanned(orig, self)  # profilers step around the batch: a span
+            # as the outermost training forward: after the fact, from clock reads right
+            # around the call; the step opens before the second, which is its start
+            start = _perf_ns()
             try:
                 st = tls.state
             except AttributeError:
@@ -153,26 +160,17 @@ class Hooks:
             if st.in_fetch:  # a loader inside a loader's fetch: only its span
                 with trace("trainer.fetch_batch", tracker.step_attrs):
                     return orig(self)
-            cand = st.cand
-            if cand is not None and cand.profiled >= 0:
-                tracker.profilers_end(cand)  # outside the fetch, as the Trainer does
-            # the span starts as soon as it can: the fetch is the call around it; what the
-            # previous step leaves to do is done inside it (the step ended where it began)
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+                tracker.flush_pending(st)
             try:
                 idx = self._num_yielded
             except AttributeError:
                 idx = None
-                span = trace("trainer.fetch_batch", tracker.step_attrs)
+                attrs: Any = tracker.step_attrs
             else:
-                span = trace(
-                    "trainer.fetch_batch",
-                    {"ppetrace.step": tracker.global_step, "ppetrace.batch_idx": idx},
-                )
-            span.__enter__()
-            start = getattr(span, "start_ns", None) or _perf_ns()
-            if st.fwd_end or st.bwd_end:
-                tracker.flush_pending(st)
-            if cand is not None:
+                attrs = {"ppetrace.step": tracker.global_step, "ppetrace.batch_idx": idx}
+            parent = (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            if st.cand is not None:
                 try:
                     tracker.finalize(st, start)  # the step ends where this fetch begins
                 except Exception:
@@ -180,37 +178,107 @@ class Hooks:
             st.in_fetch = True  # modules that load data (transforms) are not the model
             try:
                 batch = orig(self)
-            except StopIteration:
+            except BaseException as exc:
+                end = _perf_ns()
                 st.in_fetch = False
-                span.__exit__(None, None, None)
+                stopped = isinstance(exc, StopIteration)
                 try:
-                    tracker.exhausted(st, self, getattr(span, "end_ns", None) or _perf_ns())
+                    status, error = ("UNSET", "") if stopped else ("ERROR", _error_text(exc))
+                    fetch = "trainer.fetch_batch"
+                    st.rows.record(fetch, start, end, parent, attrs, None, status, error)
+                    if stopped:
+                        tracker.exhausted(st, self, end)
                 except Exception:
                     hooks.failed("DataLoader")
                 raise
-            except BaseException as exc:
-                st.in_fetch = False
-                span.__exit__(type(exc), exc, exc.__traceback__)
-                raise
+            st.in_fetch = False
+            summarise = False
             try:  # inside the fetch: what the step needs to know about its batch
-                parent = getattr(span, "parent_id", None)
-                if parent is not None:
-                    parent = (span.trace_id, parent)
                 cand = tracker.prepare(start, batch, self, idx, parent)
+                cand.fetch_attrs = attrs
+                summarise = tracker.open_untimed(st, cand)
+                st.fetch_cand = cand  # its fetch is recorded at the next hook
             except Exception:
                 cand = None
                 hooks.failed("DataLoader")
-            finally:
-                st.in_fetch = False
-                span.__exit__(None, None, None)
-            if cand is not None:
-                try:
-                    tracker.begin(st, cand, getattr(span, "end_ns", None) or _perf_ns())
-                except Exception:
-                    hooks.failed("DataLoader")
+            end = _perf_ns()
+            if cand is None:
+                st.rows.record("trainer.fetch_batch", start, end, parent, attrs)
+                return batch
+            cand.start = end
+            if summarise:
+                tracker.summarise(st, end)
             return batch
 
         return __next__
+
+    def _fetch_span(self, orig: Callable[[Any], Any], it: Any) -> Any:
+        """A fetch while profilers step around each batch: a span, the step opened after
+        it with the profilers' ``step_begin``."""
+        tracker, tls = self.tracker, self.tracker.tls
+        try:
+            st = tls.state
+        except AttributeError:
+            st = tracker.state()
+        if st.in_fetch:  # a loader inside a loader's fetch: only its span
+            with trace("trainer.fetch_batch", tracker.step_attrs):
+                return orig(it)
+        cand = st.cand
+        if cand is not None and cand.profiled >= 0:
+            tracker.profilers_end(cand)  # outside the fetch, as the Trainer does
+        # the span starts as soon as it can: the fetch is the call around it; what the
+        # previous step leaves to do is done inside it (the step ended where it began)
+        try:
+            idx = it._num_yielded
+        except AttributeError:
+            idx = None
+            span = trace("trainer.fetch_batch", tracker.step_attrs)
+        else:
+            span = trace(
+                "trainer.fetch_batch",
+                {"ppetrace.step": tracker.global_step, "ppetrace.batch_idx": idx},
+            )
+        span.__enter__()
+        start = getattr(span, "start_ns", None) or _perf_ns()
+        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+            tracker.flush_pending(st)
+        if cand is not None:
+            try:
+                tracker.finalize(st, start)  # the step ends where this fetch begins
+            except Exception:
+                self.failed("DataLoader")
+        st.in_fetch = True  # modules that load data (transforms) are not the model
+        try:
+            batch = orig(it)
+        except StopIteration:
+            st.in_fetch = False
+            span.__exit__(None, None, None)
+            try:
+                tracker.exhausted(st, it, getattr(span, "end_ns", None) or _perf_ns())
+            except Exception:
+                self.failed("DataLoader")
+            raise
+        except BaseException as exc:
+            st.in_fetch = False
+            span.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        try:  # inside the fetch: what the step needs to know about its batch
+            parent = getattr(span, "parent_id", None)
+            if parent is not None:
+                parent = (span.trace_id, parent)
+            cand = tracker.prepare(start, batch, it, idx, parent)
+        except Exception:
+            cand = None
+            self.failed("DataLoader")
+        finally:
+            st.in_fetch = False
+            span.__exit__(None, None, None)
+        if cand is not None:
+            try:
+                tracker.begin(st, cand, getattr(span, "end_ns", None) or _perf_ns())
+            except Exception:
+                self.failed("DataLoader")
+        return batch
 
     def _module_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         hooks, tracker, max_depth = self, self.tracker, self.module_depth
@@ -244,8 +312,8 @@ class Hooks:
                 return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
             if depth or st.in_fetch or timed or not grad_enabled():
                 return other_call(orig, self, args, kwargs, st, depth)
-            if st.fwd_end or st.bwd_end:
-                tracker.flush_pending(st)  # the previous forward's row, and backward's
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+                tracker.flush_pending(st)  # the rows of the hooks before
             cand = st.cand
             if cand is not None and (cand.train_seen or cand.fetched is not None):
                 cand.train_seen = True  # the common case, without a call
@@ -286,7 +354,7 @@ class Hooks:
         a submodule (``module_depth`` > 1), a module inside a DataLoader fetch, or a
         forward with gradients disabled (evaluation, ``ppetrace.stage = "val"``)."""
         tracker = self.tracker
-        if st.fwd_end or st.bwd_end:
+        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
             tracker.flush_pending(st)
         try:
             if depth == 0:
@@ -357,7 +425,7 @@ class Hooks:
                 return orig(*args, **kwargs)  # the Trainer or Lightning traces it
             # as the outermost training forward: after the fact, from clock reads right
             # around the call, its row made at the next hook
-            if st.fwd_end or st.bwd_end:
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 tracker.flush_pending(st)
             cand = st.cand
             if cand is not None and (cand.train_seen or cand.fetched is not None):
@@ -419,7 +487,7 @@ class Hooks:
                     cand.train_seen = cand.trained = True  # the common case, without a call
                 else:
                     tracker.training(st, now)
-                if st.fwd_end or st.bwd_end:
+                if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                     tracker.flush_pending(st)
                 opts = st.opts
                 if opts and opts[-1][0] is opt:

@@ -72,6 +72,7 @@ class Candidate:
         "iterator",
         "profiled",
         "pair",
+        "fetch_attrs",
     )
 
     def __init__(
@@ -97,6 +98,8 @@ class Candidate:
         self.iterator: Any = None
         self.profiled = -1
         self.pair: Any = None
+        #: the attributes of the fetch that handed the batch over (recorded after the fact)
+        self.fetch_attrs: Any = None
 
 
 class ThreadState:
@@ -128,6 +131,7 @@ class ThreadState:
         "bwd_end",
         "bwd_attrs",
         "bwd_parent",
+        "fetch_cand",
     )
 
     def __init__(self, profiled: bool) -> None:
@@ -161,6 +165,8 @@ class ThreadState:
         self.bwd_end = 0
         self.bwd_attrs: Any = None
         self.bwd_parent = (0, 0)
+        #: the candidate whose fetch (``fetched`` to ``start``) is still to be recorded
+        self.fetch_cand: Candidate | None = None
 
 
 class StepTracker:
@@ -235,6 +241,10 @@ class StepTracker:
         end, st.bwd_end = st.bwd_end, 0
         if end:
             st.rows.record("trainer.backward", st.bwd_start, end, st.bwd_parent, st.bwd_attrs)
+        cand, st.fetch_cand = st.fetch_cand, None
+        if cand is not None and cand.fetched is not None:
+            fetch = "trainer.fetch_batch"
+            st.rows.record(fetch, cand.fetched, cand.start, cand.parent, cand.fetch_attrs)
 
     def forward_failed(self, st: ThreadState, end: int, exc: BaseException) -> None:
         """The outermost training forward that started at ``st.fwd_start`` raised ``exc``
@@ -293,6 +303,24 @@ class StepTracker:
         cand = Candidate(0, attrs, fetched, parent)
         cand.iterator = iterator
         return cand
+
+    def open_untimed(self, st: ThreadState, cand: Candidate) -> bool:
+        """Open ``cand`` before its start is known (no profilers, no CudaTimer): the caller
+        sets ``cand.start`` next. True when the step is to be summarised: then call
+        :meth:`summarise` with its start."""
+        st.cand = cand
+        detail = self.detail
+        return detail is not None and detail.due(self.steps) and _grad_enabled()
+
+    def summarise(self, st: ThreadState, start: int) -> None:
+        """Publish the start of a step to summarise (see :meth:`open_untimed`)."""
+        if self.detail is not None:
+            self.detail.summarise_at(start + RECORDER.offset_ns, st.rows.tid)
+
+    @property
+    def untimed(self) -> bool:
+        """No profilers and no CudaTimer to step: steps can open without their start."""
+        return not self.profilers and self.timer is None
 
     def begin(self, st: ThreadState, cand: Candidate, start: int) -> Candidate:
         """Open ``cand`` at ``start``; the profilers' ``step_begin`` when it is profiled."""
@@ -396,7 +424,7 @@ class StepTracker:
     def finalize(self, st: ThreadState, end: int) -> None:
         """Close the open candidate where the next fetch begins (``end``), or at the end
         of its last optimizer step; record it if it trained."""
-        if st.fwd_end or st.bwd_end:
+        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
             self.flush_pending(st)  # before the step's row: the detail filter wants it so
         cand = st.cand
         if cand is None:
@@ -477,7 +505,7 @@ class StepTracker:
         for st in states:
             if not st.rows.alive():
                 continue  # its thread ended: nothing more can be recorded for it
-            if st.fwd_end or st.bwd_end:
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 self.flush_pending(st)
             if st.cand is not None:
                 self.finalize(st, now)
