@@ -16,6 +16,18 @@
   ``trainer.optimizer_step``, recorded after the fact: the hooks give a start
   and an end, not a block to wrap, and a step that raises leaves no span.
 
+The outermost module of a training forward, the outermost backward and every
+fetch are recorded *after the fact* (unless a CudaTimer, or profilers stepped
+around the batches, need a span): two clock reads right around the wrapped
+call, all bookkeeping between them, and the row made at the next hook
+(``StepTracker.flush_pending``), so that each span matches the call as the
+loop times it (``benchmarks/bench_instrument.py``, truth). Such a row enters no
+OpenTelemetry context: spans recorded inside it keep the parent outside it,
+and the exporters nest them by time (:mod:`exporters._nesting`), as for
+``LightningProfiler``'s actions. The other module calls (submodules at
+``module_depth`` > 1, evaluation forwards, modules in a fetch) stay ``with``
+spans; module calls below ``module_depth`` call straight through.
+
 Every wrapper calls through unchanged once the hooks are off (after
 ``close()``, also when another library wrapped it meanwhile) and while ppetrace's
 own Trainer or a LightningProfiler traces the loop (:mod:`._precedence`).
