@@ -3007,15 +3007,14 @@ register_frozen_type(PyObject *module, PyObject *type)
  * _close, with _entries: the pure-Python twin; exporters/chrome/_fold.py calls this).
  *
  * one_thread(rows) -> int | None
- *   The thread id of a batch whose rows all have one thread id (an exact int within
- *   int64) and come in the order DetailFilter.take sorts them into (end ascending,
- *   the later start first at equal ends); None for any other batch.
+ *   The thread id of a list of rows that all have one thread id (an exact int within
+ *   int64); None for any other.
  *
  * fold_lane(group, starts, cur, announce, lane, names, index, step_name, step_level,
  *           enclosing, max_held, base, hooks_key, row_type) -> tuple | None
- *   One thread's rows (group, in end order) taken as DetailFilter._take_lane takes
- *   them, for the common case; None, having changed nothing, for everything else (the
- *   loop then takes them): a row that is not a tuple of 10 fields with an exact str
+ *   One thread's rows (group) taken as DetailFilter._take_lane takes them, for the
+ *   common case; None, having changed nothing, for everything else (the loop then
+ *   takes them): a group not in end order (the later start first at equal ends), a row that is not a tuple of 10 fields with an exact str
  *   name, exact int times within int64 and exact int ids within [0, 2**64), a hook
  *   row whose status is not an exact str, a step row whose attributes are not a dict
  *   (or FrozenAttributes) with exact str keys, a step whose row cannot come any more (the
@@ -3545,29 +3544,30 @@ fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *s
 static PyObject *
 one_thread(PyObject *module, PyObject *rows)
 {
-    if (!PyList_Check(rows)) {
+    if (!PyList_Check(rows) || PyList_GET_SIZE(rows) == 0) {
         Py_RETURN_NONE;
     }
     /* no call in this loop runs Python code (exact ints only), so the list cannot change
      * under it; its length is read on each pass anyway */
-    long long tid0 = 0, end0 = 0, start0 = 0;
+    PyObject *first = NULL;
+    long long tid0 = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
-        long long tid, end, start;
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10 ||
-            !fold_ll(PyTuple_GET_ITEM(row, 6), &tid) || !fold_ll(PyTuple_GET_ITEM(row, 5), &end) ||
-            !fold_ll(PyTuple_GET_ITEM(row, 4), &start)) {
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
             Py_RETURN_NONE;
         }
-        if (i > 0 && (tid != tid0 || end < end0 || (end == end0 && start > start0))) {
+        PyObject *v = PyTuple_GET_ITEM(row, 6);
+        long long tid;
+        if (v == first) {
+            continue; /* the same int object */
+        }
+        if (!fold_ll(v, &tid) || (first != NULL && tid != tid0)) {
             Py_RETURN_NONE;
         }
-        tid0 = tid;
-        end0 = end;
-        start0 = start;
-    }
-    if (PyList_GET_SIZE(rows) == 0) {
-        Py_RETURN_NONE;
+        if (first == NULL) {
+            tid0 = tid;
+        }
+        first = v; /* compared by address only, while the row holds it */
     }
     return PyLong_FromLongLong(tid0);
 }
@@ -3689,6 +3689,12 @@ fold_lane(PyObject *module, PyObject *args)
         int rc = fold_read(row, &rows[k], step_name, step_level, enclosing, &kinds);
         if (rc <= 0) {
             decline = rc == 0;
+            goto done;
+        }
+        /* the group in end order, the later start first at equal ends */
+        if (k > h && (rows[k].end < rows[k - 1].end ||
+                      (rows[k].end == rows[k - 1].end && rows[k].start > rows[k - 1].start))) {
+            decline = 1;
             goto done;
         }
     }

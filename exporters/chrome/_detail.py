@@ -190,12 +190,17 @@ class DetailFilter:
         summaries: list[int] = []
         if not n:
             return out, summaries
-        tid = _speedups.one_thread(rows) if _speedups is not None and FAST else None
-        if tid is not None:  # one thread's rows, in order already (the common case)
-            groups = [(tid, rows if type(rows) is list else list(rows))]
-        else:
-            groups = self._groups(rows)
-        for tid, group in groups:
+        if FAST and _speedups is not None and type(rows) is list:
+            # the common case: one thread's rows, in end order already (else it declines)
+            tid = _speedups.one_thread(rows)
+            lane = lanes.get((pid, tid)) if tid is not None else None
+            if (
+                lane is not None
+                and (lane.cur is not None or lane.starts)
+                and take_lane_fast(self, lane, rows, out, summaries)
+            ):
+                return out, summaries
+        for tid, group in self._groups(rows):
             lane = lanes.get((pid, tid))
             if lane is None:
                 out.extend(group)

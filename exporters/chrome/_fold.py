@@ -3,10 +3,12 @@
 The pure-Python loop of :mod:`._detail` is the reference; ``_speedups.fold_lane``
 gives the same rows, summaries and lane state for the common case and declines
 (returns None, having changed nothing) for everything else, which the loop then
-takes: no C helpers, an interval that gave its rows back (``full``) or would hold
-more than ``MAX_HELD`` rows, a step whose row cannot come any more (a later step's
-row, or a ``trainer.epoch``/``trainer.run`` row around its start, ended first),
-rows, times or names of unusual types (see the C function's comment), a names
+takes: no C helpers, rows not in end order (``take`` gives it a batch of one
+thread's rows as it came, and sorts the batch only when it declines), an interval
+that gave its rows back (``full``) or would hold more than ``MAX_HELD`` rows, a
+step whose row cannot come any more (a later step's row, or a
+``trainer.epoch``/``trainer.run`` row around its start, ended first), rows, times,
+names or step attributes of unusual types (see the C function's comment), a names
 index with a key that is not an exact str.
 """
 
