@@ -3079,6 +3079,10 @@ typedef struct {
     FoldAgg *agg; /* by name index; zeroed when it grows */
     Py_ssize_t capagg;
     unsigned int astamp;
+    /* name -> its index in the names list, by address (names owned by the private
+     * copies' rows; an index, once known, stays right for the whole call) */
+    PyObject *iname[64];
+    Py_ssize_t iat[64];
 } FoldState;
 
 static int
@@ -3114,12 +3118,55 @@ fold_state_free(FoldState *s)
     PyMem_Free(s->agg);
 }
 
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h>
+#endif
+#define FOLD_DIGITS 1
+#endif
+
+/* an exact int of at most three 30-bit digits (|v| < 2**90) read from its digits
+ * (CPython before 3.12): 1 with its magnitude and sign, else 0 */
+static inline int
+fold_digits(PyObject *v, unsigned long long *mag, int *neg)
+{
+#ifdef FOLD_DIGITS
+    Py_ssize_t size = Py_SIZE(v);
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    Py_ssize_t n = size < 0 ? -size : size;
+    if (n > 3 || (n == 3 && d[2] >= 16)) { /* 16 * 2**60 = 2**64 */
+        return 0;
+    }
+    unsigned long long m = 0;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        m = (m << 30) | d[i];
+    }
+    *mag = m;
+    *neg = size < 0;
+    return 1;
+#else
+    (void)v;
+    (void)mag;
+    (void)neg;
+    return 0;
+#endif
+}
+
 /* an exact int within int64 / within [0, 2**64): 1, else 0 (no error left set) */
 static int
 fold_ll(PyObject *v, long long *out)
 {
     if (!PyLong_CheckExact(v)) {
         return 0;
+    }
+    unsigned long long mag;
+    int neg;
+    if (fold_digits(v, &mag, &neg)) {
+        if (neg ? mag > (1ULL << 63) : mag > (unsigned long long)LLONG_MAX) {
+            return 0;
+        }
+        *out = neg ? (long long)(0ULL - mag) : (long long)mag;
+        return 1;
     }
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
@@ -3136,6 +3183,15 @@ fold_ull(PyObject *v, unsigned long long *out)
 {
     if (!PyLong_CheckExact(v)) {
         return 0;
+    }
+    unsigned long long mag;
+    int neg;
+    if (fold_digits(v, &mag, &neg)) {
+        if (neg && mag) {
+            return 0;
+        }
+        *out = mag;
+        return 1;
     }
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
@@ -3469,9 +3525,18 @@ fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *s
             dur = 0;
         }
         long long own = dur - fold_child_get(s, r->span); /* both >= 0: no overflow */
-        Py_ssize_t at = fold_name_index(index, added, names0, r->name, decline);
-        if (at < 0) {
-            return -1;
+        size_t slot = ((uintptr_t)r->name >> 4) % 64;
+        Py_ssize_t at;
+        if (s->iname[slot] == r->name) {
+            at = s->iat[slot];
+        }
+        else {
+            at = fold_name_index(index, added, names0, r->name, decline);
+            if (at < 0) {
+                return -1;
+            }
+            s->iname[slot] = r->name;
+            s->iat[slot] = at;
         }
         if (at >= s->capagg) {
             Py_ssize_t old = s->capagg;
