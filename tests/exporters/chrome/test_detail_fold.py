@@ -6,7 +6,7 @@ that also take the paths where the C fold declines."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -243,3 +243,65 @@ def test_a_step_row_keeps_its_type_and_attributes() -> None:
         {"k": 1, _detail.HOOKS: "45"},
     ]
     assert rows[1].attributes == {"k": 0}  # the row given is not changed
+
+
+class _EvilKey(str):
+    """A key whose comparison clears the list it was given (run by a lookup that
+    collides with it)."""
+
+    victim: ClassVar[list[Any]] = []
+
+    def __hash__(self) -> int:
+        return str.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        _EvilKey.victim.clear()
+        return str.__eq__(self, other)
+
+    __ne__ = str.__ne__
+
+
+def test_the_c_fold_survives_collections_that_change_the_lane() -> None:
+    """A collection during the fold (every allocation may run one) whose callback
+    changes the lane's names, index and held rows: the fold declines or gives a
+    result, and memory stays sound (the sanitizer job runs this under ASan)."""
+    import gc
+
+    rows, starts = _lane_rows(200)
+    f = _detail.DetailFilter()
+    for s in starts:
+        f.publish(PID, MAIN, s)
+    lane = f._lanes[(PID, MAIN)]
+    calls = 0
+
+    def meddle(phase: str, info: dict[str, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        if phase == "start" and calls % 97 == 0:
+            lane.names.append(f"n{calls}")
+            key = _EvilKey("module.forward")
+            _EvilKey.victim = lane.names
+            lane.index[key] = len(lane.names) - 1  # a key whose __eq__ runs Python code
+            if lane.cur is not None:
+                lane.cur.rows.clear()
+
+    old = gc.get_threshold()
+    taken = declined = 0
+    gc.callbacks.append(meddle)
+    gc.set_threshold(1)
+    try:
+        for lo in range(0, len(rows), 50):
+            out: list[Any] = []
+            summaries: list[int] = []
+            if _fold.take_lane_fast(f, lane, rows[lo : lo + 50], out, summaries):
+                taken += 1
+                assert all(type(out[i]) is tuple and len(out[i]) == 5 for i in summaries)
+                f.finish(out, summaries, 0)
+                assert all(type(r) is SpanRow for r in out)
+            else:  # the state it saw changed under it: start again from a sound one
+                declined += 1
+                lane.names, lane.index, lane.cur = [], {}, None
+    finally:
+        gc.callbacks.remove(meddle)
+        gc.set_threshold(*old)
+    assert calls > 10 and taken + declined == 8
