@@ -63,7 +63,7 @@ STEP_LEVEL_EVENTS: frozenset[str] = frozenset(
 HOOKS, HOOK_NAMES = "ppetrace.hooks", "ppetrace.hook_names"
 #: Rows one open interval may hold; past that its rows are written in full.
 MAX_HELD = 1 << 16
-#: Take a thread's rows column-wise where it can (``_fold``); False: the loop alone.
+#: Take a thread's rows in C where it can (``_fold``); False: the loop alone.
 FAST = True
 _STEP = "trainer.step"
 _STRINGS_LIMIT = 65_536
@@ -453,8 +453,8 @@ def write_summarised(
         while at < len(summaries) and summaries[at] < hi:
             mine.append(summaries[at])
             at += 1
-        strings = exporter._strings
-        if len(strings) > _STRINGS_LIMIT:  # the bound the C encoder keeps on a miss
+        strings = exporter._strings if _speedups is not None else None  # the C encoder's
+        if strings is not None and len(strings) > _STRINGS_LIMIT:  # its bound on a miss
             strings.clear()
         exporter._detail.finish(out, mine, exporter._part + exporter._switching(), strings)
         first = exporter._first_event and not meta
