@@ -3002,6 +3002,957 @@ register_frozen_type(PyObject *module, PyObject *type)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------------------
+ * The detail filter's fold (exporters/chrome/_detail.py, DetailFilter._take_lane and
+ * _close, with _entries: the pure-Python twin; exporters/chrome/_fold.py calls this).
+ *
+ * one_thread(rows) -> int | None
+ *   The thread id of a list of rows that all have one thread id (an exact int within
+ *   int64); None for any other.
+ *
+ * fold_lane(group, starts, cur, announce, lane, names, index, step_name, step_level,
+ *           enclosing, max_held, base, hooks_key, row_type) -> tuple | None
+ *   One thread's rows (group) taken as DetailFilter._take_lane takes them, for the
+ *   common case; None, having changed nothing, for everything else (the loop then
+ *   takes them): a group not in end order (the later start first at equal ends), a row that is not a tuple of 10 fields with an exact str
+ *   name, exact int times within int64 and exact int ids within [0, 2**64), a hook
+ *   row whose status is not an exact str, a step row whose attributes are not a dict
+ *   (or FrozenAttributes) with exact str keys, a step whose row cannot come any more (the
+ *   loop gives its rows back), an interval that would hold more than max_held rows, a
+ *   duration or sum beyond int64. starts is a list of the published starts (exact ints
+ *   within int64), cur None or (start, held rows, inner) of the open interval (not a
+ *   full one), lane the object the summaries name, names/index the lane's names list
+ *   and its index (only exact str keys), step_level/enclosing frozensets of exact str,
+ *   base the length of the caller's output list, hooks_key the attribute that takes
+ *   the aggregates, row_type the type of the rows made (SpanRow: a tuple subclass
+ *   without a __dict__). Returns (rows, spots, popped, announce, nxt, folded, steps):
+ *   the rows to write, in which each summarised step is the tuple (step row with
+ *   {**attributes, hooks_key: hooks}, lane, hooks, count, announce), and spots their
+ *   indices plus base; popped the published starts it used; nxt None or (start, rows, inner) of
+ *   the interval left open; folded/steps the rows and steps folded. The new names of
+ *   the steps' aggregates are appended to names and index (escaped in names) just
+ *   before it returns.
+ *
+ * The rows are read from private copies of the lists (tuples: immutable), and every
+ * name compared is an exact str looked up in dicts and frozensets whose keys are
+ * exact str, so no call in the walk runs Python code but the allocation of result
+ * objects (a collection may run finalizers): across those, only rows and names owned
+ * by the private copies are held.
+ * --------------------------------------------------------------------------------- */
+
+enum { FK_HOOK = 0, FK_FULL = 1, FK_STEP = 2, FK_ENCLOSING = 3 };
+
+typedef struct {
+    PyObject *row;  /* owned by a private copy */
+    PyObject *name; /* owned by the row */
+    long long start, end;
+    unsigned long long span, parent;
+    int kind, error;
+} FoldRow;
+
+typedef struct {
+    long long start, end;
+    unsigned long long parent;
+    long long dur;
+} FoldInner;
+
+typedef struct {
+    unsigned long long key;
+    long long sum;
+    unsigned int stamp;
+} ChildSlot;
+
+typedef struct {
+    long long total, own, count;
+    unsigned int stamp; /* the step that touched it last (FoldState.astamp) */
+} FoldAgg;
+
+typedef struct {
+    /* growable arrays */
+    Py_ssize_t *held;
+    Py_ssize_t nheld, capheld;
+    FoldInner *inner;
+    Py_ssize_t ninner, capinner;
+    ChildSlot *children;
+    Py_ssize_t capchildren; /* a power of two */
+    unsigned int stamp;
+    FoldAgg *agg; /* by name index; zeroed when it grows */
+    Py_ssize_t capagg;
+    unsigned int astamp;
+    /* name -> its index in the names list, by address (names owned by the private
+     * copies' rows; an index, once known, stays right for the whole call) */
+    PyObject *iname[64];
+    Py_ssize_t iat[64];
+} FoldState;
+
+static int
+fold_grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t size)
+{
+    if (need <= *cap) {
+        return 0;
+    }
+    Py_ssize_t cap2 = *cap ? *cap : 16;
+    while (cap2 < need) {
+        if (cap2 > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)size) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap2 *= 2;
+    }
+    void *q = PyMem_Realloc(*p, (size_t)cap2 * size);
+    if (q == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *p = q;
+    *cap = cap2;
+    return 0;
+}
+
+static void
+fold_state_free(FoldState *s)
+{
+    PyMem_Free(s->held);
+    PyMem_Free(s->inner);
+    PyMem_Free(s->children);
+    PyMem_Free(s->agg);
+}
+
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h>
+#endif
+#define FOLD_DIGITS 1
+#endif
+
+/* an exact int of at most three 30-bit digits (|v| < 2**90) read from its digits
+ * (CPython before 3.12): 1 with its magnitude and sign, else 0 */
+static inline int
+fold_digits(PyObject *v, unsigned long long *mag, int *neg)
+{
+#ifdef FOLD_DIGITS
+    Py_ssize_t size = Py_SIZE(v);
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    Py_ssize_t n = size < 0 ? -size : size;
+    if (n > 3 || (n == 3 && d[2] >= 16)) { /* 16 * 2**60 = 2**64 */
+        return 0;
+    }
+    unsigned long long m = 0;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        m = (m << 30) | d[i];
+    }
+    *mag = m;
+    *neg = size < 0;
+    return 1;
+#else
+    (void)v;
+    (void)mag;
+    (void)neg;
+    return 0;
+#endif
+}
+
+/* an exact int within int64 / within [0, 2**64): 1, else 0 (no error left set) */
+static int
+fold_ll(PyObject *v, long long *out)
+{
+    if (!PyLong_CheckExact(v)) {
+        return 0;
+    }
+    unsigned long long mag;
+    int neg;
+    if (fold_digits(v, &mag, &neg)) {
+        if (neg ? mag > (1ULL << 63) : mag > (unsigned long long)LLONG_MAX) {
+            return 0;
+        }
+        *out = neg ? (long long)(0ULL - mag) : (long long)mag;
+        return 1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+static int
+fold_ull(PyObject *v, unsigned long long *out)
+{
+    if (!PyLong_CheckExact(v)) {
+        return 0;
+    }
+    unsigned long long mag;
+    int neg;
+    if (fold_digits(v, &mag, &neg)) {
+        if (neg && mag) {
+            return 0;
+        }
+        *out = mag;
+        return 1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (!overflow) {
+        if (x < 0) {
+            return 0;
+        }
+        *out = (unsigned long long)x;
+        return 1;
+    }
+    if (overflow < 0) {
+        return 0;
+    }
+    unsigned long long u = PyLong_AsUnsignedLongLong(v);
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = u;
+    return 1;
+}
+
+/* whether every element of s is an exact str: a lookup then runs no Python code */
+static int
+fold_exact_set(PyObject *s)
+{
+    if (!PyFrozenSet_CheckExact(s)) {
+        return 0;
+    }
+    /* iterating a frozenset runs no Python code */
+    PyObject *it = PyObject_GetIter(s), *key;
+    if (it == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int exact = 1;
+    while (exact && (key = PyIter_Next(it)) != NULL) {
+        exact = PyUnicode_CheckExact(key);
+        Py_DECREF(key);
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return exact;
+}
+
+/* the kinds of the names seen in one call, by address (the names are owned by the rows
+ * of the private copies, alive for the whole call) */
+#define FOLD_KIND_CACHE 64
+typedef struct {
+    PyObject *name[FOLD_KIND_CACHE];
+    int kind[FOLD_KIND_CACHE];
+} FoldKinds;
+
+/* whether a step row's attributes can be copied and extended in C without running
+ * Python code: a plain dict (or FrozenAttributes) with exact str keys */
+static int
+fold_plain_attrs(PyObject *attrs)
+{
+    if (!is_plain_dict(attrs)) {
+        return 0;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(attrs, &pos, &key, &value)) {
+        if (!PyUnicode_CheckExact(key)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* a row read into r: 1, 0 when the loop must take the batch, -1 on error */
+static int
+fold_read(PyObject *row, FoldRow *r, PyObject *step_name, PyObject *step_level,
+          PyObject *enclosing, FoldKinds *kinds)
+{
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+        return 0;
+    }
+    PyObject *name = PyTuple_GET_ITEM(row, 0);
+    if (!PyUnicode_CheckExact(name) || !fold_ll(PyTuple_GET_ITEM(row, 4), &r->start) ||
+        !fold_ll(PyTuple_GET_ITEM(row, 5), &r->end) ||
+        !fold_ull(PyTuple_GET_ITEM(row, 1), &r->span) ||
+        !fold_ull(PyTuple_GET_ITEM(row, 2), &r->parent)) {
+        return 0;
+    }
+    r->row = row;
+    r->name = name;
+    size_t slot = ((uintptr_t)name >> 4) % FOLD_KIND_CACHE;
+    if (kinds->name[slot] == name) {
+        r->kind = kinds->kind[slot];
+    }
+    else if (PyUnicode_Compare(name, step_name) == 0) { /* exact str: no Python code */
+        r->kind = FK_STEP;
+    }
+    else if (PyErr_Occurred()) {
+        return -1;
+    }
+    else {
+        int in = PySet_Contains(enclosing, name);
+        if (in < 0) {
+            return -1;
+        }
+        if (in) {
+            r->kind = FK_ENCLOSING;
+        }
+        else {
+            in = PySet_Contains(step_level, name);
+            if (in < 0) {
+                return -1;
+            }
+            r->kind = in ? FK_FULL : FK_HOOK;
+        }
+    }
+    kinds->name[slot] = name;
+    kinds->kind[slot] = r->kind;
+    if (r->kind == FK_STEP && !fold_plain_attrs(PyTuple_GET_ITEM(row, 7))) {
+        return 0;
+    }
+    r->error = 0;
+    if (r->kind == FK_HOOK) {
+        PyObject *status = PyTuple_GET_ITEM(row, 8);
+        if (!PyUnicode_CheckExact(status)) {
+            return 0;
+        }
+        r->error = PyUnicode_CompareWithASCIIString(status, "ERROR") == 0;
+    }
+    return 1;
+}
+
+static int
+fold_child_add(FoldState *s, unsigned long long key, long long dur, int *decline)
+{
+    Py_ssize_t mask = s->capchildren - 1;
+    Py_ssize_t i = (Py_ssize_t)((key * 0x9E3779B97F4A7C15ULL) >> 20) & mask;
+    while (s->children[i].stamp == s->stamp && s->children[i].key != key) {
+        i = (i + 1) & mask;
+    }
+    ChildSlot *slot = &s->children[i];
+    if (slot->stamp != s->stamp) {
+        slot->stamp = s->stamp;
+        slot->key = key;
+        slot->sum = 0;
+    }
+    if (__builtin_add_overflow(slot->sum, dur, &slot->sum)) {
+        *decline = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static long long
+fold_child_get(FoldState *s, unsigned long long key)
+{
+    Py_ssize_t mask = s->capchildren - 1;
+    Py_ssize_t i = (Py_ssize_t)((key * 0x9E3779B97F4A7C15ULL) >> 20) & mask;
+    while (s->children[i].stamp == s->stamp) {
+        if (s->children[i].key == key) {
+            return s->children[i].sum;
+        }
+        i = (i + 1) & mask;
+    }
+    return 0;
+}
+
+static int
+fold_children_reset(FoldState *s, Py_ssize_t keys)
+{
+    /* a table for up to keys parents, at most half full */
+    Py_ssize_t need = 16;
+    while (need < 2 * keys) {
+        if (need > PY_SSIZE_T_MAX / 4 / (Py_ssize_t)sizeof(ChildSlot)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        need *= 2;
+    }
+    if (need > s->capchildren || s->stamp == UINT_MAX) {
+        PyMem_Free(s->children);
+        s->children = PyMem_Calloc((size_t)need, sizeof(ChildSlot));
+        if (s->children == NULL) {
+            s->capchildren = 0;
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->capchildren = need;
+        s->stamp = 0;
+    }
+    s->stamp++;
+    return 0;
+}
+
+/* the index of a step's event name in the lane's names (index) or among the names new
+ * in this call (added, in the order they came): -1 on error */
+static Py_ssize_t
+fold_name_index(PyObject *index, PyObject *added, Py_ssize_t base, PyObject *name,
+                int *decline)
+{
+    PyObject *at = PyDict_GetItemWithError(index, name); /* exact str keys only */
+    if (at == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if (at == NULL) {
+        at = PyDict_GetItemWithError(added, name);
+        if (at == NULL && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    if (at != NULL) {
+        if (!PyLong_CheckExact(at)) {
+            *decline = 1;
+            return -1;
+        }
+        Py_ssize_t i = PyLong_AsSsize_t(at); /* read before anything else runs */
+        if (i < 0) {
+            if (PyErr_Occurred()) {
+                PyErr_Clear();
+            }
+            *decline = 1;
+            return -1;
+        }
+        return i;
+    }
+    Py_ssize_t i = base + PyDict_GET_SIZE(added);
+    PyObject *boxed = PyLong_FromSsize_t(i);
+    if (boxed == NULL) {
+        return -1;
+    }
+    int rc = PyDict_SetItem(added, name, boxed);
+    Py_DECREF(boxed);
+    return rc < 0 ? -1 : i;
+}
+
+static int
+fold_entry(Buf *b, const FoldAgg *a)
+{
+    if (buf_add_ll(b, a->total) < 0) {
+        return -1;
+    }
+    if (a->count != 1 || a->own != a->total) {
+        if (buf_add(b, "/", 1) < 0 || buf_add_ll(b, a->own) < 0) {
+            return -1;
+        }
+        if (a->count != 1 && (buf_add(b, "/", 1) < 0 || buf_add_ll(b, a->count) < 0)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The summary of the interval closed by the step row at rows[p]: the late rows go to
+ * out, then the summary tuple. 0, or -1 with *decline set (the loop's case) or an
+ * error set. */
+static PyObject *
+fold_step_row(PyObject *row, PyObject *row_type, PyObject *hooks_key, PyObject *hooks)
+{
+    /* row_type(*row[:7], {**row[7], hooks_key: hooks}, row[8], row[9]); row[7] is a
+     * plain dict with exact str keys (checked by fold_read) */
+    PyObject *attrs = PyDict_New();
+    if (attrs == NULL) {
+        return NULL;
+    }
+    if (PyDict_Update(attrs, PyTuple_GET_ITEM(row, 7)) < 0 ||
+        PyDict_SetItem(attrs, hooks_key, hooks) < 0) {
+        Py_DECREF(attrs);
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)row_type;
+    PyObject *done = type->tp_alloc(type, 10); /* as tuple.__new__(row_type, ...) */
+    if (done == NULL) {
+        Py_DECREF(attrs);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < 10; k++) {
+        PyTuple_SET_ITEM(done, k, k == 7 ? attrs : Py_NewRef(PyTuple_GET_ITEM(row, k)));
+    }
+    return done;
+}
+
+static int
+fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *spots,
+           Py_ssize_t base, PyObject *lane, PyObject *index, PyObject *added,
+           Py_ssize_t names0, int announce, Py_ssize_t *folded, int *decline,
+           PyObject *row_type, PyObject *hooks_key)
+{
+    long long end = rows[p].end;
+    if (fold_children_reset(s, s->nheld + s->ninner) < 0) {
+        return -1;
+    }
+    Py_ssize_t nfold = 0;
+    for (Py_ssize_t k = 0; k < s->nheld; k++) {
+        FoldRow *r = &rows[s->held[k]];
+        if (r->end <= end) {
+            long long dur;
+            if (__builtin_sub_overflow(r->end, r->start, &dur)) {
+                *decline = 1;
+                return -1;
+            }
+            if (fold_child_add(s, r->parent, dur > 0 ? dur : 0, decline) < 0) {
+                return -1;
+            }
+            s->held[nfold++] = s->held[k]; /* the folded rows, kept in order */
+        }
+        else if (PyList_Append(out, r->row) < 0) { /* ended after the step: in full */
+            return -1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < s->ninner; k++) {
+        if (s->inner[k].end <= end &&
+            fold_child_add(s, s->inner[k].parent, s->inner[k].dur, decline) < 0) {
+            return -1;
+        }
+    }
+    Py_ssize_t top = -1;
+    if (s->astamp == UINT_MAX) { /* never in practice: 4e9 steps in one call */
+        *decline = 1;
+        return -1;
+    }
+    unsigned int stamp = ++s->astamp;
+    for (Py_ssize_t k = 0; k < nfold; k++) {
+        FoldRow *r = &rows[s->held[k]];
+        long long dur = r->end - r->start; /* checked above */
+        if (dur < 0) {
+            dur = 0;
+        }
+        long long own = dur - fold_child_get(s, r->span); /* both >= 0: no overflow */
+        size_t slot = ((uintptr_t)r->name >> 4) % 64;
+        Py_ssize_t at;
+        if (s->iname[slot] == r->name) {
+            at = s->iat[slot];
+        }
+        else {
+            at = fold_name_index(index, added, names0, r->name, decline);
+            if (at < 0) {
+                return -1;
+            }
+            s->iname[slot] = r->name;
+            s->iat[slot] = at;
+        }
+        if (at >= s->capagg) {
+            Py_ssize_t old = s->capagg;
+            if (fold_grow((void **)&s->agg, &s->capagg, at + 1, sizeof(FoldAgg)) < 0) {
+                return -1;
+            }
+            memset(s->agg + old, 0, (size_t)(s->capagg - old) * sizeof(FoldAgg));
+        }
+        FoldAgg *a = &s->agg[at];
+        if (a->stamp != stamp) {
+            a->stamp = stamp;
+            a->total = dur;
+            a->own = own;
+            a->count = 1;
+            if (at > top) {
+                top = at;
+            }
+        }
+        else if (__builtin_add_overflow(a->total, dur, &a->total) ||
+                 __builtin_add_overflow(a->own, own, &a->own)) {
+            *decline = 1;
+            return -1;
+        }
+        else {
+            a->count++;
+        }
+    }
+    *folded += nfold;
+    /* the hooks text: one entry per name up to the last present one */
+    Buf b = {NULL, 0, 0};
+    PyObject *hooks = NULL;
+    int failed = 0;
+    for (Py_ssize_t at = 0; at <= top && !failed; at++) {
+        int present = s->agg[at].stamp == stamp;
+        if (at > 0 && buf_add(&b, ";", 1) < 0) {
+            failed = 1;
+        }
+        else if (present && fold_entry(&b, &s->agg[at]) < 0) {
+            failed = 1;
+        }
+    }
+    if (!failed) {
+        hooks = b.len ? buf_to_str(&b) : PyUnicode_New(0, 127);
+    }
+    PyMem_Free(b.data);
+    if (hooks == NULL) {
+        return -1;
+    }
+    PyObject *count = PyLong_FromSsize_t(names0 + PyDict_GET_SIZE(added));
+    PyObject *spot = PyLong_FromSsize_t(base + PyList_GET_SIZE(out));
+    PyObject *done = NULL, *summary = NULL;
+    if (count != NULL && spot != NULL) {
+        done = fold_step_row(rows[p].row, row_type, hooks_key, hooks);
+    }
+    if (done != NULL) {
+        summary = PyTuple_Pack(5, done, lane, hooks, count, announce ? Py_True : Py_False);
+    }
+    int rc = -1;
+    if (summary != NULL && PyList_Append(spots, spot) == 0 && PyList_Append(out, summary) == 0) {
+        rc = 0;
+    }
+    Py_XDECREF(summary);
+    Py_XDECREF(done);
+    Py_XDECREF(spot);
+    Py_XDECREF(count);
+    Py_DECREF(hooks);
+    return rc;
+}
+
+static PyObject *
+one_thread(PyObject *module, PyObject *rows)
+{
+    if (!PyList_Check(rows) || PyList_GET_SIZE(rows) == 0) {
+        Py_RETURN_NONE;
+    }
+    /* no call in this loop runs Python code (exact ints only), so the list cannot change
+     * under it; its length is read on each pass anyway */
+    PyObject *first = NULL;
+    long long tid0 = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+            Py_RETURN_NONE;
+        }
+        PyObject *v = PyTuple_GET_ITEM(row, 6);
+        long long tid;
+        if (v == first) {
+            continue; /* the same int object */
+        }
+        if (!fold_ll(v, &tid) || (first != NULL && tid != tid0)) {
+            Py_RETURN_NONE;
+        }
+        if (first == NULL) {
+            tid0 = tid;
+        }
+        first = v; /* compared by address only, while the row holds it */
+    }
+    return PyLong_FromLongLong(tid0);
+}
+
+static int
+fold_commit_names(PyObject *names, PyObject *index, PyObject *added)
+{
+    /* the new names, in the order they came: escaped into names, as they are into index */
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    int rc = 0;
+    PyObject *items = PyDict_Items(added); /* a snapshot holding strong references */
+    if (items == NULL) {
+        return -1;
+    }
+    for (pos = 0; pos < PyList_GET_SIZE(items) && rc == 0; pos++) {
+        PyObject *pair = PyList_GET_ITEM(items, pos);
+        key = PyTuple_GET_ITEM(pair, 0);
+        value = PyTuple_GET_ITEM(pair, 1);
+        PyObject *shown = Py_NewRef(key);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(key);
+        static const char *from[2] = {"%", ";"}, *to[2] = {"%25", "%3B"};
+        for (int k = 0; k < 2 && shown != NULL; k++) {
+            Py_ssize_t found = PyUnicode_FindChar(shown, from[k][0], 0, len, 1);
+            if (found == -2) {
+                Py_CLEAR(shown);
+            }
+            else if (found >= 0) {
+                PyObject *a = PyUnicode_FromString(from[k]), *b = PyUnicode_FromString(to[k]);
+                PyObject *r = (a && b) ? PyUnicode_Replace(shown, a, b, -1) : NULL;
+                Py_XDECREF(a);
+                Py_XDECREF(b);
+                Py_SETREF(shown, r);
+                if (shown != NULL) {
+                    len = PyUnicode_GET_LENGTH(shown);
+                }
+            }
+        }
+        if (shown == NULL || PyList_Append(names, shown) < 0 ||
+            PyDict_SetItem(index, key, value) < 0) {
+            rc = -1;
+        }
+        Py_XDECREF(shown);
+    }
+    Py_DECREF(items);
+    return rc;
+}
+
+static PyObject *
+fold_lane(PyObject *module, PyObject *args)
+{
+    PyObject *group, *starts_arg, *cur, *lane, *names, *index, *step_name, *step_level,
+        *enclosing, *hooks_key, *row_type;
+    int announce;
+    Py_ssize_t max_held, base;
+    if (!PyArg_ParseTuple(args, "OOOpOOOOOOnnOO:fold_lane", &group, &starts_arg, &cur,
+                          &announce, &lane, &names, &index, &step_name, &step_level, &enclosing,
+                          &max_held, &base, &hooks_key, &row_type)) {
+        return NULL;
+    }
+    PyTypeObject *rt = PyType_Check(row_type) ? (PyTypeObject *)row_type : NULL;
+    if (rt == NULL || !PyType_IsSubtype(rt, &PyTuple_Type) ||
+        rt->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        rt->tp_itemsize != PyTuple_Type.tp_itemsize || rt->tp_dictoffset != 0 ||
+        !PyUnicode_CheckExact(hooks_key) || !PyList_Check(group) || !PyList_Check(starts_arg) ||
+        !PyList_CheckExact(names) || !PyDict_CheckExact(index) ||
+        !PyUnicode_CheckExact(step_name) ||
+        !fold_exact_set(step_level) || !fold_exact_set(enclosing) ||
+        (cur != Py_None && (!PyTuple_CheckExact(cur) || PyTuple_GET_SIZE(cur) != 3 ||
+                            !PyList_Check(PyTuple_GET_ITEM(cur, 1)) ||
+                            !PyList_Check(PyTuple_GET_ITEM(cur, 2))))) {
+        Py_RETURN_NONE;
+    }
+    FoldState s;
+    memset(&s, 0, sizeof(s));
+    FoldKinds kinds;
+    memset(&kinds, 0, sizeof(kinds));
+    FoldRow *rows = NULL;
+    long long *st = NULL;
+    PyObject *grp = NULL, *held0 = NULL, *inner0 = NULL, *out = NULL, *spots = NULL,
+             *added = NULL, *nxt = NULL, *result = NULL;
+    int decline = 0;
+    int has_cur = cur != Py_None;
+    long long cur_start = 0;
+    Py_ssize_t names0 = PyList_GET_SIZE(names);
+    /* private copies of the lists walked */
+    grp = PySequence_List(group);
+    if (grp == NULL) {
+        goto done;
+    }
+    if (has_cur) {
+        if (!fold_ll(PyTuple_GET_ITEM(cur, 0), &cur_start)) {
+            decline = 1;
+            goto done;
+        }
+        held0 = PySequence_List(PyTuple_GET_ITEM(cur, 1));
+        inner0 = held0 ? PySequence_List(PyTuple_GET_ITEM(cur, 2)) : NULL;
+        if (inner0 == NULL) {
+            goto done;
+        }
+    }
+    Py_ssize_t h = held0 ? PyList_GET_SIZE(held0) : 0, g = PyList_GET_SIZE(grp), n = h + g;
+    Py_ssize_t m = PyList_GET_SIZE(starts_arg);
+    st = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(long long));
+    rows = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(FoldRow));
+    if (st == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) { /* exact ints: nothing runs; length re-read */
+        if (k >= PyList_GET_SIZE(starts_arg) ||
+            !fold_ll(PyList_GET_ITEM(starts_arg, k), &st[k])) {
+            decline = 1;
+            goto done;
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *row = k < h ? PyList_GET_ITEM(held0, k) : PyList_GET_ITEM(grp, k - h);
+        int rc = fold_read(row, &rows[k], step_name, step_level, enclosing, &kinds);
+        if (rc <= 0) {
+            decline = rc == 0;
+            goto done;
+        }
+        /* the group in end order, the later start first at equal ends */
+        if (k > h && (rows[k].end < rows[k - 1].end ||
+                      (rows[k].end == rows[k - 1].end && rows[k].start > rows[k - 1].start))) {
+            decline = 1;
+            goto done;
+        }
+    }
+    if (fold_grow((void **)&s.held, &s.capheld, h + 1, sizeof(Py_ssize_t)) < 0) {
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < h; k++) {
+        s.held[k] = k;
+    }
+    s.nheld = h;
+    if (has_cur) {
+        Py_ssize_t ni = PyList_GET_SIZE(inner0);
+        if (fold_grow((void **)&s.inner, &s.capinner, ni + 1, sizeof(FoldInner)) < 0) {
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < ni; k++) {
+            PyObject *t = PyList_GET_ITEM(inner0, k);
+            FoldInner *x = &s.inner[k];
+            if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
+                !fold_ll(PyTuple_GET_ITEM(t, 0), &x->start) ||
+                !fold_ll(PyTuple_GET_ITEM(t, 1), &x->end) ||
+                !fold_ull(PyTuple_GET_ITEM(t, 2), &x->parent) ||
+                !fold_ll(PyTuple_GET_ITEM(t, 3), &x->dur) || x->dur < 0) {
+                decline = 1;
+                goto done;
+            }
+        }
+        s.ninner = ni;
+    }
+    out = PyList_New(0);
+    spots = PyList_New(0);
+    added = PyDict_New();
+    if (out == NULL || spots == NULL || added == NULL) {
+        goto done;
+    }
+    Py_ssize_t c = 0, folded = 0, steps = 0;
+    for (Py_ssize_t i = h; i < n; i++) {
+        FoldRow *r = &rows[i];
+        long long start;
+        if (has_cur) {
+            start = cur_start;
+        }
+        else if (c < m) {
+            start = st[c];
+        }
+        else {
+            if (r->kind == FK_STEP) {
+                announce = 1; /* a detailed step */
+            }
+            if (PyList_Append(out, r->row) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        if (r->kind == FK_HOOK && !r->error) {
+            if (r->start >= start) {
+                if (!has_cur) {
+                    has_cur = 1;
+                    cur_start = start;
+                    s.nheld = s.ninner = 0;
+                }
+                if (s.nheld >= max_held) { /* it would hold more: the loop gives them back */
+                    decline = 1;
+                    goto done;
+                }
+                if (fold_grow((void **)&s.held, &s.capheld, s.nheld + 1, sizeof(Py_ssize_t)) <
+                    0) {
+                    goto done;
+                }
+                s.held[s.nheld++] = i;
+            }
+            else if (PyList_Append(out, r->row) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        if (r->kind == FK_STEP) {
+            if (r->end < start || (r->end == start && r->start < start)) {
+                announce = 1; /* an earlier step, in full */
+                if (PyList_Append(out, r->row) < 0) {
+                    goto done;
+                }
+                continue;
+            }
+            if (r->start <= start) { /* the step row of this interval */
+                c++;
+                if (!has_cur) {
+                    s.nheld = s.ninner = 0;
+                }
+                has_cur = 0;
+                if (fold_close(&s, rows, i, out, spots, base, lane, index, added, names0,
+                               announce, &folded, &decline, row_type, hooks_key) < 0) {
+                    goto done;
+                }
+                announce = 0;
+                steps++;
+                s.nheld = s.ninner = 0;
+                continue;
+            }
+        }
+        else if (r->start >= start) { /* in the step, written in full */
+            if (!has_cur) {
+                has_cur = 1;
+                cur_start = start;
+                s.nheld = s.ninner = 0;
+            }
+            long long dur;
+            if (__builtin_sub_overflow(r->end, r->start, &dur)) {
+                decline = 1;
+                goto done;
+            }
+            if (fold_grow((void **)&s.inner, &s.capinner, s.ninner + 1, sizeof(FoldInner)) < 0) {
+                goto done;
+            }
+            s.inner[s.ninner++] = (FoldInner){r->start, r->end, r->parent, dur > 0 ? dur : 0};
+            if (PyList_Append(out, r->row) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        else if (!(r->kind == FK_ENCLOSING && start < r->end)) {
+            if (PyList_Append(out, r->row) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        /* the interval's step row can no longer come: the loop gives its rows back */
+        decline = 1;
+        goto done;
+    }
+    if (has_cur) {
+        PyObject *kept = PyList_New(s.nheld), *inner = PyList_New(s.ninner);
+        PyObject *at = PyLong_FromLongLong(cur_start);
+        if (kept == NULL || inner == NULL || at == NULL) {
+            Py_XDECREF(kept);
+            Py_XDECREF(inner);
+            Py_XDECREF(at);
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < s.nheld; k++) {
+            PyList_SET_ITEM(kept, k, Py_NewRef(rows[s.held[k]].row));
+        }
+        for (Py_ssize_t k = 0; k < s.ninner; k++) {
+            FoldInner *x = &s.inner[k];
+            PyObject *t = Py_BuildValue("(LLKL)", x->start, x->end, x->parent, x->dur);
+            if (t == NULL) {
+                Py_DECREF(kept);
+                Py_DECREF(inner);
+                Py_DECREF(at);
+                goto done;
+            }
+            PyList_SET_ITEM(inner, k, t);
+        }
+        nxt = PyTuple_Pack(3, at, kept, inner);
+        Py_DECREF(at);
+        Py_DECREF(kept);
+        Py_DECREF(inner);
+        if (nxt == NULL) {
+            goto done;
+        }
+    }
+    else {
+        nxt = Py_NewRef(Py_None);
+    }
+    if (PyList_GET_SIZE(names) != names0) { /* changed meanwhile (a finalizer): the loop */
+        decline = 1;
+        goto done;
+    }
+    result = Py_BuildValue("(OOnOOnn)", out, spots, c, announce ? Py_True : Py_False, nxt,
+                           folded, steps);
+    if (result != NULL && PyDict_GET_SIZE(added) && fold_commit_names(names, index, added) < 0) {
+        Py_CLEAR(result);
+    }
+done:
+    fold_state_free(&s);
+    PyMem_Free(rows);
+    PyMem_Free(st);
+    Py_XDECREF(grp);
+    Py_XDECREF(held0);
+    Py_XDECREF(inner0);
+    Py_XDECREF(out);
+    Py_XDECREF(spots);
+    Py_XDECREF(added);
+    Py_XDECREF(nxt);
+    if (result == NULL && decline) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
     {"attr_table", attr_table, METH_VARARGS,
@@ -3018,6 +3969,10 @@ static PyMethodDef module_methods[] = {
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
     {"encode_x_batch", encode_x_batch, METH_VARARGS,
      "Assemble a batch of Chrome X events into one bytes object."},
+    {"one_thread", one_thread, METH_O,
+     "The thread id of a batch of one thread's rows in the detail filter's order, or None."},
+    {"fold_lane", fold_lane, METH_VARARGS,
+     "One thread's rows through the detail filter (DetailFilter._take_lane's C twin)."},
     {"register_frozen_type", register_frozen_type, METH_O,
      "Treat this dict subclass (exporters.FrozenAttributes) like a dict."},
     {NULL, NULL, 0, NULL},

@@ -63,9 +63,10 @@ STEP_LEVEL_EVENTS: frozenset[str] = frozenset(
 HOOKS, HOOK_NAMES = "ppetrace.hooks", "ppetrace.hook_names"
 #: Rows one open interval may hold; past that its rows are written in full.
 MAX_HELD = 1 << 16
-#: Take a thread's rows column-wise where it can (``_fold``); False: the loop alone.
+#: Take a thread's rows in C where it can (``_fold``); False: the loop alone.
 FAST = True
 _STEP = "trainer.step"
+_STRINGS_LIMIT = 65_536
 _name, _start, _end, _tid = itemgetter(0), itemgetter(4), itemgetter(5), itemgetter(6)
 
 
@@ -95,30 +96,48 @@ class _Interval:
 class _Lane:
     """One thread's published starts, open interval and names list."""
 
-    __slots__ = ("starts", "cur", "names", "index", "announce", "part")
+    __slots__ = ("starts", "cur", "names", "index", "exact", "announce", "part", "listed")
 
     def __init__(self) -> None:
         self.starts: deque[int] = deque()
         self.cur: _Interval | None = None
-        self.names: list[str] = []
-        self.index: dict[str, int] = {}
+        self.names: list[str] = []  # as written (escaped), in the order they came
+        self.index: dict[str, int] = {}  # name -> its place in names
+        self.exact = True  # every key of index is an exact str (the C path's condition)
         self.announce = True  # write the names list on the next summarised step
         self.part = -1  # the part where the names list was last written
+        self.listed = 0  # how many names it held then
 
 
-class Summary:
-    """A summarised step's row and aggregates, made into a row by :meth:`DetailFilter.finish`."""
+#: A summarised step, made into a row by :meth:`DetailFilter.finish`: its ``trainer.step``
+#: row, its lane, its ``ppetrace.hooks`` text, how many names of the lane's list that text
+#: refers to, and whether the names list must be written (the first summarised step of
+#: its thread, or the first after a detailed step). A plain tuple: the C fold makes them.
+Summary = tuple[SpanRow, _Lane, str, int, bool]
 
-    __slots__ = ("row", "lane", "aggregates", "announce")
 
-    def __init__(
-        self, row: SpanRow, lane: _Lane, aggregates: dict[str, list[int]], announce: bool
-    ) -> None:
-        self.row = row
-        self.lane = lane
-        self.aggregates = aggregates
-        #: the first summarised step of its thread, or the first after a detailed step
-        self.announce = announce
+def _entries(lane: _Lane, aggregates: dict[str, list[int]]) -> str:
+    """The ``ppetrace.hooks`` text of a step's aggregates; a new name is added to the
+    lane's names list (``_speedups.fold_lane`` is the C twin)."""
+    names, index = lane.names, lane.index
+    entries = [""] * len(names)
+    for name, (total, own, count) in aggregates.items():
+        at = index.get(name)
+        if at is None:
+            if type(name) is not str:
+                lane.exact = False
+            at = index[name] = len(names)
+            names.append(_escape(name) if "%" in name or ";" in name else name)
+            entries.append("")
+        if count != 1:
+            entries[at] = f"{total}/{own}/{count}"
+        elif own != total:
+            entries[at] = f"{total}/{own}"
+        else:
+            entries[at] = str(total)
+    while entries and not entries[-1]:
+        entries.pop()
+    return ";".join(entries)
 
 
 class DetailFilter:
@@ -164,14 +183,41 @@ class DetailFilter:
 
     def take(self, pid: int, rows: Sequence[SpanRow]) -> tuple[list[Any], list[int]]:
         """The rows of a batch to write, and the indices among them of the
-        :class:`Summary` objects that stand for summarised step rows."""
+        :data:`Summary` tuples that stand for summarised step rows."""
         lanes = self._lanes
         n = len(rows)
         out: list[Any] = []
         summaries: list[int] = []
         if not n:
             return out, summaries
-        try:  # grouped by thread, each in end order
+        if FAST and _speedups is not None and type(rows) is list:
+            # the common case: one thread's rows, in end order already (else it declines)
+            tid = _speedups.one_thread(rows)
+            lane = lanes.get((pid, tid)) if tid is not None else None
+            if (
+                lane is not None
+                and (lane.cur is not None or lane.starts)
+                and take_lane_fast(self, lane, rows, out, summaries)
+            ):
+                return out, summaries
+        for tid, group in self._groups(rows):
+            lane = lanes.get((pid, tid))
+            if lane is None:
+                out.extend(group)
+            elif lane.cur is None and not lane.starts:
+                if _STEP in map(_name, group):
+                    lane.announce = True  # a detailed step
+                out.extend(group)
+            elif not (FAST and take_lane_fast(self, lane, group, out, summaries)):
+                self._take_lane(lane, group, out, summaries)
+        return out, summaries
+
+    @staticmethod
+    def _groups(rows: Sequence[SpanRow]) -> list[tuple[Any, list[SpanRow]]]:
+        """The rows grouped by thread, each group in end order (the later start first
+        at equal ends)."""
+        n = len(rows)
+        try:
             if _speedups is not None:  # the columns in C
                 cols = _speedups.span_columns(rows if type(rows) is list else list(rows))
                 starts = np.frombuffer(cols[7], dtype=np.int64)
@@ -194,22 +240,12 @@ class DetailFilter:
                 (int(sorted_tids[lo]), ordered[lo:hi])
                 for lo, hi in zip([0, *cuts], [*cuts, n], strict=True)
             ]
+            return groups
         except (OverflowError, TypeError, ValueError):  # ids beyond int64
             by_tid: dict[Any, list[SpanRow]] = {}
             for r in sorted(rows, key=lambda r: (r[6], r[5], -r[4])):
                 by_tid.setdefault(r[6], []).append(r)
-            groups = list(by_tid.items())
-        for tid, group in groups:
-            lane = lanes.get((pid, tid))
-            if lane is None:
-                out.extend(group)
-            elif lane.cur is None and not lane.starts:
-                if _STEP in map(_name, group):
-                    lane.announce = True  # a detailed step
-                out.extend(group)
-            elif not (FAST and take_lane_fast(self, lane, group, out, summaries)):
-                self._take_lane(lane, group, out, summaries)
-        return out, summaries
+            return list(by_tid.items())
 
     def _kind(self, name: str) -> int:
         kinds = self._kinds
@@ -351,39 +387,34 @@ class DetailFilter:
         self.spans_summarised += len(folded)
         self.steps_summarised += 1
         announce, lane.announce = lane.announce, False
-        return Summary(row, lane, aggregates, announce)
+        hooks = _entries(lane, aggregates)
+        done = _tuple_new(SpanRow, (*row[:7], {**row[7], HOOKS: hooks}, row[8], row[9]))
+        return (done, lane, hooks, len(lane.names), announce)
 
-    def finish(self, out: list[Any], summaries: Iterable[int], part: int) -> None:
-        """Replace the :class:`Summary` objects at ``summaries`` (in order) by step rows
-        with the attributes, for rows written to part ``part``."""
+    def finish(
+        self,
+        out: list[Any],
+        summaries: Iterable[int],
+        part: int,
+        strings: dict[str, str] | None = None,
+    ) -> None:
+        """Replace the :data:`Summary` tuples at ``summaries`` (in order) by their step
+        rows, for rows written to part ``part``. The names list is added when the
+        summary asks for it, on the first step of a part, and when the step refers to
+        names not written yet (a new name). ``strings`` (the encoder's cache of JSON
+        literals) is given each ``ppetrace.hooks`` text: digits, ``/``, ``;`` and
+        ``-`` only, its literal is the text in quotes."""
         for i in summaries:
-            s = out[i]
-            lane = s.lane
-            names, index = lane.names, lane.index
-            announce = s.announce or lane.part != part
-            entries = [""] * len(names)
-            for name, (total, own, count) in s.aggregates.items():
-                at = index.get(name)
-                if at is None:
-                    at = index[name] = len(names)
-                    names.append(_escape(name) if "%" in name or ";" in name else name)
-                    entries.append("")
-                    announce = True
-                if count != 1:
-                    entries[at] = f"{total}/{own}/{count}"
-                elif own != total:
-                    entries[at] = f"{total}/{own}"
-                else:
-                    entries[at] = str(total)
-            while entries and not entries[-1]:
-                entries.pop()
-            row = s.row
-            if announce:
-                lane.part = part
-                attrs = {**row[7], HOOKS: ";".join(entries), HOOK_NAMES: ";".join(names)}
-            else:
-                attrs = {**row[7], HOOKS: ";".join(entries)}
-            out[i] = _tuple_new(SpanRow, (*row[:7], attrs, row[8], row[9]))
+            row, lane, hooks, count, announce = out[i]
+            if strings is not None:
+                strings[hooks] = f'"{hooks}"'
+            if announce or lane.part != part or count > lane.listed:
+                lane.part, lane.listed = part, count
+                names = lane.names
+                listed = ";".join(names if count == len(names) else names[:count])
+                attrs = {**row[7], HOOK_NAMES: listed}
+                row = _tuple_new(SpanRow, (*row[:7], attrs, row[8], row[9]))
+            out[i] = row
 
     def flush_held(self) -> dict[int, list[SpanRow]]:
         """Every held row, by pid, and forget the open intervals (the run ends)."""
@@ -422,7 +453,10 @@ def write_summarised(
         while at < len(summaries) and summaries[at] < hi:
             mine.append(summaries[at])
             at += 1
-        exporter._detail.finish(out, mine, exporter._part + exporter._switching())
+        strings = exporter._strings if _speedups is not None else None  # the C encoder's
+        if strings is not None and len(strings) > _STRINGS_LIMIT:  # its bound on a miss
+            strings.clear()
+        exporter._detail.finish(out, mine, exporter._part + exporter._switching(), strings)
         first = exporter._first_event and not meta
         for part in exporter._encode_spans(out[lo:hi], pid, first):
             exporter._write(meta, earliest, part, spans=part[1])

@@ -8,7 +8,8 @@ this file (its name does not start with ``test_``).
 
 - threads: threads mutate attribute dicts (their string values, their keys) that
   other threads trace with and that the flusher encodes, at a switch interval of
-  1 us, while rows holding those very dicts go through every C encoder.
+  1 us, while rows holding those very dicts go through every C encoder (and the
+  detail filter's C fold).
 - odd: attribute objects that run Python code inside the encoders: a float whose
   ``__repr__`` rewrites its row, a key whose ``__hash__`` replaces its value, a
   start time whose ``__index__`` empties the batch, ``__str__``/``__hash__`` that
@@ -16,7 +17,7 @@ this file (its name does not start with ``test_``).
 - fork: forks with spans open (the child closes them and writes its own trace), and
   forks from a finalizer that runs while a span's row is made.
 - fuzz: generated batches encoded by C and by Python, compared byte for byte (Chrome
-  events) and frame for frame.
+  events) and frame for frame, and folded by the detail filter in C and in Python.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import ppetrace
 from exporters import ChromeTraceExporter, SpanRow, spans_to_frame
 from exporters import frame as frame_module
 from exporters._accel import SPEEDUPS
-from exporters.chrome import _encode
+from exporters.chrome import _detail, _encode
 from ppetrace.tracing import _recorder
 
 I64 = (-(2**63), 2**63 - 1)
@@ -90,10 +91,28 @@ def frame(rows: list[SpanRow], *, pure: bool = False) -> pd.DataFrame:
         frame_module._speedups = saved
 
 
+def fold(rows: list[SpanRow], starts: list[int], *, pure: bool = False) -> Any:
+    """The rows through the detail filter with ``starts`` published on each thread: C
+    (fold_lane where it does not decline) or the Python loop alone."""
+    saved = _detail.FAST
+    _detail.FAST = not pure
+    try:
+        f = _detail.DetailFilter()
+        for tid in dict.fromkeys(r[6] for r in rows):
+            for s in starts:
+                f.publish(1, tid, s)
+        out, summaries = f.take(1, rows)
+        f.finish(out, summaries, 0, {})
+        return out, summaries, f.spans_summarised, f.steps_summarised, f.flush_held()
+    finally:
+        _detail.FAST = saved
+
+
 def every_c_encoder(rows: list[SpanRow]) -> None:
     """Every C entry point on these rows (results unchecked: the rows may be changing)."""
     encode(rows)
     frame(rows)
+    fold(rows, [r[4] for r in rows if r[0] == "row"][::3])
     if SPEEDUPS is not None:
         attrs = [r.attributes for r in rows]
         SPEEDUPS.attr_table(attrs)
@@ -405,6 +424,10 @@ def scenario_fuzz(seconds: float, tmp: Path) -> str:
         json.loads("[" + fast.decode("ascii") + "]")
         if not odd:
             pd.testing.assert_frame_equal(frame(rows), frame(rows, pure=True))
+        steps = [r[4] for r in rows if r[0] == "trainer.step" and rnd.random() < 0.8]
+        starts = sorted(steps + [rnd.randint(*I64) for _ in range(rnd.randint(0, 2))])
+        for some in (rows, [r._replace(tid=5) for r in rows]):  # many threads, and one
+            check(fold(some, starts) == fold(some, starts, pure=True), f"batch {batches}: folds")
     return f"{batches} batches compared"
 
 

@@ -445,7 +445,8 @@ def test_the_column_path_equals_the_loop_on_random_runs(monkeypatch: pytest.Monk
         loop = _through(rows, starts, cuts, detailed)
         assert fast == loop
         assert fast[1] > 0 or len(detailed) == len(starts) or not rows
-    assert taken.count(True) > 100  # the column path took most batches itself
+    if _detail._speedups is not None:  # the C path took most batches itself
+        assert taken.count(True) > 100
 
 
 def test_steps_that_touch_close_their_own_intervals(tmp_path: Path) -> None:
