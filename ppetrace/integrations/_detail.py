@@ -23,7 +23,6 @@ which ``"auto"`` switched in the exporter's closing ``ppetrace.final`` event
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -171,9 +170,11 @@ class StepDetail:
         anything else, or a span that recorded nothing, leaves the step in full)."""
         rec = RECORDER
         if rec.enabled:  # else no step row comes
-            # not a ppetrace span (no start_ns): the step stays in full
-            with contextlib.suppress(AttributeError, TypeError):
-                self._publish(span.start_ns + rec.offset_ns)
+            try:  # (a plain try: contextlib.suppress costs ~1 µs per step)
+                start = span.start_ns + rec.offset_ns
+            except (AttributeError, TypeError):
+                return  # not a ppetrace span (no start_ns): the step stays in full
+            self._publish(start)
 
     def summarise_at(self, start_ns: int, tid: int) -> None:
         """Publish a step that starts at ``start_ns`` (epoch ns) on thread ``tid``."""
