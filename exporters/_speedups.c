@@ -5,9 +5,10 @@
  * exporters/chrome/_encode.py, exporters/frame.py and exporters/chrome/_events.py
  * keep the reference implementations and use this module when it was built (see
  * setup.py; the build is optional). Python still does everything that needs judgement: the
- * order of the rows, the per-name prefixes, the quoting of names, keys and
- * error texts, and every attribute key or value that is not an exact str, int,
- * float or bool. This module does the per-row arithmetic and concatenation:
+ * per-name prefixes, the quoting of names, keys and error texts, and every attribute
+ * key or value that is not an exact str, int, float or bool (C calls back for those).
+ * This module orders the rows and does the per-row arithmetic and concatenation, the
+ * formatting with the GIL released once every Python value is read (encode_x_events):
  *
  *   prefix tid ,"ts": us ,"dur": us ,"span_id":"hex16","parent_id":"hex16","status": status
  *   [,"attrs":{ attrs }] [,"args":{"error": quoted-error }] }
@@ -564,162 +565,650 @@ fail:
     return NULL;
 }
 
-static PyObject *
-lookup_strong(PyObject *cache, PyObject *key, const char *missing)
+/* ---- encode_x_events: whole X events, formatted without the GIL -------------------
+ *
+ * Two phases. While the GIL is held, each row's Python values are read into an XRow
+ * (numbers as C integers, strong references to its prefix and status texts, its
+ * attributes and error encoded into an arena), and the rows are ordered. Then,
+ * with the GIL released for a large batch, the events are formatted straight into
+ * bytes objects made beforehand at a size that cannot be exceeded: no Python object
+ * is touched and no Python API is called meanwhile. */
+
+typedef struct {
+    long long start, end, tid;
+    unsigned long long span_id, parent_id;
+    PyObject *prefix;         /* owned: the event's start up to "tid": (str) */
+    PyObject *status;         /* owned: the status as a JSON literal (str) */
+    const char *prefix_s;     /* their UTF-8, alive as long as they are */
+    const char *status_s;
+    Py_ssize_t prefix_n, status_n;
+    Py_ssize_t attrs_at, attrs_n; /* ',"attrs":{...}' in the arena (n 0: none) */
+    Py_ssize_t error_at, error_n; /* ',"args":{"error":...}' in the arena (n 0: none) */
+} XRow;
+
+typedef struct {
+    long long start, end;
+    Py_ssize_t i; /* the row's index in the batch: the last key, so the order is stable */
+} XKey;
+
+/* a name's prefix, found again by the name's address (the slot owns both) */
+typedef struct {
+    PyObject *name;
+    PyObject *prefix;
+    const char *s;
+    Py_ssize_t n;
+} XName;
+
+#define X_NAME_SLOTS 32
+
+/* the most an event takes besides its texts: separator, tid, ts, dur, ids, keys, braces */
+#define X_FIXED 160
+#define X_RELEASE_ROWS 256 /* batches this large are formatted with the GIL released */
+
+static inline int
+x_before(const XKey *a, const XKey *b)
 {
-    /* cache[key] as a new reference; KeyError(missing) when absent */
-    PyObject *v = PyDict_GetItemWithError(cache, key);
-    if (v == NULL) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_KeyError, missing);
-        }
-        return NULL;
+    /* start ascending, then end descending (a parent before a child that starts at the
+     * same ns), then the batch's order */
+    if (a->start != b->start) {
+        return a->start < b->start;
     }
-    return Py_NewRef(v);
+    if (a->end != b->end) {
+        return a->end > b->end;
+    }
+    return a->i < b->i;
 }
 
-/* encode_x_batch(rows, prefixes, statuses, attrs, heads, strings, head_of,
- *                encode_value, origin_ns, quote, first) -> bytes | None
+static int
+x_compare(const void *a, const void *b)
+{
+    return x_before(a, b) ? -1 : (x_before(b, a) ? 1 : 0);
+}
+
+static void
+x_sort(XKey *keys, Py_ssize_t n)
+{
+    /* rows arrive nearly in order (a span ends after its children, so each parent is a
+     * few places late): insertion sort, with qsort once the moves exceed a budget. The
+     * index breaks ties, so both give the stable order of (start, -end). */
+    Py_ssize_t budget = 16 * n + 64, moves = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        XKey k = keys[i];
+        Py_ssize_t j = i;
+        while (j > 0 && x_before(&k, &keys[j - 1])) {
+            keys[j] = keys[j - 1];
+            j--;
+        }
+        keys[j] = k;
+        moves += i - j;
+        if (moves > budget) {
+            qsort(keys, (size_t)n, sizeof(XKey), x_compare);
+            return;
+        }
+    }
+}
+
+static const char digit_pairs[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+static inline char *
+put_ull(char *p, unsigned long long v)
+{
+    /* the digits written from the end, two at a time */
+    int n = 1;
+    for (unsigned long long x = v; x >= 10; x /= 10) {
+        n++;
+    }
+    char *t = p + n;
+    while (v >= 100) {
+        unsigned d = (unsigned)(v % 100);
+        v /= 100;
+        t -= 2;
+        memcpy(t, digit_pairs + 2 * d, 2);
+    }
+    if (v >= 10) {
+        memcpy(t - 2, digit_pairs + 2 * v, 2);
+    }
+    else {
+        t[-1] = (char)('0' + v);
+    }
+    return p + n;
+}
+
+static inline char *
+put_ll(char *p, long long v)
+{
+    if (v < 0) {
+        *p++ = '-';
+        return put_ull(p, (unsigned long long)(-(v + 1)) + 1ULL);
+    }
+    return put_ull(p, (unsigned long long)v);
+}
+
+static inline char *
+put_diff_us(char *p, long long hi, long long lo)
+{
+    /* as buf_add_diff_us: (hi - lo) ns as exact decimal µs, without overflow */
+    int neg = hi < lo;
+    unsigned long long mag = neg ? (unsigned long long)lo - (unsigned long long)hi
+                                 : (unsigned long long)hi - (unsigned long long)lo;
+    unsigned frac = (unsigned)(mag % 1000ULL);
+    if (neg) {
+        *p++ = '-';
+    }
+    p = put_ull(p, mag / 1000ULL);
+    p[0] = '.';
+    p[1] = (char)('0' + frac / 100);
+    memcpy(p + 2, digit_pairs + 2 * (frac % 100), 2);
+    return p + 4;
+}
+
+static char hex_pairs[513]; /* "000102...ff", filled at module exec */
+
+static void
+hex_pairs_init(void)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 256; i++) {
+        hex_pairs[2 * i] = digits[i >> 4];
+        hex_pairs[2 * i + 1] = digits[i & 0xF];
+    }
+}
+
+static inline char *
+put_hex16(char *p, unsigned long long v)
+{
+    for (int i = 14; i >= 0; i -= 2) {
+        memcpy(p + i, hex_pairs + 2 * (v & 0xFF), 2);
+        v >>= 8;
+    }
+    return p + 16;
+}
+
+static inline char *
+put(char *p, const char *s, Py_ssize_t n)
+{
+    memcpy(p, s, (size_t)n);
+    return p + n;
+}
+
+#define PUT_LIT(p, s) put((p), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+#if defined(__GNUC__)
+#define X_NOINLINE __attribute__((noinline)) /* its own entry in profiles: the GIL-free part */
+#else
+#define X_NOINLINE
+#endif
+
+/* The events of keys[lo..hi) written at out; returns the end. Runs without the GIL:
+ * it reads the rows, the arena and the texts' UTF-8, which outlive the call. */
+static X_NOINLINE char *
+x_format(char *out, const XRow *rows, const XKey *keys, Py_ssize_t lo, Py_ssize_t hi,
+         const char *arena, long long origin, int first)
+{
+    char *p = out;
+    for (Py_ssize_t k = lo; k < hi; k++) {
+        const XRow *x = &rows[keys[k].i];
+        if (k == 0 && first) {
+            *p++ = '\n';
+        }
+        else {
+            p = PUT_LIT(p, ",\n");
+        }
+        p = put(p, x->prefix_s, x->prefix_n);
+        p = put_ll(p, x->tid);
+        p = PUT_LIT(p, ",\"ts\":");
+        p = put_diff_us(p, x->start, origin);
+        p = PUT_LIT(p, ",\"dur\":");
+        p = put_diff_us(p, x->end > x->start ? x->end : x->start, x->start);
+        p = PUT_LIT(p, ",\"span_id\":\"");
+        p = put_hex16(p, x->span_id);
+        p = PUT_LIT(p, "\",\"parent_id\":\"");
+        p = put_hex16(p, x->parent_id);
+        p = PUT_LIT(p, "\",\"status\":");
+        p = put(p, x->status_s, x->status_n);
+        if (x->attrs_n) {
+            p = put(p, arena + x->attrs_at, x->attrs_n);
+        }
+        if (x->error_n) {
+            p = put(p, arena + x->error_at, x->error_n);
+        }
+        *p++ = '}';
+    }
+    return p;
+}
+
+static int
+x_read_ll(PyObject *v, long long *out)
+{
+    /* an int64 (an object with __index__ runs Python code: its row holds v) */
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        x = PyLong_AsLongLong(v); /* raises the usual OverflowError */
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_OverflowError, "An int does not fit in int64.");
+        }
+        return -1;
+    }
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int
+x_read_ull(PyObject *v, unsigned long long *out)
+{
+    /* a uint64 id; PyLong_AsUnsignedLongLong (slow in some versions) only past int64 */
+    PyObject *i = PyLong_CheckExact(v) ? Py_NewRef(v) : PyNumber_Index(v);
+    if (i == NULL) {
+        return -1;
+    }
+    int overflow = 0, rc = 0;
+    long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
+    if (!overflow && x >= 0) {
+        *out = (unsigned long long)x;
+    }
+    else if (x == -1 && PyErr_Occurred()) {
+        rc = -1;
+    }
+    else { /* negative (raises) or past int64 */
+        *out = PyLong_AsUnsignedLongLong(i);
+        rc = (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
+    }
+    Py_DECREF(i);
+    return rc;
+}
+
+static PyObject *
+x_text(PyObject *cache, PyObject *key, PyObject *make, const char **s, Py_ssize_t *n)
+{
+    /* cache[key], made by make(key) and stored when missing: a new reference to a str,
+     * and its UTF-8. key is held by the caller (its row). */
+    PyObject *text = PyDict_GetItemWithError(cache, key);
+    if (text != NULL) {
+        Py_INCREF(text);
+    }
+    else {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        text = PyObject_CallOneArg(make, key);
+        if (text == NULL) {
+            return NULL;
+        }
+        if (PyDict_SetItem(cache, key, text) < 0) {
+            Py_DECREF(text);
+            return NULL;
+        }
+    }
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "Expected a str from the encoder, but received %.100s.",
+                     Py_TYPE(text)->tp_name);
+        Py_DECREF(text);
+        return NULL;
+    }
+    *s = PyUnicode_AsUTF8AndSize(text, n);
+    if (*s == NULL) {
+        Py_DECREF(text);
+        return NULL;
+    }
+    return text;
+}
+
+static int
+x_wrap_attrs(Buf *arena, Py_ssize_t at)
+{
+    /* the attributes written from at as ',"attrs":,"k":v...': the first comma of the
+     * list becomes the object's '{'; without any, ',"attrs":' is taken back */
+    if (arena->len == at + 9) {
+        arena->len = at;
+        return 0;
+    }
+    arena->data[at + 9] = '{';
+    return buf_add(arena, "}", 1);
+}
+
+/* encode_x_events(rows, prefixes, statuses, attrs, heads, strings, head_of,
+ *                 encode_value, origin_ns, quote, prefix_of, first, part_rows)
+ *   -> list[bytes] | None
  *
- * The X events of a batch, written into one bytes object: each
- * event preceded by ",\n" ("\n" for the first when first is true). attrs is
- * the list of attribute strings, or None to encode the rows' attribute dicts
- * here (with the caches of encode_attrs); then None is returned when a row
- * needs the Python attribute encoder.
+ * The X events of a batch, ordered by (start, longest first; the batch's order
+ * among equals), in parts of at most part_rows events: each event preceded by
+ * ",\n" ("\n" for the first of the first part when first is true). prefixes maps
+ * a name to its event's start (made by prefix_of(name) when missing), statuses a
+ * status to its JSON literal (made by quote). attrs is the list of each row's
+ * attribute strings (',"key":value...'), or None to encode the rows' attribute
+ * dicts here with the caches of encode_attrs; then None is returned when a row
+ * needs the Python attribute encoder. A dict that several rows share is encoded
+ * once per call: a snapshot, as the Python encoder reads every value before it
+ * encodes any. What _encode_columns' Python path writes, byte for byte.
  */
 static PyObject *
-encode_x_batch(PyObject *module, PyObject *args)
+encode_x_events(PyObject *module, PyObject *args)
 {
     PyObject *rows, *prefixes, *statuses, *attrs, *heads, *strings, *head_of, *encode_value;
-    PyObject *quote, *seq = NULL, *texts = NULL, *out = NULL;
-    PyObject *row = NULL, *prefix = NULL, *status = NULL, *text = NULL;
+    PyObject *quote, *prefix_of, *seq = NULL, *texts = NULL, *out = NULL, *row = NULL;
+    PyObject *last_attrs = NULL, *last_status_key = NULL, *last_status = NULL;
+    PyObject *last_parent = NULL, *last_tid = NULL;
+    const char *last_status_s = NULL;
+    Py_ssize_t last_status_n = 0, last_at = 0, last_n = 0, part_rows, n = 0, read = 0;
     long long origin;
     int first;
-    Buf b = {NULL, 0, 0};
+    XRow *xs = NULL;
+    XKey *keys = NULL;
+    Buf arena = {NULL, 0, 0};
     KeyOrder order = {-1, 0, NULL, NULL, NULL};
-    if (!PyArg_ParseTuple(args, "OO!O!OO!O!OOLOp:encode_x_batch", &rows, &PyDict_Type, &prefixes,
-                          &PyDict_Type, &statuses, &attrs, &PyDict_Type, &heads, &PyDict_Type,
-                          &strings, &head_of, &encode_value, &origin, &quote, &first)) {
+    Py_ssize_t *bounds = NULL; /* per part: the most bytes it can take, then its length */
+    char **starts = NULL;
+    XName names[X_NAME_SLOTS];
+    memset(names, 0, sizeof(names));
+    if (!PyArg_ParseTuple(args, "OO!O!OO!O!OOLOOpn:encode_x_events", &rows, &PyDict_Type,
+                          &prefixes, &PyDict_Type, &statuses, &attrs, &PyDict_Type, &heads,
+                          &PyDict_Type, &strings, &head_of, &encode_value, &origin, &quote,
+                          &prefix_of, &first, &part_rows)) {
+        return NULL;
+    }
+    if (part_rows < 1) {
+        PyErr_Format(PyExc_ValueError, "Expected a positive part_rows, but received %zd.",
+                     part_rows);
         return NULL;
     }
     seq = copy_list(rows, "span rows");
     if (seq == NULL) {
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(seq);
+    n = PyList_GET_SIZE(seq);
     if (attrs != Py_None) {
         if (!PyList_Check(attrs) || PyList_GET_SIZE(attrs) != n) {
             PyErr_Format(PyExc_ValueError, "Expected None or one attribute string per row (%zd).",
                          n);
-            goto fail;
+            goto done;
         }
         texts = copy_list(attrs, "attribute strings");
         if (texts == NULL) {
-            goto fail;
+            goto done;
         }
     }
-    if (n > (PY_SSIZE_T_MAX - 16) / 320 || buf_reserve(&b, n * 320 + 16) < 0) {
+    if ((size_t)n > PY_SSIZE_T_MAX / sizeof(XRow)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    xs = PyMem_Malloc(((size_t)n + 1) * sizeof(XRow));
+    keys = PyMem_Malloc(((size_t)n + 1) * sizeof(XKey));
+    if (xs == NULL || keys == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* phase 1, the GIL held: every Python value read, each row held while it is read */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        XRow *x = &xs[i];
+        PyObject *name, *st, *d, *error;
+        XName *slot;
+        row = Py_NewRef(PyList_GET_ITEM(seq, i));
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
+            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+            goto done;
+        }
+        x->status = NULL;
+        x->attrs_n = x->error_n = 0;
+        name = PyTuple_GET_ITEM(row, 0);
+        slot = &names[((uintptr_t)name >> 4) % X_NAME_SLOTS];
+        if (slot->name == name) {
+            x->prefix = Py_NewRef(slot->prefix);
+            x->prefix_s = slot->s;
+            x->prefix_n = slot->n;
+        }
+        else {
+            x->prefix = x_text(prefixes, name, prefix_of, &x->prefix_s, &x->prefix_n);
+        }
+        read = i + 1; /* xs[0..read) own their texts (the NULL ones are skipped) */
+        if (x->prefix == NULL) {
+            goto done;
+        }
+        if (slot->name != name && PyUnicode_CheckExact(name)) { /* an exact str: kept */
+            Py_XSETREF(slot->name, Py_NewRef(name));
+            Py_XSETREF(slot->prefix, Py_NewRef(x->prefix));
+            slot->s = x->prefix_s;
+            slot->n = x->prefix_n;
+        }
+        st = PyTuple_GET_ITEM(row, 8);
+        if (st != last_status_key) {
+            PyObject *text = x_text(statuses, st, quote, &last_status_s, &last_status_n);
+            if (text == NULL) {
+                goto done;
+            }
+            Py_XSETREF(last_status, text);
+            Py_XSETREF(last_status_key, Py_NewRef(st)); /* owned: its address stays its own */
+        }
+        x->status = Py_NewRef(last_status);
+        x->status_s = last_status_s;
+        x->status_n = last_status_n;
+        /* a parent id or thread id that is the row before's object (rows of one step
+         * share them) is not read again; those objects are owned while compared */
+        PyObject *parent = PyTuple_GET_ITEM(row, 2), *tid = PyTuple_GET_ITEM(row, 6);
+        if (x_read_ull(PyTuple_GET_ITEM(row, 1), &x->span_id) < 0 ||
+            (parent == last_parent ? (x->parent_id = xs[i - 1].parent_id, 0)
+                                   : x_read_ull(parent, &x->parent_id)) < 0 ||
+            x_read_ll(PyTuple_GET_ITEM(row, 4), &x->start) < 0 ||
+            x_read_ll(PyTuple_GET_ITEM(row, 5), &x->end) < 0 ||
+            (tid == last_tid ? (x->tid = xs[i - 1].tid, 0) : x_read_ll(tid, &x->tid)) < 0) {
+            goto done;
+        }
+        if (parent != last_parent) { /* kept when an exact int: read alike each time */
+            Py_XSETREF(last_parent, PyLong_CheckExact(parent) ? Py_NewRef(parent) : NULL);
+        }
+        if (tid != last_tid) {
+            Py_XSETREF(last_tid, PyLong_CheckExact(tid) ? Py_NewRef(tid) : NULL);
+        }
+        d = PyTuple_GET_ITEM(row, 7);
+        if (texts != NULL) {
+            PyObject *text = Py_NewRef(PyList_GET_ITEM(texts, i));
+            Py_ssize_t at = arena.len;
+            int rc = buf_add(&arena, ",\"attrs\":", 9) < 0 || buf_add_str(&arena, text) < 0 ||
+                     x_wrap_attrs(&arena, at) < 0;
+            Py_DECREF(text);
+            if (rc) {
+                goto done;
+            }
+            x->attrs_at = at;
+            x->attrs_n = arena.len - at;
+        }
+        else if (d == last_attrs) { /* shared with the row before: encoded once */
+            x->attrs_at = last_at;
+            x->attrs_n = last_n;
+        }
+        else {
+            Py_ssize_t at = arena.len;
+            Py_INCREF(d); /* held by the row too; owned as last_attrs below */
+            Py_XSETREF(last_attrs, d);
+            if (buf_add(&arena, ",\"attrs\":", 9) < 0) {
+                goto done;
+            }
+            int rc = add_attrs(&arena, d, &order, heads, strings, head_of, encode_value);
+            if (rc < 0) {
+                goto done;
+            }
+            if (rc > 0) {
+                out = Py_NewRef(Py_None); /* not a failure: the attributes go the Python way */
+                goto done;
+            }
+            if (x_wrap_attrs(&arena, at) < 0) {
+                goto done;
+            }
+            x->attrs_at = last_at = at;
+            x->attrs_n = last_n = arena.len - at;
+        }
+        error = PyTuple_GET_ITEM(row, 9);
+        if (PyUnicode_Check(error) && PyUnicode_GET_LENGTH(error) > 0) {
+            PyObject *quoted = PyObject_CallOneArg(quote, error);
+            Py_ssize_t at = arena.len;
+            if (quoted == NULL) {
+                goto done;
+            }
+            int rc = buf_add(&arena, ",\"args\":{\"error\":", 17) < 0 ||
+                     buf_add_str(&arena, quoted) < 0 || buf_add(&arena, "}", 1) < 0;
+            Py_DECREF(quoted);
+            if (rc) {
+                goto done;
+            }
+            x->error_at = at;
+            x->error_n = arena.len - at;
+        }
+        keys[i].start = x->start;
+        keys[i].end = x->end;
+        keys[i].i = i;
+        Py_CLEAR(row);
+    }
+    x_sort(keys, n);
+    /* the parts, each made at its largest size (the texts' lengths are known) */
+    Py_ssize_t parts = n == 0 ? 0 : (n - 1) / part_rows + 1;
+    out = PyList_New(parts);
+    bounds = PyMem_Calloc((size_t)parts + 1, sizeof(Py_ssize_t));
+    starts = PyMem_Calloc((size_t)parts + 1, sizeof(char *));
+    if (out == NULL || bounds == NULL || starts == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_NoMemory();
         }
         goto fail;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *error;
-        long long start, end, tid;
-        unsigned long long span_id, parent_id;
-        row = Py_NewRef(PyList_GET_ITEM(seq, i)); /* a tuple: its fields live with it */
-        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10) {
-            PyErr_SetString(PyExc_TypeError, "Expected span rows (tuples of 10 fields).");
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const XRow *x = &xs[keys[k].i];
+        Py_ssize_t *b = &bounds[k / part_rows];
+        Py_ssize_t size = X_FIXED + x->prefix_n + x->status_n + x->attrs_n + x->error_n;
+        if (size < 0 || *b > PY_SSIZE_T_MAX - size) {
+            PyErr_NoMemory();
             goto fail;
         }
-        prefix = lookup_strong(prefixes, PyTuple_GET_ITEM(row, 0), "A span name has no prefix.");
-        if (prefix == NULL) {
-            goto fail;
-        }
-        status = lookup_strong(statuses, PyTuple_GET_ITEM(row, 8),
-                               "A span status has no encoding.");
-        if (status == NULL) {
-            goto fail;
-        }
-        if (item_ull(row, 1, &span_id) < 0 || item_ull(row, 2, &parent_id) < 0 ||
-            item_ll(row, 4, &start) < 0 || item_ll(row, 5, &end) < 0 ||
-            item_ll(row, 6, &tid) < 0) {
-            goto fail;
-        }
-        const char *sep = (i == 0 && first) ? "\n" : ",\n";
-        if (buf_add(&b, sep, (Py_ssize_t)strlen(sep)) < 0 || buf_add_str(&b, prefix) < 0 ||
-            buf_add_ll(&b, tid) < 0 || buf_add(&b, ",\"ts\":", 6) < 0 ||
-            buf_add_diff_us(&b, start, origin) < 0 || buf_add(&b, ",\"dur\":", 7) < 0 ||
-            buf_add_diff_us(&b, end > start ? end : start, start) < 0 ||
-            buf_add(&b, ",\"span_id\":\"", 12) < 0 || buf_add_hex16(&b, span_id) < 0 ||
-            buf_add(&b, "\",\"parent_id\":\"", 15) < 0 || buf_add_hex16(&b, parent_id) < 0 ||
-            buf_add(&b, "\",\"status\":", 11) < 0 || buf_add_str(&b, status) < 0 ||
-            buf_add(&b, ",\"attrs\":", 9) < 0) {
-            goto fail;
-        }
-        /* the attributes are written as ',"key":value...'; the first comma becomes the
-         * object's '{', and without any attribute ',"attrs":' is taken back */
-        Py_ssize_t attrs_at = b.len;
-        if (texts == NULL) {
-            PyObject *d = Py_NewRef(PyTuple_GET_ITEM(row, 7));
-            int rc = add_attrs(&b, d, &order, heads, strings, head_of, encode_value);
-            Py_DECREF(d);
-            if (rc < 0) {
-                goto fail;
-            }
-            if (rc > 0) {
-                out = Py_NewRef(Py_None);
-                goto fail; /* not a failure: the caller encodes the attributes in Python */
-            }
-        }
-        else {
-            text = Py_NewRef(PyList_GET_ITEM(texts, i));
-            if (buf_add_str(&b, text) < 0) {
-                goto fail;
-            }
-            Py_CLEAR(text);
-        }
-        if (b.len == attrs_at) {
-            b.len -= 9;
-        }
-        else {
-            b.data[attrs_at] = '{';
-            if (buf_add(&b, "}", 1) < 0) {
-                goto fail;
-            }
-        }
-        error = PyTuple_GET_ITEM(row, 9);
-        if (PyUnicode_Check(error) && PyUnicode_GET_LENGTH(error) > 0) {
-            PyObject *quoted = PyObject_CallOneArg(quote, error);
-            if (quoted == NULL) {
-                goto fail;
-            }
-            int rc = buf_add(&b, ",\"args\":{\"error\":", 17) < 0 ||
-                     buf_add_str(&b, quoted) < 0 || buf_add(&b, "}", 1) < 0;
-            Py_DECREF(quoted);
-            if (rc) {
-                goto fail;
-            }
-        }
-        if (buf_add(&b, "}", 1) < 0) {
-            goto fail;
-        }
-        Py_CLEAR(prefix);
-        Py_CLEAR(status);
-        Py_CLEAR(row);
+        *b += size;
     }
-    out = PyBytes_FromStringAndSize(b.data, b.len);
+    for (Py_ssize_t j = 0; j < parts; j++) {
+        PyObject *part = PyBytes_FromStringAndSize(NULL, bounds[j]);
+        if (part == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(out, j, part);
+        starts[j] = PyBytes_AS_STRING(part);
+    }
+    /* phase 2: formatting touches no Python object, so a large batch lets go of the GIL */
+    {
+        PyThreadState *saved = n >= X_RELEASE_ROWS ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t j = 0; j < parts; j++) {
+            Py_ssize_t lo = j * part_rows, hi = lo + part_rows < n ? lo + part_rows : n;
+            bounds[j] = x_format(starts[j], xs, keys, lo, hi, arena.data, origin, first) -
+                        starts[j];
+        }
+        if (saved != NULL) {
+            PyEval_RestoreThread(saved);
+        }
+    }
+    for (Py_ssize_t j = 0; j < parts; j++) {
+        PyObject *part = PyList_GET_ITEM(out, j);
+        PyList_SET_ITEM(out, j, NULL);
+        if (_PyBytes_Resize(&part, bounds[j]) < 0) { /* frees part on failure */
+            goto fail;
+        }
+        PyList_SET_ITEM(out, j, part);
+    }
+    goto done;
 fail:
-    PyMem_Free(b.data);
+    Py_CLEAR(out);
+done:
+    for (Py_ssize_t i = 0; i < read; i++) {
+        Py_XDECREF(xs[i].prefix);
+        Py_XDECREF(xs[i].status);
+    }
+    for (int j = 0; j < X_NAME_SLOTS; j++) {
+        Py_XDECREF(names[j].name);
+        Py_XDECREF(names[j].prefix);
+    }
+    PyMem_Free(xs);
+    PyMem_Free(keys);
+    PyMem_Free(bounds);
+    PyMem_Free(starts);
+    PyMem_Free(arena.data);
     key_order_free(&order);
-    Py_XDECREF(text);
-    Py_XDECREF(prefix);
-    Py_XDECREF(status);
     Py_XDECREF(row);
+    Py_XDECREF(last_attrs);
+    Py_XDECREF(last_status);
+    Py_XDECREF(last_status_key);
+    Py_XDECREF(last_parent);
+    Py_XDECREF(last_tid);
     Py_XDECREF(texts);
     Py_XDECREF(seq);
     return out;
+}
+
+/* distinct_ints(rows, index) -> list[int] | None
+ *
+ * The distinct values of field index of the rows (tuples), in the order they first
+ * occur: list(dict.fromkeys(row[index] for row in rows)). None when a row is not a
+ * tuple that long or a value is not an exact int: the caller's Python code does those.
+ * No call in the loop runs Python code (exact ints hash and compare in C), so the
+ * list is read in place, its length checked at each step.
+ */
+static PyObject *
+distinct_ints(PyObject *module, PyObject *args)
+{
+    PyObject *rows, *seen, *out, *last = NULL;
+    Py_ssize_t index;
+    long long last_value = 0;
+    int last_fits = 0; /* last_value holds the value of last */
+    if (!PyArg_ParseTuple(args, "O!n:distinct_ints", &PyList_Type, &rows, &index)) {
+        return NULL;
+    }
+    if (index < 0) {
+        Py_RETURN_NONE;
+    }
+    seen = PyDict_New();
+    out = PyList_New(0);
+    if (seen == NULL || out == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i), *v;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) <= index) {
+            goto decline;
+        }
+        v = PyTuple_GET_ITEM(row, index);
+        if (v == last) {
+            continue; /* the same object as the row before (held by its row meanwhile) */
+        }
+        if (!PyLong_CheckExact(v)) {
+            goto decline;
+        }
+        int overflow = 0;
+        long long value = PyLong_AsLongLongAndOverflow(v, &overflow); /* exact: no code */
+        if (value == -1 && PyErr_Occurred()) {
+            goto fail;
+        }
+        if (last_fits && !overflow && value == last_value) {
+            last = v;
+            continue; /* equal to the row before's */
+        }
+        last_value = value;
+        last_fits = !overflow;
+        int known = PyDict_Contains(seen, v);
+        if (known < 0 || (!known && (PyDict_SetItem(seen, v, Py_None) < 0 ||
+                                     PyList_Append(out, v) < 0))) {
+            goto fail;
+        }
+        last = v;
+    }
+    Py_DECREF(seen);
+    return out;
+decline:
+    Py_DECREF(seen);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(seen);
+    Py_XDECREF(out);
+    return NULL;
 }
 
 
@@ -3967,8 +4456,10 @@ static PyMethodDef module_methods[] = {
      "Distinct raw attribute objects taken apart by key: each key's distinct raw values."},
     {"encode_attrs", encode_attrs, METH_VARARGS,
      "Each row's attributes as ',\"key\":value...' (sorted keys, None skipped)."},
-    {"encode_x_batch", encode_x_batch, METH_VARARGS,
-     "Assemble a batch of Chrome X events into one bytes object."},
+    {"encode_x_events", encode_x_events, METH_VARARGS,
+     "A batch of Chrome X events, ordered, in parts of bytes (formatted without the GIL)."},
+    {"distinct_ints", distinct_ints, METH_VARARGS,
+     "The distinct ints of one field of the rows, in the order they first occur."},
     {"one_thread", one_thread, METH_O,
      "The thread id of a batch of one thread's rows in the detail filter's order, or None."},
     {"fold_lane", fold_lane, METH_VARARGS,
@@ -3982,6 +4473,7 @@ static int
 speedups_exec(PyObject *m)
 {
     scan_tables_init();
+    hex_pairs_init();
     PyInterpreterState *interp = PyInterpreterState_Get();
     if (owner_interp != NULL && owner_interp != interp) {
         PyErr_SetString(PyExc_ImportError,

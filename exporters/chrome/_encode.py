@@ -1,9 +1,12 @@
 """Encoding spans as Chrome trace JSON: values, events, and the file's open/dump helpers.
 
 The pure-Python twin of the C helpers in ``exporters/_speedups.c``
-(``encode_attrs``, ``encode_x_batch``): both give byte-identical output for
-every input (tests/exporters/test_encoder_fuzz.py compares them on generated
-batches). Two rules hold on both paths:
+(``encode_attrs``, ``encode_x_events``, ``distinct_ints``): both give
+byte-identical output for every input (tests/exporters/test_encoder_fuzz.py
+compares them on generated batches). The C path reads every row's values with
+the GIL held and formats the events of a large batch with it released, so a
+writer thread takes little GIL time from the training thread. Two rules hold on
+both paths:
 
 - A value that cannot be encoded (a ``__repr__`` or ``__str__`` that raises,
   an int with more digits than ``str()`` allows) is written as the string
@@ -15,6 +18,7 @@ batches). Two rules hold on both paths:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -332,13 +336,23 @@ def _encode_columns(
     # the C encoder takes origin as an int64; an origin below that (floored to the
     # second from a start near -2**63) goes the exact Python way
     fast = _speedups if _INT64_MIN <= origin <= _INT64_MAX else None
-    if fast is not None:
-        cols = fast.span_columns(rows)
-        start = np.frombuffer(cols[7], dtype=np.int64)
-        end = np.frombuffer(cols[8], dtype=np.int64)
-    else:
-        start = np.fromiter(map(_get_start, rows), dtype=np.int64, count=n)
-        end = np.fromiter(map(_get_end, rows), dtype=np.int64, count=n)
+    prefixes = exporter._prefixes.get(pid)
+    if prefixes is None:
+        prefixes = exporter._prefixes[pid] = {}
+    strs = exporter._strs
+    if fast is not None:  # the same events, ordered and assembled in C
+        prefix_of = functools.partial(exporter._prefix, pid)
+        caches = (exporter._heads, exporter._strings, _head_of, _encode_value, origin, _quote)
+        tail = (prefix_of, first, _PART_ROWS)
+        parts = fast.encode_x_events(rows, prefixes, strs, None, *caches, *tail)
+        if parts is None:  # attributes that need the Python encoder, as for the batch
+            every = _attribute_strings(exporter, list(map(_get_attrs, rows)))
+            parts = fast.encode_x_events(rows, prefixes, strs, every, *caches, *tail)
+        for lo, data in zip(range(0, n, _PART_ROWS), parts, strict=True):
+            yield data, min(_PART_ROWS, n - lo)
+        return
+    start = np.fromiter(map(_get_start, rows), dtype=np.int64, count=n)
+    end = np.fromiter(map(_get_end, rows), dtype=np.int64, count=n)
     if n > 1:
         # compared, not subtracted: no overflow for any int64 times
         earlier = start[1:] < start[:-1]
@@ -348,29 +362,6 @@ def _encode_columns(
             rows = [rows[i] for i in order.tolist()]
             start = start[order]
             end = end[order]
-    prefixes = exporter._prefixes.get(pid)
-    if prefixes is None:
-        prefixes = exporter._prefixes[pid] = {}
-    strs = exporter._strs
-    if fast is not None:  # the same events, assembled in C
-        # the distinct names and statuses: uniques of the encoded columns
-        names, statuses = _distinct(cols[0]), _distinct(cols[2])
-        _add_prefixes(exporter, prefixes, pid, names, strs, statuses)
-        caches = (exporter._heads, exporter._strings, _head_of, _encode_value, origin, _quote)
-        every: list[str] | None = None  # the whole batch's attribute strings, once needed
-        for lo in range(0, n, _PART_ROWS):
-            part = rows[lo : lo + _PART_ROWS]
-            head = first and lo == 0
-            encoded = None
-            if every is None:
-                encoded = fast.encode_x_batch(part, prefixes, strs, None, *caches, head)
-            if encoded is None:  # attributes that need the Python encoder, as for the batch
-                if every is None:
-                    every = _attribute_strings(exporter, list(map(_get_attrs, rows)))
-                some = every[lo : lo + _PART_ROWS]
-                encoded = fast.encode_x_batch(part, prefixes, strs, some, *caches, head)
-            yield encoded, len(part)
-        return
     names = list(map(_get_name, rows))
     statuses = list(map(_get_status, rows))
     _add_prefixes(exporter, prefixes, pid, set(names), strs, set(statuses))
@@ -405,13 +396,13 @@ def _encode_columns(
         yield (sep + ",\n".join(some)).encode("ascii"), len(some)
 
 
-def _distinct(column: Any) -> list[Any]:
-    """The distinct values of a column from ``span_columns``: encoded or a list."""
-    if type(column) is not tuple:
-        return list(set(column))
-    codes, uniques = column
-    missing = bool((np.frombuffer(codes, dtype=np.int32) < 0).any())
-    return [*uniques, None] if missing else list(uniques)
+def distinct_tids(rows: Sequence[SpanRow]) -> list[Any]:
+    """The rows' distinct thread ids, in the order they first occur."""
+    if _speedups is not None and type(rows) is list:
+        tids = _speedups.distinct_ints(rows, 6)  # None: a tid that is not an exact int
+        if tids is not None:
+            return cast(list[Any], tids)
+    return list(dict.fromkeys(map(_get_tid, rows)))
 
 
 def _add_prefixes(

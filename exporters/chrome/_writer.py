@@ -23,10 +23,10 @@ from ._encode import (
     _NS_PER_S,
     _dumps,
     _encode_columns,
-    _get_tid,
     _json_safe,
     _open_binary,
     _us,
+    distinct_tids,
     owner_of,
 )
 from ._split import _NAMING, MIN_PART_BYTES, _check_part_bytes, part_path
@@ -450,7 +450,7 @@ class ChromeTraceExporter(SpanExporter):
                 self._naming["process_sort_index", pid, 0] = event
         named = self._thread_names
         names = batch.thread_names
-        for tid in dict.fromkeys(map(_get_tid, rows)):
+        for tid in distinct_tids(rows):
             key = (pid, tid)
             real = names.get(tid)
             if key in named and (named[key] is not None or real is None):

@@ -159,7 +159,7 @@ def test_profile_export_names_the_exporter_functions() -> None:
     assert found["spans"] == 10_000 and found["total_ns_per_span"] > 0
     assert len(found["functions"]) == 4
     # the exporters' own functions, or their C helpers (shown as built-ins)
-    helpers = {"encode_x_batch", "span_columns", "encode_attrs"}
+    helpers = {"encode_x_events", "span_columns", "encode_attrs"}
     assert any(
         f["file"].startswith("exporters/") or f["function"] in helpers for f in found["functions"]
     ), found

@@ -3,7 +3,14 @@
 Batches mix every kind of value an attribute can hold: extreme int64 times, -0.0,
 NaN, ints beyond int64 and beyond str()'s digit limit, str subclasses (one with a
 raising __hash__), tuples, objects whose repr or str raises, keys that are not
-strings. The events and frames that each path builds must be equal.
+strings; rows in any order, attribute dicts shared by several rows (as the Trainer
+shares one per step), errors, batches cut into several parts. The events and frames
+that each path builds must be equal.
+
+Values of str, int and float subclasses are drawn as :class:`Make` markers and built
+in the test (:func:`_realize`): hypothesis may splice a value it drew into another
+draw of a str, int or float, and a subclass there breaks it (a KeyError on the
+subclass inside hypothesis, whenever the source's constants change its draws).
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import enum
 import json
 import math
+import random
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -66,6 +75,34 @@ class Color(enum.IntEnum):
     RED = 1
 
 
+@dataclass(frozen=True)
+class Make:
+    """A value of a str, int or float subclass, built only in the test (module doc)."""
+
+    kind: type
+    arg: Any
+
+    def build(self) -> Any:
+        return self.kind(self.arg)
+
+
+def _real(value: Any) -> Any:
+    return value.build() if isinstance(value, Make) else value
+
+
+def _realize(rows: list[SpanRow]) -> list[SpanRow]:
+    """The rows with every :class:`Make` in their attributes built; rows that shared one
+    attribute mapping still share one."""
+    built: dict[int, Any] = {}
+    out = []
+    for r in rows:
+        attrs = r.attributes
+        if id(attrs) not in built:
+            built[id(attrs)] = type(attrs)({_real(k): _real(v) for k, v in attrs.items()})
+        out.append(r._replace(attributes=built[id(attrs)]))
+    return out
+
+
 class _Encoder:
     """What _encode_columns needs of a ChromeTraceExporter, without a file."""
 
@@ -90,11 +127,11 @@ PLAIN = st.one_of(
     st.sampled_from(["a", "b", "é", "\ud800", 'q"\\']),
 )
 ODD = st.one_of(
-    st.builds(Sub, st.text(max_size=4)),
-    st.builds(NoHash, st.text(max_size=4)),
-    st.builds(BadRepr, st.floats(allow_nan=False)),
+    st.builds(Make, st.just(Sub), st.text(max_size=4)),
+    st.builds(Make, st.just(NoHash), st.text(max_size=4)),
+    st.builds(Make, st.just(BadRepr), st.floats(allow_nan=False)),
     st.builds(NoStr),
-    st.just(Color.RED),
+    st.just(Make(Color, 1)),
     st.just(10**5000),
     st.tuples(PLAIN, PLAIN),
     st.lists(PLAIN, max_size=3),
@@ -103,7 +140,9 @@ KEYS = st.one_of(
     st.sampled_from(["a", "b", "c", "status", "span_id", "ppetrace.step", "é"]),
     st.text(max_size=4),
 )
-ODD_KEYS = st.one_of(KEYS, st.integers(0, 3), st.builds(Sub, st.sampled_from(["a", "z"])))
+ODD_KEYS = st.one_of(
+    KEYS, st.integers(0, 3), st.builds(Make, st.just(Sub), st.sampled_from(["a", "z"]))
+)
 # the frame's standard columns (ppetrace.step ...) take whole numbers only: not fuzzed here
 FRAME_KEYS = st.one_of(st.sampled_from(["a", "b", "c", "status", "é"]), st.text(max_size=4))
 
@@ -128,23 +167,35 @@ def _rows(values: Any, keys: Any) -> Any:
         st.sampled_from(["", "E: x\ny", "é"]),
     )
     shared = st.dictionaries(keys, values, max_size=4)
-    # rows that share one key order (the C encoder's cached path) and rows that do not
+    # rows that share one key order (the C encoder's cached path), rows that do not, and
+    # rows that share their attribute objects themselves, in runs and interleaved
     return st.one_of(
         st.lists(row, min_size=1, max_size=25),
         st.tuples(shared, st.lists(row, min_size=1, max_size=25)).map(
             lambda t: [r._replace(attributes=dict(t[0])) for r in t[1]]
         ),
+        st.tuples(
+            st.lists(_attrs(values, keys), min_size=1, max_size=3),
+            st.lists(st.tuples(row, st.integers(0, 2)), min_size=1, max_size=25),
+        ).map(lambda t: [r._replace(attributes=t[0][i % len(t[0])]) for r, i in t[1]]),
     )
 
 
-def _encode_both(rows: list[SpanRow], origin: int) -> tuple[bytes, bytes]:
-    fast = b"".join(d for d, _ in _encode._encode_columns(_Encoder(), rows, 1, origin, True))  # type: ignore[arg-type]
+def _parts(
+    rows: list[SpanRow], origin: int, *, pure: bool, first: bool = True
+) -> list[tuple[bytes, int]]:
     saved = _encode._speedups
-    _encode._speedups = None
+    if pure:
+        _encode._speedups = None
     try:
-        slow = b"".join(d for d, _ in _encode._encode_columns(_Encoder(), rows, 1, origin, True))  # type: ignore[arg-type]
+        return list(_encode._encode_columns(_Encoder(), rows, 1, origin, first))  # type: ignore[arg-type]
     finally:
         _encode._speedups = saved
+
+
+def _encode_both(rows: list[SpanRow], origin: int) -> tuple[bytes, bytes]:
+    fast = b"".join(d for d, _ in _parts(rows, origin, pure=False))
+    slow = b"".join(d for d, _ in _parts(rows, origin, pure=True))
     return fast, slow
 
 
@@ -153,10 +204,91 @@ def _encode_both(rows: list[SpanRow], origin: int) -> tuple[bytes, bytes]:
 def test_c_and_python_chrome_events_agree_on_generated_batches(
     rows: list[SpanRow], origin: int
 ) -> None:
+    rows = _realize(rows)
     fast, slow = _encode_both(rows, origin)
     assert fast == slow
     events = json.loads("[" + fast.decode("ascii") + "]")  # valid JSON, ASCII only
     assert len(events) == len(rows)
+
+
+@settings(SETTINGS, max_examples=50)
+@given(rows=_rows(PLAIN, KEYS), part_rows=st.integers(1, 6), first=st.booleans(), origin=INT64)
+def test_c_and_python_cut_a_batch_into_the_same_parts(
+    rows: list[SpanRow], part_rows: int, first: bool, origin: int
+) -> None:
+    saved = _encode._PART_ROWS
+    _encode._PART_ROWS = part_rows
+    try:
+        fast = _parts(rows, origin, pure=False, first=first)
+        slow = _parts(rows, origin, pure=True, first=first)
+    finally:
+        _encode._PART_ROWS = saved
+    assert fast == slow
+    n = len(rows)
+    assert [c for _, c in fast] == [min(part_rows, n - lo) for lo in range(0, n, part_rows)]
+    assert fast[0][0].startswith(b"\n{" if first else b",\n{")
+    assert all(data.startswith(b",\n{") for data, _ in fast[1:])
+
+
+def _steps(steps: int, *, ties: bool) -> list[SpanRow]:
+    """Rows as the Trainer hands them over: each step's children, then its own row (it
+    ends last), all sharing the step's attributes; with ties, children that start at
+    the same ns (and two with the same start and end), and every 7th step an error."""
+    rows = []
+    base = 1_800_000_000_000_000_000
+    for k in range(steps):
+        attrs = FrozenAttributes({"ppetrace.step": k, "ppetrace.stage": "train", "f": k / 4})
+        start = base + k * 10_000
+        for j in range(4):
+            at = start + (100 * (j // 2) if ties else 100 * j)
+            end = at + (50 if ties and j >= 2 else 50 + j)
+            rows.append(SpanRow(f"module.k{j}", 4 * k + j + 1, 1 << 60, 7, at, end, 9, attrs))
+        error = "" if k % 7 else f"RuntimeError: step {k}\n"
+        status = "ERROR" if error else "UNSET"
+        rows.append(
+            SpanRow("trainer.step", 1 << 60, 0, 7, start, start + 900, 9, attrs, status, error)
+        )
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("order", "ties"), [("ended", False), ("ended", True), ("shuffled", True), ("reversed", True)]
+)
+def test_c_and_python_order_large_batches_alike(order: str, ties: bool) -> None:
+    """Batches large enough that C formats them without the GIL, in the order spans end
+    (each step's row late: the insertion sort), shuffled and reversed (its fallback);
+    rows of equal start and end keep the batch's order on both paths."""
+    rows = _steps(120, ties=ties)
+    if order == "shuffled":
+        random.Random(7).shuffle(rows)
+    elif order == "reversed":
+        rows.reverse()
+    fast, slow = _encode_both(rows, 1_800_000_000_000_000_000)
+    assert fast == slow
+    events = json.loads("[" + fast.decode("ascii") + "]")
+    assert len(events) == len(rows) == 600
+    keys = [(e["ts"], -e["dur"]) for e in events]
+    assert keys == sorted(keys)  # start, then longest first
+    assert sum(e.get("args", {}).get("error", "").startswith("RuntimeError") for e in events) == 18
+    assert events[0]["name"] == "trainer.step" and events[0]["attrs"]["ppetrace.step"] == 0
+
+
+@settings(SETTINGS, max_examples=50)
+@given(
+    tids=st.lists(
+        st.one_of(st.integers(-3, 3), st.integers(), st.booleans(), st.just(2**70), st.none()),
+        max_size=12,
+    )
+)
+def test_c_and_python_find_the_same_distinct_thread_ids(tids: list[Any]) -> None:
+    rows = [SpanRow("e", 1, 0, 7, 0, 1, t, {}) for t in tids]
+    expected = list(dict.fromkeys(tids))
+    found = _encode.distinct_tids(rows)
+    assert found == expected and list(map(type, found)) == list(map(type, expected))
+    in_c = SPEEDUPS.distinct_ints(rows, 6)
+    assert (in_c is None) == any(type(t) is not int for t in tids)
+    if in_c is not None:
+        assert in_c == expected
 
 
 @settings(SETTINGS, max_examples=50)
