@@ -601,8 +601,9 @@ typedef struct {
 
 #define X_NAME_SLOTS 32
 
-/* the most an event takes besides its texts: separator, tid, ts, dur, ids, keys, braces */
-#define X_FIXED 160
+/* an event's keys, ids and braces: ',"ts":' ',"dur":' ',"span_id":"' 16 hex
+ * '","parent_id":"' 16 hex '","status":' and the closing '}' */
+#define X_FIXED (6 + 7 + 12 + 16 + 15 + 16 + 11 + 1)
 #define X_RELEASE_ROWS 256 /* batches this large are formatted with the GIL released */
 
 static inline int
@@ -653,14 +654,39 @@ static const char digit_pairs[201] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
+static inline int
+digits_ull(unsigned long long v)
+{
+    int n = 1;
+    while (v >= 10000) {
+        v /= 10000;
+        n += 4;
+    }
+    return n + (v >= 10) + (v >= 100) + (v >= 1000);
+}
+
+/* The lengths of what put_ll and put_diff_us write: the exact size of each event is
+ * known before it is formatted, so each part is made at its size (no resize). */
+static inline Py_ssize_t
+len_ll(long long v)
+{
+    return v < 0 ? 1 + digits_ull((unsigned long long)(-(v + 1)) + 1ULL) : digits_ull(v);
+}
+
+static inline Py_ssize_t
+len_diff_us(long long hi, long long lo)
+{
+    int neg = hi < lo;
+    unsigned long long mag = neg ? (unsigned long long)lo - (unsigned long long)hi
+                                 : (unsigned long long)hi - (unsigned long long)lo;
+    return neg + digits_ull(mag / 1000ULL) + 4;
+}
+
 static inline char *
 put_ull(char *p, unsigned long long v)
 {
-    /* the digits written from the end, two at a time */
-    int n = 1;
-    for (unsigned long long x = v; x >= 10; x /= 10) {
-        n++;
-    }
+    /* digits_ull(v) digits, written from the end two at a time */
+    int n = digits_ull(v);
     char *t = p + n;
     while (v >= 100) {
         unsigned d = (unsigned)(v % 100);
@@ -1076,11 +1102,18 @@ encode_x_events(PyObject *module, PyObject *args)
         }
         goto fail;
     }
-    for (Py_ssize_t k = 0; k < n; k++) {
+    for (Py_ssize_t k = 0; k < n; k++) { /* each part's exact size */
         const XRow *x = &xs[keys[k].i];
         Py_ssize_t *b = &bounds[k / part_rows];
-        Py_ssize_t size = X_FIXED + x->prefix_n + x->status_n + x->attrs_n + x->error_n;
-        if (size < 0 || *b > PY_SSIZE_T_MAX - size) {
+        Py_ssize_t texts_n = x->prefix_n + x->status_n + x->attrs_n + x->error_n;
+        if (texts_n < 0 || texts_n > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        Py_ssize_t size = (k == 0 && first ? 1 : 2) + X_FIXED + texts_n + len_ll(x->tid) +
+                          len_diff_us(x->start, origin) +
+                          len_diff_us(x->end > x->start ? x->end : x->start, x->start);
+        if (*b > PY_SSIZE_T_MAX - size) {
             PyErr_NoMemory();
             goto fail;
         }
@@ -1096,23 +1129,20 @@ encode_x_events(PyObject *module, PyObject *args)
     }
     /* phase 2: formatting touches no Python object, so a large batch lets go of the GIL */
     {
+        int wrong = 0;
         PyThreadState *saved = n >= X_RELEASE_ROWS ? PyEval_SaveThread() : NULL;
         for (Py_ssize_t j = 0; j < parts; j++) {
             Py_ssize_t lo = j * part_rows, hi = lo + part_rows < n ? lo + part_rows : n;
-            bounds[j] = x_format(starts[j], xs, keys, lo, hi, arena.data, origin, first) -
-                        starts[j];
+            char *end = x_format(starts[j], xs, keys, lo, hi, arena.data, origin, first);
+            wrong |= end - starts[j] != bounds[j];
         }
         if (saved != NULL) {
             PyEval_RestoreThread(saved);
         }
-    }
-    for (Py_ssize_t j = 0; j < parts; j++) {
-        PyObject *part = PyList_GET_ITEM(out, j);
-        PyList_SET_ITEM(out, j, NULL);
-        if (_PyBytes_Resize(&part, bounds[j]) < 0) { /* frees part on failure */
+        if (wrong) { /* cannot happen: the sizes are what the put_ functions write */
+            PyErr_SetString(PyExc_SystemError, "encode_x_events: a part's size was wrong.");
             goto fail;
         }
-        PyList_SET_ITEM(out, j, part);
     }
     goto done;
 fail:

@@ -38,7 +38,7 @@ class _Appender:
         spans, self._spans = self._spans, 0
         return error, spans if error is not None else 0
 
-    def append(self, data: bytes, spans: int = 0) -> tuple[BaseException | None, int]:
+    def append(self, data: bytes | memoryview, spans: int = 0) -> tuple[BaseException | None, int]:
         """Write ``data`` (holding ``spans`` spans) and flush, on the thread when large;
         return the error of the write before, and its span count. An error of a direct
         write is raised."""
@@ -55,7 +55,7 @@ class _Appender:
             self.good += len(data)
         return before
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         try:
             self.file.write(data)
             self.file.flush()

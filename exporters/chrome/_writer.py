@@ -355,21 +355,26 @@ class ChromeTraceExporter(SpanExporter):
             if events:
                 text += ("\n" if self._first_event else ",\n") + ",\n".join(events)
                 self._first_event = False
-            data = text.encode("ascii")
+            head = text.encode("ascii")
+            body: bytes | memoryview = b""
             if encoded is not None and encoded[1]:
                 body = encoded[0]
-                if self._first_event and body.startswith(b","):  # the first event of a part
-                    body = body[1:]
-                data = data + body if data else body
+                if self._first_event and body[:1] == b",":  # the first event of a part
+                    body = memoryview(body)[1:]  # not copied
                 self._first_event = False
             error, lost = f.wait()
             if error is not None:  # the write before failed: this one is not made
                 self._report(error, lost)
                 self.spans_lost += spans
                 return
-            f.append(data, spans)  # raises if a direct write fails
-            self._part_bytes += len(data)
-            self._bytes += len(data)
+            # the header and the events written one after the other: a part of a few MB
+            # is not copied to join them
+            if head and body:
+                f.append(head)  # small: a direct write, which raises if it fails
+            f.append(body or head, spans)  # raises if a direct write fails
+            size = len(head) + len(body)
+            self._part_bytes += size
+            self._bytes += size
             self._events_written += len(events) + (encoded[1] if encoded is not None else 0)
         except Exception as exc:
             self._fail(exc, spans)
