@@ -657,12 +657,24 @@ static const char digit_pairs[201] =
 static inline int
 digits_ull(unsigned long long v)
 {
+    /* the decimal digits of v (1 for 0) */
+#if defined(__GNUC__)
+    static const unsigned long long pow10[20] = {
+        1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
+        100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL,
+        10000000000000ULL, 100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
+        100000000000000000ULL, 1000000000000000000ULL, 10000000000000000000ULL};
+    unsigned long long w = v | 1ULL; /* as many digits as v: a power of ten above 1 is even */
+    int t = ((64 - __builtin_clzll(w)) * 1233) >> 12; /* log10(2) ~ 1233 / 4096 */
+    return t + 1 - (w < pow10[t]);
+#else
     int n = 1;
     while (v >= 10000) {
         v /= 10000;
         n += 4;
     }
     return n + (v >= 10) + (v >= 100) + (v >= 1000);
+#endif
 }
 
 /* The lengths of what put_ll and put_diff_us write: the exact size of each event is
