@@ -20,6 +20,7 @@ from benchmarks import (  # noqa: E402
     bench_instrument,
     bench_memory,
     bench_trainer,
+    bench_writer,
     run,
 )
 
@@ -236,3 +237,22 @@ def test_instruction_counts_per_step_drop_what_a_run_costs_once(tmp_path: Path) 
     for i, total in enumerate((123, 456), start=1):  # callgrind's dumps, in dump order
         (tmp_path / f"cg.out.{i}").write_text(f"events: Ir\nfn=(1) f\n0 {total}\ntotals: {total}\n")
     assert bench_instructions.totals(tmp_path) == [123, 456]
+
+
+def test_writer_bench_shares_one_mapping_per_step_and_measures_both_costs(tmp_path: Path) -> None:
+    from exporters import SpanRow, read_chrome_trace
+
+    template = [
+        SpanRow("module.a", 11, 10, 7, 100, 150, 3, {"ppetrace.step": 0, "s": "x"}),
+        SpanRow("trainer.step", 10, 0, 7, 90, 200, 3, {"ppetrace.step": 0, "s": "x"}),
+    ]
+    rows = bench_writer.step_rows(template, 1_000, 300)
+    assert len(rows) == 600 and rows[2].start_ns == 1_100 and rows[3].parent_id == 0
+    assert rows[2].parent_id == rows[3].span_id and rows[2].attributes is rows[3].attributes
+    assert rows[3].attributes["ppetrace.step"] == 1 and rows[0].attributes is not rows[2].attributes
+    cpu = bench_writer.cpu_cost(rows, 256, tmp_path, reps=1)
+    assert set(cpu) == {"cpu", "user", "system"} and cpu["cpu"] > 0
+    gil = bench_writer.gil_cost(rows, 256, tmp_path, rounds=1)
+    assert gil["min"] <= gil["median"] <= gil["max"] and gil["rounds"] == 1
+    frame = read_chrome_trace(tmp_path / "gil.json")
+    assert len(frame) == 600 and frame["step"].max() == 299 and set(frame["s"]) == {"x"}

@@ -119,6 +119,7 @@ def every_c_encoder(rows: list[SpanRow]) -> None:
         SPEEDUPS.typed_column(attrs, "s")
         SPEEDUPS.encode_attrs(attrs, {}, {}, _encode._head_of, _encode._encode_value)
         SPEEDUPS.span_columns(rows)
+        SPEEDUPS.distinct_ints(rows, 6)
         SPEEDUPS.dict_encode([a.get("s") if isinstance(a.get("s"), str) else None for a in attrs])
 
 
