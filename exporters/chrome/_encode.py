@@ -346,22 +346,15 @@ def _encode_columns(
         tail = (prefix_of, first, _PART_ROWS)
         parts = fast.encode_x_events(rows, prefixes, strs, None, *caches, *tail)
         if parts is None:  # attributes that need the Python encoder, as for the batch
+            # in the Python path's order: which of two equal keys (a str and a str
+            # subclass) stands for both in the batch's key set depends on it
+            rows = _in_order(rows)[0]
             every = _attribute_strings(exporter, list(map(_get_attrs, rows)))
             parts = fast.encode_x_events(rows, prefixes, strs, every, *caches, *tail)
         for lo, data in zip(range(0, n, _PART_ROWS), parts, strict=True):
             yield data, min(_PART_ROWS, n - lo)
         return
-    start = np.fromiter(map(_get_start, rows), dtype=np.int64, count=n)
-    end = np.fromiter(map(_get_end, rows), dtype=np.int64, count=n)
-    if n > 1:
-        # compared, not subtracted: no overflow for any int64 times
-        earlier = start[1:] < start[:-1]
-        longer = (start[1:] == start[:-1]) & (end[1:] > end[:-1])
-        if earlier.any() or longer.any():
-            order = np.lexsort((~end, start))  # ~end: descending end, without overflow
-            rows = [rows[i] for i in order.tolist()]
-            start = start[order]
-            end = end[order]
+    rows, start, end = _in_order(rows)
     names = list(map(_get_name, rows))
     statuses = list(map(_get_status, rows))
     _add_prefixes(exporter, prefixes, pid, set(names), strs, set(statuses))
@@ -394,6 +387,21 @@ def _encode_columns(
         sep = "\n" if first and lo == 0 else ",\n"
         some = events[lo : lo + _PART_ROWS]
         yield (sep + ",\n".join(some)).encode("ascii"), len(some)
+
+
+def _in_order(rows: list[SpanRow]) -> tuple[list[SpanRow], np.ndarray, np.ndarray]:
+    """The rows in (start, longest first) order, stable, with their start and end times."""
+    n = len(rows)
+    start = np.fromiter(map(_get_start, rows), dtype=np.int64, count=n)
+    end = np.fromiter(map(_get_end, rows), dtype=np.int64, count=n)
+    if n > 1:
+        # compared, not subtracted: no overflow for any int64 times
+        earlier = start[1:] < start[:-1]
+        longer = (start[1:] == start[:-1]) & (end[1:] > end[:-1])
+        if earlier.any() or longer.any():
+            order = np.lexsort((~end, start))  # ~end: descending end, without overflow
+            return [rows[i] for i in order.tolist()], start[order], end[order]
+    return rows, start, end
 
 
 def distinct_tids(rows: Sequence[SpanRow]) -> list[Any]:

@@ -358,18 +358,15 @@ class ChromeTraceExporter(SpanExporter):
             head = text.encode("ascii")
             body: bytes | memoryview = b""
             if encoded is not None and encoded[1]:
-                body = encoded[0]
-                if self._first_event and body[:1] == b",":  # the first event of a part
-                    body = memoryview(body)[1:]  # not copied
+                body = encoded[0]  # ",\n" cut from the first event of a part, not copied:
+                body = memoryview(body)[1:] if self._first_event and body[:1] == b"," else body
                 self._first_event = False
             error, lost = f.wait()
             if error is not None:  # the write before failed: this one is not made
                 self._report(error, lost)
                 self.spans_lost += spans
                 return
-            # the header and the events written one after the other: a part of a few MB
-            # is not copied to join them
-            if head and body:
+            if head and body:  # one after the other: a part's MB are not copied to join
                 f.append(head)  # small: a direct write, which raises if it fails
             f.append(body or head, spans)  # raises if a direct write fails
             size = len(head) + len(body)

@@ -347,3 +347,17 @@ def test_frozen_attributes_take_the_c_paths() -> None:
     frame = spans_to_frame([SpanRow("e", 1, 0, 7, 0, 5, 1, rows[0])])
     assert frame["s"].dtype == (object if STRING_DTYPE is None else STRING_DTYPE)
     assert not math.isnan(frame["a"].iloc[0])
+
+
+def test_a_str_key_and_an_equal_str_subclass_key_sort_alike_on_both_paths() -> None:
+    """The batch's key set keeps one of 'a' and Sub('a') (they are equal): the one met
+    first in the rows' written order. C's fallback once took the rows in the order they
+    came, and wrote the keys of the second row in another order (found by the fuzz test)."""
+    rows = [
+        SpanRow("trainer.step", 1, 0, 7, 0, 0, 0, {}),
+        SpanRow("trainer.step", 2, 0, 7, 0, -1, 0, {"": False, Sub("a"): False}),
+        SpanRow("trainer.step", 3, 0, 7, 0, 0, 0, {"a": None, 0: None}),
+    ]
+    fast, slow = _encode_both(rows, 0)
+    assert fast == slow
+    assert fast.endswith(b'"attrs":{"":false,"a":false}}')  # written last: it ends first
