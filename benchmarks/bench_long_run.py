@@ -134,12 +134,19 @@ def template_step(index: int = 20) -> tuple[list[SpanRow], int]:
     return keep, nxt.start_ns - fetch.start_ns
 
 
-def _shifted(template: Sequence[SpanRow], k: int, period: int, base: int) -> list[SpanRow]:
+def _shifted(
+    template: Sequence[SpanRow],
+    k: int,
+    period: int,
+    base: int,
+    mapping: Callable[[dict[str, Any]], Any] = dict,
+) -> list[SpanRow]:
     """The template's rows as step ``k``: times shifted by ``k`` periods, new span ids
-    (parents inside the step follow), the step's number in its attributes."""
+    (parents inside the step follow), the step's number in its attributes (one
+    ``mapping`` of them shared by the step's rows)."""
     ids = {r.span_id: base + k * len(template) + i for i, r in enumerate(template)}
     dt = k * period
-    attrs = {**template[0].attributes, "ppetrace.step": k, "ppetrace.batch_idx": k}
+    attrs = mapping({**template[0].attributes, "ppetrace.step": k, "ppetrace.batch_idx": k})
     return [
         _tuple_new(
             SpanRow,

@@ -45,44 +45,19 @@ from exporters import ChromeTraceExporter, SpanBatch, SpanRow
 from exporters._spans import FrozenAttributes
 
 try:
-    from benchmarks.bench_long_run import template_step
+    from benchmarks.bench_long_run import _shifted, template_step
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    from bench_long_run import template_step  # type: ignore[no-redef]
+    from bench_long_run import _shifted, template_step  # type: ignore[no-redef]
 
 __all__ = ["cpu_cost", "gil_cost", "main", "step_rows"]
-
-_tuple_new = tuple.__new__
 
 
 def step_rows(template: Sequence[SpanRow], period: int, steps: int) -> list[SpanRow]:
     """``steps`` copies of the template step: times shifted by one period each, new span
     ids (parents inside the step follow), one shared attribute mapping per step."""
     out: list[SpanRow] = []
-    base = 1 << 40
     for k in range(steps):
-        ids = {r.span_id: base + k * len(template) + i for i, r in enumerate(template)}
-        attrs = FrozenAttributes(
-            {**template[0].attributes, "ppetrace.step": k, "ppetrace.batch_idx": k}
-        )
-        dt = k * period
-        out.extend(
-            _tuple_new(
-                SpanRow,
-                (
-                    r.name,
-                    ids[r.span_id],
-                    ids.get(r.parent_id, r.parent_id),
-                    r.trace_id,
-                    r.start_ns + dt,
-                    r.end_ns + dt,
-                    r.tid,
-                    attrs,
-                    r.status,
-                    r.error,
-                ),
-            )
-            for r in template
-        )
+        out.extend(_shifted(template, k, period, 1 << 40, FrozenAttributes))
     return out
 
 
