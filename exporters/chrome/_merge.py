@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
@@ -30,7 +29,15 @@ from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
 from ._ranks import TraceHeader, _open_read, read_header, trace_files
 from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
-from ._split import _NAMING, MIN_PART_BYTES, _check_part_bytes, first_parts, part_path, run_parts
+from ._split import (
+    _NAMING,
+    MIN_PART_BYTES,
+    _check_part_bytes,
+    _other,
+    first_parts,
+    part_path,
+    run_parts,
+)
 
 _SPAN_LINE = b'{"ph":"X","cat":'
 _PID_RE = re.compile(rb'"pid":(-?\d+)')
@@ -600,11 +607,7 @@ def _stale_parts(out: Path, written: int) -> list[Path]:
     reader could take them for this merge's)."""
     stale: list[Path] = []
     while (p := part_path(out, written + len(stale))).is_file():
-        try:
-            header = read_header(p)
-        except (OSError, EOFError, ValueError, zlib.error):
-            break
-        other = None if header is None else header.other_data
+        other = _other(p)  # None: unreadable, or not written by ppetrace
         if not (
             other is not None
             and other.get("part") == written + len(stale)

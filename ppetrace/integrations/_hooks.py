@@ -227,11 +227,8 @@ class Hooks:
     def _fetch_span(self, orig: Callable[[Any], Any], it: Any) -> Any:
         """A fetch while profilers step around each batch: a span, the step opened after
         it with the profilers' ``step_begin``."""
-        tracker, tls = self.tracker, self.tracker.tls
-        try:
-            st = tls.state
-        except AttributeError:
-            st = tracker.state()
+        tracker = self.tracker
+        st = tracker.state()  # (the fast paths inline its lookup; this one is not one)
         if st.in_fetch:  # a loader inside a loader's fetch: only its span
             with trace("trainer.fetch_batch", tracker.step_attrs):
                 return orig(it)
