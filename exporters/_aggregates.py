@@ -16,8 +16,9 @@ aggregates written on the step's ``trainer.step`` row (issue 19's contract):
 
 :func:`parse_aggregates` reads them for a whole frame at once (a run's parts
 read as one frame are one run): the entries of every row are parsed together
-as one byte array with numpy, so a million summarised steps take well under a
-second. A summarised step whose names list is not in the frame (a later part
+in one pass in C (``_speedups.parse_hooks``), or, without it, as one byte array
+with numpy (:func:`_parse_entries`, the reference), so a million summarised steps
+take well under a second. A summarised step whose names list is not in the frame (a later part
 read alone) or whose entries cannot be read is not guessed: it is listed in
 :attr:`Aggregates.unknown` and contributes no aggregate.
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ._accel import SPEEDUPS as _speedups
 from ._pandas import series
 
 __all__ = ["HOOKS", "HOOK_NAMES", "Aggregates", "parse_aggregates"]
@@ -146,7 +148,12 @@ def parse_aggregates(frame: pd.DataFrame) -> Aggregates:
         bad = np.fromiter((type(h) is not str for h in hooks), dtype=bool, count=len(hooks))
     if bad.any():
         hooks = np.where(bad, "", hooks)
-    entry_row, entry_pos, total, own, count, malformed = _parse_entries(hooks.tolist())
+    parsed = _speedups.parse_hooks(hooks.tolist()) if _speedups is not None else None
+    if parsed is not None:  # the C twin of _parse_entries (a malformed row's entries left out)
+        entry_row, entry_pos, total, own, count = (np.frombuffer(c, np.int64) for c in parsed[:5])
+        malformed = np.frombuffer(parsed[5], dtype=np.bool_)
+    else:
+        entry_row, entry_pos, total, own, count, malformed = _parse_entries(hooks.tolist())
     bad |= malformed
     # each entry's event: its position in the names list of its row
     lengths = np.array([len(x) for x in lists], dtype=np.int64)
@@ -241,6 +248,8 @@ def _parse_entries(
     count; and per row whether it is malformed (its entries are then not used).
     """
     m = len(hooks)
+    if any("\n" in h for h in hooks):  # a row apart: an odd character marks it malformed
+        hooks = ["?" if "\n" in h else h for h in hooks]
     text = "\n".join(hooks) + "\n"
     try:
         raw = text.encode("ascii")

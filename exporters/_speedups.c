@@ -276,10 +276,11 @@ add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
     return rc;
 }
 
-/* The sorted key order of the last attribute dict seen, and each key's head
+/* The sorted key order of an attribute dict seen, and each key's head
  * (',"key":'). Rows mostly share their keys and key order, so the order is
- * reused while a row's keys are the same objects in the same order. It owns the
- * keys it compares by address. */
+ * reused while a row's keys are the same objects in the same order; callers keep
+ * the last two (a summarised step row's keys alternate with its fetch row's). It
+ * owns the keys it compares by address. */
 typedef struct {
     Py_ssize_t n;      /* keys cached; -1: none */
     Py_ssize_t cap;
@@ -287,6 +288,8 @@ typedef struct {
     PyObject **heads;  /* owned: ',"key":' per dict position */
     Py_ssize_t *perm;  /* sorted rank -> dict position */
 } KeyOrder;
+
+#define KEY_ORDERS_INIT {{-1, 0, NULL, NULL, NULL}, {-1, 0, NULL, NULL, NULL}}
 
 static void
 key_order_clear(KeyOrder *o)
@@ -413,13 +416,14 @@ key_order_build(KeyOrder *o, PyObject **ks, Py_ssize_t m, PyObject *heads, PyObj
 }
 
 /* The attributes of one row, appended to b as ',"key":value...' in sorted key
- * order with None values skipped. d is a strong reference the caller holds.
+ * order with None values skipped. d is a strong reference the caller holds; o is
+ * the caller's two cached key orders (KEY_ORDERS_INIT), the last used first.
  * Returns 0, -1 on error, or 1 when the Python encoder must do the batch (a
  * non-empty mapping that is not a dict, or a key that is not an exact str). */
 #define STACK_ITEMS 32
 
 static int
-add_attrs(Buf *b, PyObject *d, KeyOrder *o, PyObject *heads, PyObject *strings,
+add_attrs(Buf *b, PyObject *d, KeyOrder o[2], PyObject *heads, PyObject *strings,
           PyObject *head_of, PyObject *encode_value)
 {
     PyObject *stack[2 * STACK_ITEMS], **items = stack, *k, *v;
@@ -452,18 +456,28 @@ add_attrs(Buf *b, PyObject *d, KeyOrder *o, PyObject *heads, PyObject *strings,
         j++;
     }
     m = j;
-    same = o->n == m;
+    same = o[0].n == m;
     for (j = 0; j < m; j++) {
         if (!PyUnicode_CheckExact(items[j])) {
             rc = 1;
             goto done;
         }
-        same = same && o->keys[j] == items[j];
+        same = same && o[0].keys[j] == items[j];
     }
-    if (!same && key_order_build(o, items, m, heads, head_of) < 0) {
-        rc = -1;
-        goto done;
+    if (!same) { /* the other order (rows alternate between two key sets), or a new one */
+        same = o[1].n == m;
+        for (j = 0; same && j < m; j++) {
+            same = o[1].keys[j] == items[j];
+        }
+        KeyOrder t = o[0];
+        o[0] = o[1];
+        o[1] = t; /* the most recent first: a new order replaces the older one */
+        if (!same && key_order_build(&o[0], items, m, heads, head_of) < 0) {
+            rc = -1;
+            goto done;
+        }
     }
+    o = &o[0];
     for (Py_ssize_t r = 0; r < m; r++) {
         Py_ssize_t at = o->perm[r];
         PyObject *value = items[m + at];
@@ -520,7 +534,7 @@ encode_attrs(PyObject *module, PyObject *args)
 {
     PyObject *attrs, *heads, *strings, *head_of, *encode_value, *rows = NULL, *out = NULL;
     Buf b = {NULL, 0, 0};
-    KeyOrder order = {-1, 0, NULL, NULL, NULL};
+    KeyOrder order[2] = KEY_ORDERS_INIT;
     if (!PyArg_ParseTuple(args, "O!O!O!OO:encode_attrs", &PyList_Type, &attrs, &PyDict_Type,
                           &heads, &PyDict_Type, &strings, &head_of, &encode_value)) {
         return NULL;
@@ -537,7 +551,7 @@ encode_attrs(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *d = Py_NewRef(PyList_GET_ITEM(rows, i)), *row;
         b.len = 0;
-        int rc = add_attrs(&b, d, &order, heads, strings, head_of, encode_value);
+        int rc = add_attrs(&b, d, order, heads, strings, head_of, encode_value);
         Py_DECREF(d);
         if (rc < 0) {
             goto fail;
@@ -554,12 +568,14 @@ encode_attrs(PyObject *module, PyObject *args)
         PyList_SET_ITEM(out, i, row);
     }
     PyMem_Free(b.data);
-    key_order_free(&order);
+    key_order_free(&order[0]);
+    key_order_free(&order[1]);
     Py_DECREF(rows);
     return out;
 fail:
     PyMem_Free(b.data);
-    key_order_free(&order);
+    key_order_free(&order[0]);
+    key_order_free(&order[1]);
     Py_XDECREF(rows);
     Py_XDECREF(out);
     return NULL;
@@ -940,7 +956,7 @@ encode_x_events(PyObject *module, PyObject *args)
     XRow *xs = NULL;
     XKey *keys = NULL;
     Buf arena = {NULL, 0, 0};
-    KeyOrder order = {-1, 0, NULL, NULL, NULL};
+    KeyOrder order[2] = KEY_ORDERS_INIT;
     Py_ssize_t *bounds = NULL; /* per part: the most bytes it can take, then its length */
     char **starts = NULL;
     XName names[X_NAME_SLOTS];
@@ -1067,7 +1083,7 @@ encode_x_events(PyObject *module, PyObject *args)
             if (buf_add(&arena, ",\"attrs\":", 9) < 0) {
                 goto done;
             }
-            int rc = add_attrs(&arena, d, &order, heads, strings, head_of, encode_value);
+            int rc = add_attrs(&arena, d, order, heads, strings, head_of, encode_value);
             if (rc < 0) {
                 goto done;
             }
@@ -1173,7 +1189,8 @@ done:
     PyMem_Free(bounds);
     PyMem_Free(starts);
     PyMem_Free(arena.data);
-    key_order_free(&order);
+    key_order_free(&order[0]);
+    key_order_free(&order[1]);
     Py_XDECREF(row);
     Py_XDECREF(last_attrs);
     Py_XDECREF(last_status);
@@ -2366,15 +2383,21 @@ done:
  * the double range sends the line back.
  *
  * The buffer is held (a Py_buffer export) for the whole call, so it cannot be resized
- * or freed under the scan. Nothing in the loop runs Python code: it allocates only
- * str, bytes and int objects (not tracked by the garbage collector), hashes and
- * compares bytes and exact str in dicts, and appends to lists. attr_index and
- * attr_items are borrowed from the call's arguments, which the caller keeps alive.
+ * or freed under the scan. The loop makes no Python object: it fills this call's own
+ * arrays and C tables that point into the buffer, so a large range is scanned without
+ * the GIL (two threads can scan two halves of a block at once: exporters/chrome/
+ * _parse.py). Only a number that needs PyOS_string_to_double takes the GIL back, for
+ * that call. After the loop, with the GIL: the names and statuses become str, and
+ * each distinct attrs object of the call is looked up in (or added to) attr_index and
+ * attr_items, bytes keys that hash and compare in C, so no Python code runs there
+ * either. attr_index and attr_items are borrowed from the call's arguments, which the
+ * caller keeps alive.
  */
 
 typedef struct {
     uint64_t hash;
-    const char *data; /* owned by a str or bytes object that the scan keeps alive */
+    const char *data; /* in memory that outlives the table (the scanned buffer, or a
+                       * str or bytes object that the caller keeps alive) */
     Py_ssize_t len;
     long long code;
 } TableEntry;
@@ -2407,9 +2430,10 @@ bytes_hash(const char *p, Py_ssize_t n)
 static int
 table_init(BytesTable *t)
 {
+    /* the raw allocator: tables are also filled without the GIL (scan_events) */
     t->cap = 64;
     t->used = 0;
-    t->slots = PyMem_Calloc((size_t)t->cap, sizeof(TableEntry));
+    t->slots = PyMem_RawCalloc((size_t)t->cap, sizeof(TableEntry));
     if (t->slots == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -2420,7 +2444,7 @@ table_init(BytesTable *t)
 static void
 table_free(BytesTable *t)
 {
-    PyMem_Free(t->slots);
+    PyMem_RawFree(t->slots);
     t->slots = NULL;
 }
 
@@ -2439,10 +2463,11 @@ table_find(BytesTable *t, const char *p, Py_ssize_t n, uint64_t h)
 }
 
 static int
-table_add(BytesTable *t, TableEntry *slot, const char *p, Py_ssize_t n, uint64_t h,
+table_put(BytesTable *t, TableEntry *slot, const char *p, Py_ssize_t n, uint64_t h,
           long long code)
 {
-    /* fill the empty slot that table_find gave, growing the table at half full */
+    /* fill the empty slot that table_find gave, growing the table at half full; -1
+     * when memory runs out, with no exception set (callable without the GIL) */
     slot->hash = h;
     slot->data = p;
     slot->len = n;
@@ -2452,12 +2477,11 @@ table_add(BytesTable *t, TableEntry *slot, const char *p, Py_ssize_t n, uint64_t
         return 0;
     }
     if (t->cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(TableEntry)) {
-        PyErr_NoMemory();
         return -1;
     }
-    BytesTable bigger = {PyMem_Calloc((size_t)t->cap * 2, sizeof(TableEntry)), t->cap * 2, 0};
+    BytesTable bigger = {PyMem_RawCalloc((size_t)t->cap * 2, sizeof(TableEntry)), t->cap * 2,
+                         0};
     if (bigger.slots == NULL) {
-        PyErr_NoMemory();
         return -1;
     }
     for (Py_ssize_t i = 0; i < t->cap; i++) {
@@ -2467,15 +2491,31 @@ table_add(BytesTable *t, TableEntry *slot, const char *p, Py_ssize_t n, uint64_t
             bigger.used++;
         }
     }
-    PyMem_Free(t->slots);
+    PyMem_RawFree(t->slots);
     *t = bigger;
     return 0;
 }
 
-/* A string's code in a chunk's own list of distinct strings, found by its raw bytes. */
+static int
+table_add(BytesTable *t, TableEntry *slot, const char *p, Py_ssize_t n, uint64_t h,
+          long long code)
+{
+    /* table_put, with MemoryError set when it fails (the GIL held) */
+    if (table_put(t, slot, p, n, h, code) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* A string's code in a chunk's own list of distinct strings, found by its raw bytes;
+ * no Python object is made while scanning (the GIL may be let go): each new string's
+ * bytes (in the scanned buffer) are kept in order, and raw_strings makes them str. */
 typedef struct {
     BytesTable table;
-    PyObject *uniques;
+    const char **first; /* the new strings' bytes, by code */
+    Py_ssize_t *len;
+    Py_ssize_t count, cap;
     const char *last;
     Py_ssize_t last_len;
     int32_t last_code;
@@ -2484,6 +2524,7 @@ typedef struct {
 static int
 raw_code(RawEncoder *e, const char *p, Py_ssize_t n, int32_t *out)
 {
+    /* -1 when memory runs out (no exception set: callable without the GIL) */
     if (e->last != NULL && n == e->last_len && memcmp(p, e->last, n) == 0) {
         *out = e->last_code;
         return 0;
@@ -2491,29 +2532,27 @@ raw_code(RawEncoder *e, const char *p, Py_ssize_t n, int32_t *out)
     uint64_t h = bytes_hash(p, n);
     TableEntry *slot = table_find(&e->table, p, n, h);
     if (slot->data == NULL) {
-        Py_ssize_t code = PyList_GET_SIZE(e->uniques);
-        if (code >= INT32_MAX) {
-            PyErr_SetString(PyExc_OverflowError, "Too many distinct strings to encode.");
+        if (e->count >= INT32_MAX) {
             return -1;
         }
-        PyObject *s = PyUnicode_DecodeUTF8(p, n, "strict"); /* valid UTF-8, checked */
-        if (s == NULL) {
-            return -1;
-        }
-        int failed = PyList_Append(e->uniques, s);
-        Py_DECREF(s); /* uniques owns it, and with it the UTF-8 bytes below */
-        if (failed) {
-            return -1;
-        }
-        Py_ssize_t len;
-        const char *utf8 = PyUnicode_AsUTF8AndSize(s, &len);
-        if (utf8 == NULL || len != n) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_SystemError, "A decoded string changed its length.");
+        if (e->count == e->cap) {
+            Py_ssize_t bigger = e->cap ? e->cap * 2 : 16;
+            const char **first = PyMem_RawRealloc(e->first, (size_t)bigger * sizeof(char *));
+            if (first == NULL) {
+                return -1;
             }
-            return -1;
+            e->first = first;
+            Py_ssize_t *len = PyMem_RawRealloc(e->len, (size_t)bigger * sizeof(Py_ssize_t));
+            if (len == NULL) {
+                return -1;
+            }
+            e->len = len;
+            e->cap = bigger;
         }
-        if (table_add(&e->table, slot, utf8, n, h, code) < 0) {
+        Py_ssize_t code = e->count++;
+        e->first[code] = p;
+        e->len[code] = n;
+        if (table_put(&e->table, slot, p, n, h, code) < 0) {
             return -1;
         }
         slot = table_find(&e->table, p, n, h);
@@ -2523,6 +2562,30 @@ raw_code(RawEncoder *e, const char *p, Py_ssize_t n, int32_t *out)
     e->last_code = (int32_t)slot->code;
     *out = (int32_t)slot->code;
     return 0;
+}
+
+static PyObject *
+raw_strings(const RawEncoder *e)
+{
+    /* the encoder's strings as a list of str, by code (each valid UTF-8: checked) */
+    PyObject *out = PyList_New(e->count);
+    for (Py_ssize_t i = 0; out != NULL && i < e->count; i++) {
+        PyObject *str = PyUnicode_DecodeUTF8(e->first[i], e->len[i], "strict");
+        if (str == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, str);
+    }
+    return out;
+}
+
+static void
+raw_free(RawEncoder *e)
+{
+    table_free(&e->table);
+    PyMem_RawFree(e->first);
+    PyMem_RawFree(e->len);
 }
 
 /* --- strict JSON, as msgspec reads it; 0 from any of these sends the line back --- */
@@ -2772,6 +2835,11 @@ scan_value(const char *p, const char *end, int depth)
     }
 }
 
+/* The thread state that scan_events let go of while it scans without the GIL (NULL
+ * while the GIL is held): scan_double takes the GIL back through it for a number that
+ * needs PyOS_string_to_double. One per thread, as each scan runs on one thread. */
+static _Thread_local PyThreadState *scan_released = NULL;
+
 static const double exact_pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                      1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
                                      1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -2831,9 +2899,19 @@ scan_double(const char *p, const char *end, double *out)
     memcpy(text, p, (size_t)(q - p));
     text[q - p] = '\0';
     char *stop = NULL;
+    PyThreadState *released = scan_released;
+    if (released != NULL) { /* a scan without the GIL: taken back for this rare number */
+        PyEval_RestoreThread(released);
+    }
     double v = PyOS_string_to_double(text, &stop, NULL); /* no Python code runs */
-    if (v == -1.0 && PyErr_Occurred()) {
+    int failed = v == -1.0 && PyErr_Occurred();
+    if (failed) {
         PyErr_Clear();
+    }
+    if (released != NULL) {
+        scan_released = PyEval_SaveThread();
+    }
+    if (failed) {
         return NULL;
     }
     if (stop != text + (q - p) || !isfinite(v)) {
@@ -3094,11 +3172,10 @@ scan_event(const char *p, const char *end, ScannedEvent *ev, BytesTable *seen_at
 }
 
 static int
-attr_code(BytesTable *t, PyObject *keep, PyObject *index, PyObject *items,
-          const ScannedEvent *ev, long long *out)
+attr_code(RawEncoder *e, const ScannedEvent *ev, long long *out)
 {
-    /* the code of the event's raw attrs in index/items (added when new), through the
-     * scan's table of the attrs met so far */
+    /* the event's raw attrs' code among the distinct attrs of this call (added when
+     * new); -1 when memory runs out (no exception set: callable without the GIL) */
     if (ev->attrs_seen != NULL) {
         *out = ev->attrs_seen->code;
         return 0;
@@ -3106,44 +3183,81 @@ attr_code(BytesTable *t, PyObject *keep, PyObject *index, PyObject *items,
     const char *p = ev->attrs;
     Py_ssize_t n = ev->attrs_len;
     uint64_t h = ev->attrs_hashed ? ev->attrs_hash : bytes_hash(p, n);
-    TableEntry *slot = table_find(t, p, n, h);
-    if (slot->data != NULL) {
-        *out = slot->code;
+    TableEntry *slot = table_find(&e->table, p, n, h);
+    if (slot->data == NULL) {
+        if (e->count == e->cap) {
+            Py_ssize_t bigger = e->cap ? e->cap * 2 : 64;
+            const char **first = PyMem_RawRealloc(e->first, (size_t)bigger * sizeof(char *));
+            if (first == NULL) {
+                return -1;
+            }
+            e->first = first;
+            Py_ssize_t *len = PyMem_RawRealloc(e->len, (size_t)bigger * sizeof(Py_ssize_t));
+            if (len == NULL) {
+                return -1;
+            }
+            e->len = len;
+            e->cap = bigger;
+        }
+        Py_ssize_t code = e->count++;
+        e->first[code] = p;
+        e->len[code] = n;
+        if (table_put(&e->table, slot, p, n, h, code) < 0) {
+            return -1;
+        }
+        *out = code;
         return 0;
     }
-    PyObject *key = PyBytes_FromStringAndSize(p, n);
-    if (key == NULL) {
-        return -1;
-    }
-    if (PyList_Append(keep, key) < 0) { /* keeps the bytes the table points to */
-        Py_DECREF(key);
-        return -1;
-    }
-    Py_DECREF(key);
-    long long code;
-    PyObject *found = PyDict_GetItemWithError(index, key); /* bytes: no Python code */
-    if (found != NULL) {
-        code = PyLong_AsLongLong(found);
-        if (code == -1 && PyErr_Occurred()) {
-            return -1;
-        }
-    }
-    else {
-        if (PyErr_Occurred()) {
-            return -1;
-        }
-        code = (long long)PyList_GET_SIZE(items);
-        PyObject *boxed = PyLong_FromLongLong(code);
-        int failed = boxed == NULL || PyDict_SetItem(index, key, boxed) < 0 ||
-                     PyList_Append(items, key) < 0;
-        Py_XDECREF(boxed);
-        if (failed) {
-            return -1;
-        }
-    }
-    *out = code;
-    return table_add(t, slot, PyBytes_AS_STRING(key), n, h, code);
+    *out = slot->code;
+    return 0;
 }
+
+static int
+attr_globals(const RawEncoder *e, PyObject *index, PyObject *items, long long *attr,
+             Py_ssize_t n)
+{
+    /* the call's distinct attrs (codes by first appearance) given their codes in
+     * index/items (added when new), and each row's code made that one. Runs no Python
+     * code: bytes keys hash and compare in C. */
+    long long *global = PyMem_Malloc((size_t)(e->count ? e->count : 1) * sizeof(long long));
+    if (global == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t j = 0; j < e->count && rc == 0; j++) {
+        PyObject *key = PyBytes_FromStringAndSize(e->first[j], e->len[j]);
+        if (key == NULL) {
+            rc = -1;
+            break;
+        }
+        PyObject *found = PyDict_GetItemWithError(index, key);
+        if (found != NULL) {
+            global[j] = PyLong_AsLongLong(found);
+            rc = global[j] == -1 && PyErr_Occurred() ? -1 : 0;
+        }
+        else if (PyErr_Occurred()) {
+            rc = -1;
+        }
+        else {
+            global[j] = (long long)PyList_GET_SIZE(items);
+            PyObject *boxed = PyLong_FromLongLong(global[j]);
+            rc = boxed == NULL || PyDict_SetItem(index, key, boxed) < 0 ||
+                         PyList_Append(items, key) < 0
+                     ? -1
+                     : 0;
+            Py_XDECREF(boxed);
+        }
+        Py_DECREF(key);
+    }
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        attr[i] = global[attr[i]];
+    }
+    PyMem_Free(global);
+    return rc;
+}
+
+#define SCAN_RELEASE_BYTES (1 << 16) /* a scan of this many bytes lets go of the GIL */
 
 static PyObject *
 scan_events(PyObject *module, PyObject *args)
@@ -3158,12 +3272,12 @@ scan_events(PyObject *module, PyObject *args)
     if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    PyObject *result = NULL, *keep = NULL, *others = NULL;
+    PyObject *result = NULL, *others = NULL;
     PyObject *arrays[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    PyObject *codes[2] = {NULL, NULL}, *coded[2] = {NULL, NULL};
-    RawEncoder enc[2];
-    BytesTable attrs_table = {NULL, 0, 0};
+    PyObject *codes[2] = {NULL, NULL}, *coded[2] = {NULL, NULL}, *uniques[2] = {NULL, NULL};
+    RawEncoder enc[2], attrs_enc;
     memset(enc, 0, sizeof(enc));
+    memset(&attrs_enc, 0, sizeof(attrs_enc));
     Py_ssize_t *spans = NULL, n_spans = 0, cap_spans = 0;
     if (start < 0 || stop > view.len || start > stop) {
         PyErr_SetString(PyExc_ValueError, "Expected 0 <= start <= end <= len(buffer).");
@@ -3186,13 +3300,11 @@ scan_events(PyObject *module, PyObject *args)
     }
     for (int c = 0; c < 2; c++) {
         codes[c] = PyByteArray_FromStringAndSize(NULL, lines * 4);
-        enc[c].uniques = PyList_New(0);
-        if (codes[c] == NULL || enc[c].uniques == NULL || table_init(&enc[c].table) < 0) {
+        if (codes[c] == NULL || table_init(&enc[c].table) < 0) {
             goto done;
         }
     }
-    keep = PyList_New(0);
-    if (keep == NULL || table_init(&attrs_table) < 0) {
+    if (table_init(&attrs_enc.table) < 0) {
         goto done;
     }
     double *ts = (double *)PyByteArray_AS_STRING(arrays[0]);
@@ -3205,6 +3317,13 @@ scan_events(PyObject *module, PyObject *args)
     int32_t *name_codes = (int32_t *)PyByteArray_AS_STRING(codes[0]);
     int32_t *status_codes = (int32_t *)PyByteArray_AS_STRING(codes[1]);
     Py_ssize_t n = 0;
+    int nomem = 0;
+    /* the scan touches no Python object: the buffer is exported (it cannot change size
+     * or go away), the arrays are this call's own, and the tables are C memory that
+     * points into the buffer; so a large one runs without the GIL */
+    if (stop - start >= SCAN_RELEASE_BYTES) {
+        scan_released = PyEval_SaveThread();
+    }
     while (p < end) {
         if (*p == '\n' || *p == ' ' || *p == '\t' || *p == '\r') {
             p++;
@@ -3215,7 +3334,7 @@ scan_events(PyObject *module, PyObject *args)
             line_end = end;
         }
         ScannedEvent ev;
-        const char *q = *p == '{' ? scan_event(p, line_end, &ev, &attrs_table) : NULL;
+        const char *q = *p == '{' ? scan_event(p, line_end, &ev, &attrs_enc.table) : NULL;
         if (q != NULL) {
             q = skip_ws(q, line_end);
             while (q < line_end && *q == '\r') {
@@ -3225,10 +3344,11 @@ scan_events(PyObject *module, PyObject *args)
         if (q == NULL || q != line_end) { /* not taken here: the caller decodes it */
             if (n_spans + 2 > cap_spans) {
                 Py_ssize_t bigger = cap_spans ? cap_spans * 2 : 64;
-                Py_ssize_t *grown = PyMem_Realloc(spans, (size_t)bigger * sizeof(Py_ssize_t));
+                Py_ssize_t *grown =
+                    PyMem_RawRealloc(spans, (size_t)bigger * sizeof(Py_ssize_t));
                 if (grown == NULL) {
-                    PyErr_NoMemory();
-                    goto done;
+                    nomem = 1;
+                    break;
                 }
                 spans = grown, cap_spans = bigger;
             }
@@ -3245,11 +3365,23 @@ scan_events(PyObject *module, PyObject *args)
         par[n] = ev.par;
         if (raw_code(&enc[0], ev.name, ev.name_len, &name_codes[n]) < 0 ||
             raw_code(&enc[1], ev.status, ev.status_len, &status_codes[n]) < 0 ||
-            attr_code(&attrs_table, keep, attr_index, attr_items, &ev, &attr[n]) < 0) {
-            goto done;
+            attr_code(&attrs_enc, &ev, &attr[n]) < 0) {
+            nomem = 1;
+            break;
         }
         n++;
         p = line_end;
+    }
+    if (scan_released != NULL) {
+        PyEval_RestoreThread(scan_released);
+        scan_released = NULL;
+    }
+    if (nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (attr_globals(&attrs_enc, attr_index, attr_items, attr, n) < 0) {
+        goto done;
     }
     for (int c = 0; c < 7; c++) {
         if (PyByteArray_Resize(arrays[c], n * 8) < 0) {
@@ -3260,7 +3392,11 @@ scan_events(PyObject *module, PyObject *args)
         if (PyByteArray_Resize(codes[c], n * 4) < 0) {
             goto done;
         }
-        coded[c] = PyTuple_Pack(2, codes[c], enc[c].uniques);
+        uniques[c] = raw_strings(&enc[c]);
+        if (uniques[c] == NULL) {
+            goto done;
+        }
+        coded[c] = PyTuple_Pack(2, codes[c], uniques[c]);
         if (coded[c] == NULL) {
             goto done;
         }
@@ -3286,13 +3422,12 @@ done:
     for (int c = 0; c < 2; c++) {
         Py_XDECREF(codes[c]);
         Py_XDECREF(coded[c]);
-        Py_XDECREF(enc[c].uniques);
-        table_free(&enc[c].table);
+        Py_XDECREF(uniques[c]);
+        raw_free(&enc[c]);
     }
-    table_free(&attrs_table);
-    Py_XDECREF(keep);
+    raw_free(&attrs_enc);
     Py_XDECREF(others);
-    PyMem_Free(spans);
+    PyMem_RawFree(spans);
     return result;
 }
 
@@ -3518,6 +3653,153 @@ done:
     PyMem_Free(keys);
     table_free(&key_table);
     Py_XDECREF(key_list);
+    Py_DECREF(items);
+    return result;
+}
+
+/* parse_hooks(hooks) -> (entry_row, pos, total, own, count, malformed) | None
+ *
+ * The entries of each summarised step's ppetrace.hooks text (exporters/_aggregates.py:
+ * _parse_entries is the twin and says the format): per entry present, its row, its
+ * position in the row, total, self and count (int64 bytes each); per row, whether it
+ * is malformed (bool bytes). The entries of a malformed row are left out (the caller
+ * uses none of them). A text with a character other than digits, '-', ';' and '/'
+ * (non-ASCII and '\n' included) is malformed. None when an item is not an exact str.
+ * The loop makes no Python object but the outputs; the list is a private copy. */
+static PyObject *
+parse_hooks(PyObject *module, PyObject *arg)
+{
+    PyObject *items = copy_list(arg, "ppetrace.hooks texts"), *result = NULL;
+    PyObject *cols[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    if (items == NULL) {
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(items), entries = 0;
+    for (Py_ssize_t i = 0; i < m; i++) { /* an upper bound: one entry per ';', plus one */
+        PyObject *h = PyList_GET_ITEM(items, i);
+        if (!PyUnicode_CheckExact(h)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (PyUnicode_IS_ASCII(h)) {
+            const char *t = (const char *)PyUnicode_DATA(h);
+            Py_ssize_t n = PyUnicode_GET_LENGTH(h);
+            entries += 1;
+            for (const char *q = t; (q = memchr(q, ';', (size_t)(t + n - q))) != NULL; q++) {
+                entries++;
+            }
+        }
+    }
+    if (entries > PY_SSIZE_T_MAX / 8) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int c = 0; c < 5; c++) {
+        cols[c] = PyByteArray_FromStringAndSize(NULL, entries * 8);
+        if (cols[c] == NULL) {
+            goto done;
+        }
+    }
+    cols[5] = PyByteArray_FromStringAndSize(NULL, m);
+    if (cols[5] == NULL) {
+        goto done;
+    }
+    long long *row_of = (long long *)PyByteArray_AS_STRING(cols[0]);
+    long long *pos_of = (long long *)PyByteArray_AS_STRING(cols[1]);
+    long long *total_of = (long long *)PyByteArray_AS_STRING(cols[2]);
+    long long *own_of = (long long *)PyByteArray_AS_STRING(cols[3]);
+    long long *count_of = (long long *)PyByteArray_AS_STRING(cols[4]);
+    char *malformed = PyByteArray_AS_STRING(cols[5]);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *h = PyList_GET_ITEM(items, i);
+        malformed[i] = 1;
+        if (!PyUnicode_IS_ASCII(h)) {
+            continue;
+        }
+        const char *p = (const char *)PyUnicode_DATA(h), *end = p + PyUnicode_GET_LENGTH(h);
+        Py_ssize_t k0 = k, pos = 0;
+        int bad = 0;
+        for (;;) { /* an entry: up to ';' or the end */
+            long long v[3] = {0, 0, 0};
+            Py_ssize_t len0 = 0;
+            int width = 0;
+            for (;;) { /* a token: up to '/', ';' or the end */
+                int neg = p < end && *p == '-';
+                const char *d = p + neg, *q = d;
+                long long x = 0;
+                while (q < end && *q >= '0' && *q <= '9') {
+                    if (q - d < 18) {
+                        x = x * 10 + (*q - '0');
+                    }
+                    q++;
+                }
+                Py_ssize_t len = q - p, digits = q - d;
+                if (q < end && *q != '/' && *q != ';') {
+                    bad = 1; /* a '-' inside a number, or a character with no place here */
+                    break;
+                }
+                if ((neg && digits == 0) || digits > 18) {
+                    bad = 1;
+                }
+                if (width < 3) {
+                    v[width] = neg ? -x : x;
+                }
+                if (width == 0) {
+                    len0 = len;
+                }
+                width++;
+                if (len == 0 && (width > 1 || (q < end && *q == '/'))) {
+                    bad = 1; /* an empty number inside an entry */
+                }
+                p = q;
+                if (p < end && *p == '/') {
+                    p++;
+                    continue;
+                }
+                break;
+            }
+            if (bad) {
+                break;
+            }
+            if (width > 3) {
+                bad = 1;
+                break;
+            }
+            if (len0 > 0) { /* present */
+                long long total = v[0], own = width > 1 ? v[1] : v[0];
+                long long count = width > 2 ? v[2] : 1;
+                if (count < 1 || total < 0) {
+                    bad = 1;
+                    break;
+                }
+                row_of[k] = i, pos_of[k] = pos, total_of[k] = total;
+                own_of[k] = own, count_of[k] = count;
+                k++;
+            }
+            pos++;
+            if (p < end && *p == ';') {
+                p++;
+                continue;
+            }
+            break;
+        }
+        if (bad) {
+            k = k0; /* none of a malformed row's entries */
+            continue;
+        }
+        malformed[i] = 0;
+    }
+    for (int c = 0; c < 5; c++) {
+        if (PyByteArray_Resize(cols[c], k * 8) < 0) {
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(6, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5]);
+done:
+    for (int c = 0; c < 6; c++) {
+        Py_XDECREF(cols[c]);
+    }
     Py_DECREF(items);
     return result;
 }
@@ -4494,6 +4776,8 @@ static PyMethodDef module_methods[] = {
      "The span columns of a chunk of decoded trace events (the reader's fast path)."},
     {"scan_events", scan_events, METH_VARARGS,
      "The span columns of lines of X events, read straight from the file's bytes."},
+    {"parse_hooks", parse_hooks, METH_O,
+     "Every summarised step's ppetrace.hooks entries (exporters._aggregates' C twin)."},
     {"attr_split", attr_split, METH_O,
      "Distinct raw attribute objects taken apart by key: each key's distinct raw values."},
     {"encode_attrs", encode_attrs, METH_VARARGS,

@@ -16,11 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporters import (
     ChromeTraceExporter,
     SpanBatch,
     SpanRow,
+    _aggregates,
     compare,
     read_chrome_trace,
     render_json,
@@ -360,3 +363,32 @@ def test_a_run_without_summarised_steps_gets_no_detail_columns(
     assert report.detail is None
     assert "full_detail" not in report.steps.columns
     assert "Full detail" not in render_table(report) and "detail" not in render_json(report)
+
+
+_HOOK_TEXTS = st.one_of(
+    st.text(alphabet="0123456789-;/", max_size=24),
+    st.text(alphabet="0123456789-;/x\né", max_size=12),
+    st.lists(
+        st.one_of(
+            st.just(""),
+            st.integers(0, 10**19).map(str),
+            st.tuples(st.integers(-5, 10**6), st.integers(-5, 10**6)).map("{0[0]}/{0[1]}".format),
+            st.tuples(st.integers(0, 99), st.integers(-99, 99), st.integers(-1, 3)).map(
+                "{0[0]}/{0[1]}/{0[2]}".format
+            ),
+        ),
+        max_size=6,
+    ).map(";".join),
+)
+
+
+@pytest.mark.skipif(_aggregates._speedups is None, reason="exporters._speedups not built")
+@settings(max_examples=300, deadline=None)
+@given(hooks=st.lists(_HOOK_TEXTS, min_size=1, max_size=8))
+def test_the_c_hooks_parser_reads_what_the_numpy_one_reads(hooks: list[str]) -> None:
+    row, pos, total, own, count, malformed = _aggregates._parse_entries(hooks)
+    c = _aggregates._speedups.parse_hooks(hooks)
+    assert np.frombuffer(c[5], dtype=np.bool_).tolist() == malformed.tolist(), hooks
+    good = ~malformed[row]  # the numpy parser also lists a malformed row's entries
+    expected = [a[good].tolist() for a in (row, pos, total, own, count)]
+    assert [np.frombuffer(x, dtype=np.int64).tolist() for x in c[:5]] == expected, hooks

@@ -301,3 +301,56 @@ def test_attr_split_declines_what_it_cannot_take_apart() -> None:
     assert values == [[b"1", b"2"], [b'"x"'], [b"[1]"]]
     for odd in (b'{"a":1,"a":2}', b'{"a\\u0041":1}', b'{"a":1} x', b'{"a":01}', b'{"a":"\xff"}'):
         assert SPEEDUPS.attr_split([b'{"a":1}', odd]) is None, odd
+
+
+def test_large_blocks_are_scanned_in_two_halves_on_two_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Big enough for the C scanner to let go of the GIL on each half (64 KiB), with
+    # numbers that take the GIL back (more than 15 digits, exponents) and lines it
+    # declines among them: the frame is the one read on one thread, and the twins'.
+    forms = [b"%.3f", b"%.17e", b"%.6f"]
+    lines = [
+        _line(i, ts=forms[i % 3] % (1.7e9 + i * 3.5), dur=b"%.10f" % (2.25 + i % 7))
+        if i % 5
+        else _line(i)
+        for i in range(6000)
+    ]
+    lines[10:10] = [_META]
+    path = tmp_path / "t.json"
+    path.write_bytes(_HEAD + b"".join(lines) + b"]}\n")
+    halves = []
+    scan_halves = _parse._scan_halves
+
+    def spy(*args: Any) -> Any:
+        result = scan_halves(*args)
+        halves.append(None if result is None else len(result))
+        return result
+
+    monkeypatch.setattr(_parse, "_BLOCK", 200_000)
+    monkeypatch.setattr(_parse, "_SPLIT_BYTES", 1)
+    monkeypatch.setattr(_parse, "_cpus", lambda: 2)
+    with monkeypatch.context() as m:
+        m.setattr(_parse, "_scan_halves", spy)
+        split = read_chrome_trace(path)
+    assert halves.count(2) >= 2  # middle blocks, read in two halves
+    assert len(split) == 6000
+    monkeypatch.setattr(_parse, "_cpus", lambda: 1)
+    pd.testing.assert_frame_equal(split, read_chrome_trace(path))
+    monkeypatch.setattr(_parse, "_cpus", lambda: 2)
+    _assert_same(_read_all_ways(path, monkeypatch))
+
+
+def test_numbers_are_read_as_msgspec_reads_them_without_the_gil() -> None:
+    # 64 KiB and more: the scan runs without the GIL, and takes it back for the numbers
+    # that need PyOS_string_to_double
+    values = [1.7e9 + i / 7 for i in range(1500)]
+    forms = ["{:.17e}", "{!r}", "{:.20f}", "{:.3f}"]
+    texts = [forms[i % 4].format(v).encode() for i, v in enumerate(values)]
+    block = b"".join(_line(i, ts=t, dur=t) for i, t in enumerate(texts))
+    assert len(block) >= 1 << 16
+    cols = SPEEDUPS.scan_events(block, 0, len(block), {b"": 0}, [b""])
+    expected = msgspec.json.decode(b"[" + block.rstrip(b",\n") + b"]", type=list[_parse.TypedEvent])
+    assert not cols[9]  # every line taken
+    ts = struct.unpack(f"<{len(texts)}d", cols[2])
+    assert [struct.pack("<d", t) for t in ts] == [struct.pack("<d", e.ts) for e in expected]
