@@ -212,7 +212,9 @@ item_ull(PyObject *row, Py_ssize_t i, unsigned long long *out)
 }
 
 /* One attribute value as JSON, appended to b. Exact bool/int/float/str are done
- * here (str through the strings cache: str value -> JSON literal); any other
+ * here (a str of printable ASCII but '"' and '\\' is itself in quotes, as
+ * json.encoder.encode_basestring_ascii writes it; another str goes through the
+ * strings cache: str value -> JSON literal); any other
  * value, and an int whose str() fails (more digits than Python allows), goes
  * through encode_value, the Python encoder, which never raises for a bad value.
  * v is a strong reference the caller holds. */
@@ -243,6 +245,23 @@ add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
         }
     }
     else if (PyUnicode_CheckExact(v)) {
+        if (PyUnicode_IS_ASCII(v)) { /* printable ASCII but '"' and '\\': itself, quoted */
+            const unsigned char *s = PyUnicode_DATA(v);
+            Py_ssize_t n = PyUnicode_GET_LENGTH(v), i = 0;
+            while (i < n && s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') {
+                i++;
+            }
+            if (i == n) { /* what encode_basestring_ascii gives it */
+                if (buf_reserve(b, n + 2) < 0) {
+                    return -1;
+                }
+                b->data[b->len] = '"';
+                memcpy(b->data + b->len + 1, s, (size_t)n);
+                b->data[b->len + n + 1] = '"';
+                b->len += n + 2;
+                return 0;
+            }
+        }
         text = PyDict_GetItemWithError(strings, v); /* exact str key: no Python code */
         if (text != NULL) {
             return buf_add_str(b, text); /* used before anything else runs */
@@ -3896,6 +3915,7 @@ typedef struct {
      * copies' rows; an index, once known, stays right for the whole call) */
     PyObject *iname[64];
     Py_ssize_t iat[64];
+    Buf hooks; /* the ppetrace.hooks text being made, reused from step to step */
 } FoldState;
 
 static int
@@ -3929,6 +3949,7 @@ fold_state_free(FoldState *s)
     PyMem_Free(s->inner);
     PyMem_Free(s->children);
     PyMem_Free(s->agg);
+    PyMem_Free(s->hooks.data);
 }
 
 #if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
@@ -4270,12 +4291,11 @@ fold_step_row(PyObject *row, PyObject *row_type, PyObject *hooks_key, PyObject *
 {
     /* row_type(*row[:7], {**row[7], hooks_key: hooks}, row[8], row[9]); row[7] is a
      * plain dict with exact str keys (checked by fold_read) */
-    PyObject *attrs = PyDict_New();
+    PyObject *attrs = PyDict_Copy(PyTuple_GET_ITEM(row, 7)); /* a dict, in the same order */
     if (attrs == NULL) {
         return NULL;
     }
-    if (PyDict_Update(attrs, PyTuple_GET_ITEM(row, 7)) < 0 ||
-        PyDict_SetItem(attrs, hooks_key, hooks) < 0) {
+    if (PyDict_SetItem(attrs, hooks_key, hooks) < 0) {
         Py_DECREF(attrs);
         return NULL;
     }
@@ -4379,22 +4399,22 @@ fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *s
     }
     *folded += nfold;
     /* the hooks text: one entry per name up to the last present one */
-    Buf b = {NULL, 0, 0};
+    Buf *b = &s->hooks;
     PyObject *hooks = NULL;
     int failed = 0;
+    b->len = 0;
     for (Py_ssize_t at = 0; at <= top && !failed; at++) {
         int present = s->agg[at].stamp == stamp;
-        if (at > 0 && buf_add(&b, ";", 1) < 0) {
+        if (at > 0 && buf_add(b, ";", 1) < 0) {
             failed = 1;
         }
-        else if (present && fold_entry(&b, &s->agg[at]) < 0) {
+        else if (present && fold_entry(b, &s->agg[at]) < 0) {
             failed = 1;
         }
     }
     if (!failed) {
-        hooks = b.len ? buf_to_str(&b) : PyUnicode_New(0, 127);
+        hooks = b->len ? buf_to_str(b) : PyUnicode_New(0, 127);
     }
-    PyMem_Free(b.data);
     if (hooks == NULL) {
         return -1;
     }

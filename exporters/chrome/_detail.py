@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
@@ -66,7 +67,6 @@ MAX_HELD = 1 << 16
 #: Take a thread's rows in C where it can (``_fold``); False: the loop alone.
 FAST = True
 _STEP = "trainer.step"
-_STRINGS_LIMIT = 65_536
 _name, _start, _end, _tid = itemgetter(0), itemgetter(4), itemgetter(5), itemgetter(6)
 
 
@@ -391,23 +391,13 @@ class DetailFilter:
         done = _tuple_new(SpanRow, (*row[:7], {**row[7], HOOKS: hooks}, row[8], row[9]))
         return (done, lane, hooks, len(lane.names), announce)
 
-    def finish(
-        self,
-        out: list[Any],
-        summaries: Iterable[int],
-        part: int,
-        strings: dict[str, str] | None = None,
-    ) -> None:
+    def finish(self, out: list[Any], summaries: Iterable[int], part: int) -> None:
         """Replace the :data:`Summary` tuples at ``summaries`` (in order) by their step
         rows, for rows written to part ``part``. The names list is added when the
         summary asks for it, on the first step of a part, and when the step refers to
-        names not written yet (a new name). ``strings`` (the encoder's cache of JSON
-        literals) is given each ``ppetrace.hooks`` text: digits, ``/``, ``;`` and
-        ``-`` only, its literal is the text in quotes."""
+        names not written yet (a new name)."""
         for i in summaries:
-            row, lane, hooks, count, announce = out[i]
-            if strings is not None:
-                strings[hooks] = f'"{hooks}"'
+            row, lane, _hooks, count, announce = out[i]
             if announce or lane.part != part or count > lane.listed:
                 lane.part, lane.listed = part, count
                 names = lane.names
@@ -449,14 +439,9 @@ def write_summarised(
     at = 0
     for lo in range(0, len(out), _PART_ROWS):
         hi = lo + _PART_ROWS
-        mine = []
-        while at < len(summaries) and summaries[at] < hi:
-            mine.append(summaries[at])
-            at += 1
-        strings = exporter._strings if _speedups is not None else None  # the C encoder's
-        if strings is not None and len(strings) > _STRINGS_LIMIT:  # its bound on a miss
-            strings.clear()
-        exporter._detail.finish(out, mine, exporter._part + exporter._switching(), strings)
+        upto = bisect_left(summaries, hi, at)  # summaries are positions in out, ascending
+        mine, at = summaries[at:upto], upto
+        exporter._detail.finish(out, mine, exporter._part + exporter._switching())
         first = exporter._first_event and not meta
         for part in exporter._encode_spans(out[lo:hi], pid, first):
             exporter._write(meta, earliest, part, spans=part[1])

@@ -125,6 +125,9 @@ PLAIN = st.one_of(
     st.sampled_from([0.0, -0.0, 1.5, -1.5]),
     st.text(max_size=8),
     st.sampled_from(["a", "b", "é", "\ud800", 'q"\\']),
+    # around the C encoder's plain-ASCII path: 0x1f, 0x20, 0x7e and 0x7f, '"' and '\\'
+    st.text(alphabet=st.characters(max_codepoint=0x80), max_size=8),
+    st.sampled_from(["\x1f", " ~", "\x7f", "1;2/3", "", "a\\", '"']),
 )
 ODD = st.one_of(
     st.builds(Make, st.just(Sub), st.text(max_size=4)),
