@@ -240,7 +240,9 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     read. ppetrace's files are read a block of lines at a time, straight into
     columns by a C line scanner (where ``exporters._speedups`` is built; msgspec
     decodes the lines it declines, and every line without it), so memory stays
-    near the size of the frame.
+    near the size of the frame. The scanner lets go of the GIL, so where the
+    process may use two CPUs, the two halves of each large block are scanned at
+    once, the second on a short-lived thread of its own.
     """
     from ._split import run_parts
 

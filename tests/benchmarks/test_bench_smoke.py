@@ -21,6 +21,7 @@ from benchmarks import (  # noqa: E402
     bench_memory,
     bench_trainer,
     bench_writer,
+    bench_writer_instructions,
     run,
 )
 
@@ -237,6 +238,15 @@ def test_instruction_counts_per_step_drop_what_a_run_costs_once(tmp_path: Path) 
     for i, total in enumerate((123, 456), start=1):  # callgrind's dumps, in dump order
         (tmp_path / f"cg.out.{i}").write_text(f"events: Ir\nfn=(1) f\n0 {total}\ntotals: {total}\n")
     assert bench_instructions.totals(tmp_path) == [123, 456]
+
+
+def test_writer_instructions_per_row_use_the_last_round() -> None:
+    order = [["full", 100], ["full", 300], ["full", 100], ["full", 300]]
+    order += [["summarised", 100], ["summarised", 300]]
+    counts = [50_000, 70_000, 1_000 + 100 * 20, 1_000 + 300 * 20, 500 + 100 * 15, 500 + 300 * 15]
+    assert bench_writer_instructions.per_row(order, counts) == {"full": 20.0, "summarised": 15.0}
+    with pytest.raises(ValueError, match=r"Expected one callgrind dump per run \(6\), but found 5"):
+        bench_writer_instructions.per_row(order, counts[:5])
 
 
 def test_writer_bench_shares_one_mapping_per_step_and_measures_both_costs(tmp_path: Path) -> None:
