@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_instructions import totals
+    from benchmarks.bench_instructions import per_step, totals
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    from bench_instructions import totals  # type: ignore[no-redef]
+    from bench_instructions import per_step, totals  # type: ignore[no-redef]
 
 __all__ = ["main", "per_row"]
 
@@ -96,18 +96,7 @@ def _child(template_path: str, steps: tuple[int, int], order_path: str) -> None:
 def per_row(order: list[list[Any]], counts: list[int]) -> dict[str, float]:
     """``{variant: instructions per input row}`` from the runs at two row counts (the
     last run of each variant and count: earlier rounds include one-time costs)."""
-    if len(order) != len(counts):
-        raise ValueError(
-            f"Expected one callgrind dump per run ({len(order)}), but found {len(counts)}."
-        )
-    by: dict[str, dict[int, int]] = {}
-    for (name, rows), count in zip(order, counts, strict=True):
-        by.setdefault(name, {})[int(rows)] = count
-    out = {}
-    for name, runs in by.items():
-        (r1, c1), (r2, c2) = sorted(runs.items())
-        out[name] = (c2 - c1) / (r2 - r1)
-    return out
+    return {name: v["per_step"] for name, v in per_step(order, counts).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2540,6 +2540,31 @@ typedef struct {
     int32_t last_code;
 } RawEncoder;
 
+static Py_ssize_t
+raw_new(RawEncoder *e, TableEntry *slot, const char *p, Py_ssize_t n, uint64_t h)
+{
+    /* the next code, for these bytes (not in the table: slot is where they go); -1 when
+     * memory runs out (no exception set: callable without the GIL) */
+    if (e->count == e->cap) {
+        Py_ssize_t bigger = e->cap ? e->cap * 2 : 64;
+        const char **first = PyMem_RawRealloc(e->first, (size_t)bigger * sizeof(char *));
+        if (first == NULL) {
+            return -1;
+        }
+        e->first = first;
+        Py_ssize_t *len = PyMem_RawRealloc(e->len, (size_t)bigger * sizeof(Py_ssize_t));
+        if (len == NULL) {
+            return -1;
+        }
+        e->len = len;
+        e->cap = bigger;
+    }
+    Py_ssize_t code = e->count++;
+    e->first[code] = p;
+    e->len[code] = n;
+    return table_put(&e->table, slot, p, n, h, code) < 0 ? -1 : code;
+}
+
 static int
 raw_code(RawEncoder *e, const char *p, Py_ssize_t n, int32_t *out)
 {
@@ -2551,27 +2576,7 @@ raw_code(RawEncoder *e, const char *p, Py_ssize_t n, int32_t *out)
     uint64_t h = bytes_hash(p, n);
     TableEntry *slot = table_find(&e->table, p, n, h);
     if (slot->data == NULL) {
-        if (e->count >= INT32_MAX) {
-            return -1;
-        }
-        if (e->count == e->cap) {
-            Py_ssize_t bigger = e->cap ? e->cap * 2 : 16;
-            const char **first = PyMem_RawRealloc(e->first, (size_t)bigger * sizeof(char *));
-            if (first == NULL) {
-                return -1;
-            }
-            e->first = first;
-            Py_ssize_t *len = PyMem_RawRealloc(e->len, (size_t)bigger * sizeof(Py_ssize_t));
-            if (len == NULL) {
-                return -1;
-            }
-            e->len = len;
-            e->cap = bigger;
-        }
-        Py_ssize_t code = e->count++;
-        e->first[code] = p;
-        e->len[code] = n;
-        if (table_put(&e->table, slot, p, n, h, code) < 0) {
+        if (e->count >= INT32_MAX || raw_new(e, slot, p, n, h) < 0) {
             return -1;
         }
         slot = table_find(&e->table, p, n, h);
@@ -3204,28 +3209,9 @@ attr_code(RawEncoder *e, const ScannedEvent *ev, long long *out)
     uint64_t h = ev->attrs_hashed ? ev->attrs_hash : bytes_hash(p, n);
     TableEntry *slot = table_find(&e->table, p, n, h);
     if (slot->data == NULL) {
-        if (e->count == e->cap) {
-            Py_ssize_t bigger = e->cap ? e->cap * 2 : 64;
-            const char **first = PyMem_RawRealloc(e->first, (size_t)bigger * sizeof(char *));
-            if (first == NULL) {
-                return -1;
-            }
-            e->first = first;
-            Py_ssize_t *len = PyMem_RawRealloc(e->len, (size_t)bigger * sizeof(Py_ssize_t));
-            if (len == NULL) {
-                return -1;
-            }
-            e->len = len;
-            e->cap = bigger;
-        }
-        Py_ssize_t code = e->count++;
-        e->first[code] = p;
-        e->len[code] = n;
-        if (table_put(&e->table, slot, p, n, h, code) < 0) {
-            return -1;
-        }
+        Py_ssize_t code = raw_new(e, slot, p, n, h);
         *out = code;
-        return 0;
+        return code < 0 ? -1 : 0;
     }
     *out = slot->code;
     return 0;
