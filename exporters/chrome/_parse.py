@@ -256,7 +256,7 @@ def _lines(
         yield events
 
 
-def _scan_in_place(pending: bytes, block: bytes, scan: Scan) -> tuple[Any, Any] | None:
+def _scan_in_place(pending: bytes, block: bytes, scan: Scan) -> tuple[Any, ...] | None:
     """The line that ``pending`` ends with the block's first line, and the block's other
     whole lines, as ``scan`` reads them; None when it reads either not, or either has
     lines that are no spans (the caller then reads them as one buffer, whose events

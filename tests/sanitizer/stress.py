@@ -102,7 +102,7 @@ def fold(rows: list[SpanRow], starts: list[int], *, pure: bool = False) -> Any:
             for s in starts:
                 f.publish(1, tid, s)
         out, summaries = f.take(1, rows)
-        f.finish(out, summaries, 0, {})
+        f.finish(out, summaries, 0)
         return out, summaries, f.spans_summarised, f.steps_summarised, f.flush_held()
     finally:
         _detail.FAST = saved
