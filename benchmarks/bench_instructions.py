@@ -44,7 +44,7 @@ try:
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     from bench_trainer import REFERENCE, VARIANTS  # type: ignore[no-redef]
 
-__all__ = ["DEFAULT", "main", "per_step", "totals"]
+__all__ = ["DEFAULT", "main", "per_step", "run_callgrind", "totals"]
 
 #: every hand loop and every Trainer variant of bench_trainer
 DEFAULT: tuple[str, ...] = tuple(v for v in VARIANTS if v.startswith(("hand", "ppetrace")))
@@ -108,6 +108,30 @@ def per_step(order: list[list[Any]], counts: list[int]) -> dict[str, dict[str, f
     return out
 
 
+def run_callgrind(
+    valgrind: str, collect: list[str], out: Path, script: Path, args: list[str], done: Path
+) -> bool:
+    """Run ``python script args`` under callgrind (``collect``: its collection options),
+    with a dump into ``out`` after each ``operator.call``; False, having printed the
+    tail of its stderr, when it failed or did not write ``done``."""
+    command = [
+        valgrind,
+        "--tool=callgrind",
+        *collect,
+        "--dump-after=_operator_call",
+        f"--callgrind-out-file={out / 'cg.out'}",
+        sys.executable,
+        str(script.resolve()),
+        *args,
+    ]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    finished = subprocess.run(command, env=env, capture_output=True, text=True)
+    if finished.returncode != 0 or not done.exists():
+        print(finished.stderr[-4000:], file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="*", default=list(DEFAULT))
@@ -141,14 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.all_threads
             else ["--collect-atstart=no", "--toggle-collect=_operator_call"]
         )
-        command = [
-            valgrind,
-            "--tool=callgrind",
-            *collect,
-            "--dump-after=_operator_call",
-            f"--callgrind-out-file={out / 'cg.out'}",
-            sys.executable,
-            str(Path(__file__).resolve()),
+        script = [
             "--workload",
             args.workload,
             "--steps",
@@ -158,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             str(order_path),
             *variants,
         ]
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
-        if done.returncode != 0 or not order_path.exists():
-            print(done.stderr[-4000:], file=sys.stderr)
+        if not run_callgrind(valgrind, collect, out, Path(__file__), script, order_path):
             return 1
         counts = totals(out)
         if not any(counts):

@@ -31,24 +31,24 @@ import argparse
 import gc
 import json
 import operator
-import os
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_instructions import per_step, totals
+    from benchmarks.bench_instructions import per_step, run_callgrind, totals
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    from bench_instructions import per_step, totals  # type: ignore[no-redef]
+    from bench_instructions import per_step, run_callgrind, totals  # type: ignore[no-redef]
 
 __all__ = ["main", "per_row"]
 
 VARIANTS = ("full", "summarised")
 _CHUNK = 16_384  # rows per export_batch, as bench_long_run (d)
+#: every thread: the counters zeroed when operator.call starts (dumped when it ends)
+_COLLECT = ["--zero-before=_operator_call"]
 
 
 def _export(exporter: Any, rows: list[Any]) -> None:
@@ -124,25 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp)
         template_path, order_path = out / "template.pickle", out / "order.json"
         template_path.write_bytes(pickle.dumps(template_step()))
-        command = [
-            valgrind,
-            "--tool=callgrind",
-            "--zero-before=_operator_call",
-            "--dump-after=_operator_call",
-            f"--callgrind-out-file={out / 'cg.out'}",
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--steps",
-            str(steps[0]),
-            str(steps[1]),
-            "--child",
-            str(template_path),
-            str(order_path),
-        ]
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
-        if done.returncode != 0 or not order_path.exists():
-            print(done.stderr[-4000:], file=sys.stderr)
+        script = ["--steps", str(steps[0]), str(steps[1])]
+        script += ["--child", str(template_path), str(order_path)]
+        if not run_callgrind(valgrind, _COLLECT, out, Path(__file__), script, order_path):
             return 1
         results = per_row(json.loads(order_path.read_text()), totals(out))
     ratio = results["summarised"] / results["full"]

@@ -148,39 +148,6 @@ buf_add_ll(Buf *b, long long v)
     return buf_add_ull(b, (unsigned long long)v);
 }
 
-static int
-buf_add_diff_us(Buf *b, long long hi, long long lo)
-{
-    /* (hi - lo) ns as exact decimal µs: 1234567 -> "1234.567", -1 -> "-0.001". The
-     * magnitude of a difference of two int64 fits in uint64, and unsigned subtraction
-     * is defined modulo 2**64, so this cannot overflow. */
-    int neg = hi < lo;
-    unsigned long long mag = neg ? (unsigned long long)lo - (unsigned long long)hi
-                                 : (unsigned long long)hi - (unsigned long long)lo;
-    unsigned long long frac = mag % 1000ULL;
-    char f[4] = {'.', (char)('0' + frac / 100), (char)('0' + (frac / 10) % 10),
-                 (char)('0' + frac % 10)};
-    if (neg && buf_add(b, "-", 1) < 0) {
-        return -1;
-    }
-    if (buf_add_ull(b, mag / 1000ULL) < 0) {
-        return -1;
-    }
-    return buf_add(b, f, 4);
-}
-
-static int
-buf_add_hex16(Buf *b, unsigned long long v)
-{
-    static const char digits[] = "0123456789abcdef";
-    char tmp[16];
-    for (int i = 15; i >= 0; i--) {
-        tmp[i] = digits[v & 0xF];
-        v >>= 4;
-    }
-    return buf_add(b, tmp, 16);
-}
-
 static PyObject *
 buf_to_str(const Buf *b)
 {
@@ -194,21 +161,6 @@ buf_to_str(const Buf *b)
         memcpy(PyUnicode_DATA(s), b->data, (size_t)b->len);
     }
     return s;
-}
-
-static int
-item_ll(PyObject *row, Py_ssize_t i, long long *out)
-{
-    /* row is a tuple the caller holds: its items live as long as it */
-    *out = PyLong_AsLongLong(PyTuple_GET_ITEM(row, i));
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static int
-item_ull(PyObject *row, Py_ssize_t i, unsigned long long *out)
-{
-    *out = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(row, i));
-    return (*out == (unsigned long long)-1 && PyErr_Occurred()) ? -1 : 0;
 }
 
 /* One attribute value as JSON, appended to b. Exact bool/int/float/str are done
@@ -763,7 +715,9 @@ put_ll(char *p, long long v)
 static inline char *
 put_diff_us(char *p, long long hi, long long lo)
 {
-    /* as buf_add_diff_us: (hi - lo) ns as exact decimal µs, without overflow */
+    /* (hi - lo) ns as exact decimal µs: 1234567 -> "1234.567", -1 -> "-0.001". The
+     * magnitude of a difference of two int64 fits in uint64, and unsigned subtraction
+     * is defined modulo 2**64, so this cannot overflow. */
     int neg = hi < lo;
     unsigned long long mag = neg ? (unsigned long long)lo - (unsigned long long)hi
                                  : (unsigned long long)hi - (unsigned long long)lo;

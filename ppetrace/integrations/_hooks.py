@@ -346,7 +346,9 @@ class Hooks:
             except BaseException as exc:
                 st.depth = 0
                 try:
-                    tracker.forward_failed(st, _perf_ns(), exc)
+                    err = _error_text(exc)  # its row now, with ERROR status
+                    fwd = "module.forward"
+                    st.rows.record(fwd, start, _perf_ns(), st.fwd_parent, attrs, None, "ERROR", err)
                 except Exception:
                     hooks.failed("module call")
                 raise
@@ -461,7 +463,10 @@ class Hooks:
             except BaseException as exc:
                 st.in_backward = False
                 try:
-                    tracker.backward_failed(st, _perf_ns(), exc)
+                    err = _error_text(exc)  # its row now, with ERROR status
+                    bwd = "trainer.backward"
+                    end = _perf_ns()
+                    st.rows.record(bwd, start, end, st.bwd_parent, st.bwd_attrs, None, "ERROR", err)
                 except Exception:
                     hooks.failed("backward")
                 raise

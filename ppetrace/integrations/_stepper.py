@@ -40,7 +40,7 @@ import torch
 
 from ..runtime._convert import batch_size
 from ..tracing import FrozenAttributes
-from ..tracing._recorder import RECORDER, _error_text
+from ..tracing._recorder import RECORDER
 from ._detail import StepDetail
 from ._modules import COMPILED, root_name
 from ._record import RowBuffer, current_parent
@@ -245,21 +245,6 @@ class StepTracker:
         if cand is not None and cand.fetched is not None:
             fetch = "trainer.fetch_batch"
             st.rows.record(fetch, cand.fetched, cand.start, cand.parent, cand.fetch_attrs)
-
-    def forward_failed(self, st: ThreadState, end: int, exc: BaseException) -> None:
-        """The outermost training forward that started at ``st.fwd_start`` raised ``exc``
-        at ``end``: its span, with ERROR status, now."""
-        error = _error_text(exc)
-        st.rows.record(
-            "module.forward", st.fwd_start, end, st.fwd_parent, st.fwd_attrs, None, "ERROR", error
-        )
-
-    def backward_failed(self, st: ThreadState, end: int, exc: BaseException) -> None:
-        """The same for the outermost backward that started at ``st.bwd_start``."""
-        error = _error_text(exc)
-        st.rows.record(
-            "trainer.backward", st.bwd_start, end, st.bwd_parent, st.bwd_attrs, None, "ERROR", error
-        )
 
     def _stepped(self) -> None:
         """One more optimizer step: the shared attributes take the new count."""

@@ -544,3 +544,51 @@ def test_closing_gives_the_step_buffers_back_and_keeps_their_rows(
         assert len(_names(_frame(tmp_path / f"t{i}.json"), "trainer.step")) == 2
     ppetrace.flush()
     assert buffers() == before
+
+
+class _Boom(nn.Module):
+    """Raises in forward on the second call, or (``grad``) in backward on the second."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.lin, self.where, self.calls = nn.Linear(16, 4), where, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.where == "forward" and self.calls == 2:
+            raise ValueError("bad batch 2")
+        out = self.lin(x)
+        if self.where == "backward" and self.calls == 2:
+            out = _FailingGrad.apply(out)
+        return out
+
+
+class _FailingGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise ValueError("bad gradient 2")
+
+
+@pytest.mark.parametrize(
+    ("where", "name", "text"),
+    [
+        ("forward", "module.forward", "bad batch 2"),
+        ("backward", "trainer.backward", "bad gradient 2"),
+    ],
+)
+def test_a_forward_or_backward_that_raises_leaves_an_error_span_and_the_exception(
+    tmp_path: Path, make_loader: Loader, where: str, name: str, text: str
+) -> None:
+    model, data = _Boom(where), make_loader(32, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=text), ppetrace.instrument(trace_path=tmp_path / "t.json"):
+        _train(model, data, opt)
+    spans = _names(_frame(tmp_path / "t.json"), name)
+    assert list(spans["status"]) == ["UNSET", "ERROR"]  # the first call, then the one that raised
+    failed = spans.iloc[1]
+    assert text in failed["error"] and "ValueError" in failed["error"]
+    assert failed["end_ns"] >= failed["start_ns"] > spans.iloc[0]["end_ns"]
