@@ -2327,14 +2327,17 @@ done:
     return result;
 }
 
-/* scan_events(buffer, start, end, attr_index, attr_items) -> (names, statuses, ts, dur,
- *     pid, tid, span_id, parent_id, attrs, others)
+/* scan_events(buffer, start, end) -> (names, statuses, ts, dur, pid, tid, span_id,
+ *     parent_id, attrs, attr_info, others)
  *
  * The trace reader's line scanner: the lines buffer[start:end] of a file in ppetrace's
- * one-event-per-line layout, read straight into the columns event_columns gives (the
- * same tuple, and the same attr_index/attr_items bookkeeping), without an object per
- * event. Its pure-Python twin is the msgspec path (exporters/chrome/_parse.py decodes the
- * lines into TypedEvent structs, exporters/chrome/_events.py takes their columns).
+ * one-event-per-line layout, read straight into the columns event_columns gives,
+ * without an object per event. Its pure-Python twin is the msgspec path (exporters/
+ * chrome/_parse.py decodes the lines into TypedEvent structs, exporters/chrome/
+ * _events.py takes their columns). attrs holds each row's code (int64) among the
+ * call's distinct raw attrs objects; attr_info is those objects taken apart by key,
+ * (keys, values, codes) as attr_split gives them, or, when one of them cannot be (a
+ * key with an escape, or twice), the objects themselves, a list of bytes by code.
  *
  * A line is taken here only when it is exactly an X event as ppetrace writes it:
  *
@@ -2357,14 +2360,12 @@ done:
  *
  * The buffer is held (a Py_buffer export) for the whole call, so it cannot be resized
  * or freed under the scan. The loop makes no Python object: it fills this call's own
- * arrays and C tables that point into the buffer, so a large range is scanned without
- * the GIL (two threads can scan two halves of a block at once: exporters/chrome/
- * _parse.py). Only a number that needs PyOS_string_to_double takes the GIL back, for
- * that call. After the loop, with the GIL: the names and statuses become str, and
- * each distinct attrs object of the call is looked up in (or added to) attr_index and
- * attr_items, bytes keys that hash and compare in C, so no Python code runs there
- * either. attr_index and attr_items are borrowed from the call's arguments, which the
- * caller keeps alive.
+ * arrays and C tables that point into the buffer, so a large range is scanned, and its
+ * distinct attrs objects taken apart, without the GIL (two threads can scan two halves
+ * of a block at once: exporters/chrome/_parse.py). Only a number that needs
+ * PyOS_string_to_double takes the GIL back, for that call. After the loop, with the
+ * GIL: the names and statuses become str, the keys str and the attribute values bytes;
+ * no Python code runs there either.
  */
 
 typedef struct {
@@ -3171,49 +3172,209 @@ attr_code(RawEncoder *e, const ScannedEvent *ev, long long *out)
     return 0;
 }
 
+/* The call's distinct attrs objects taken apart by key (attr_split's work, done here
+ * without the GIL and without a bytes object per distinct object): for each key (in
+ * order of first appearance), its distinct raw values and, per distinct attrs object,
+ * the code of its value (-1 where the object lacks the key). Everything points into
+ * the scanned buffer, which the call holds. */
+#define SPLIT_SLOTS 16 /* the keys at the first positions of the previous object */
+
+typedef struct {
+    const char *name; /* the key's bytes, in the buffer */
+    Py_ssize_t name_len;
+    RawEncoder values;
+    int32_t *codes; /* per distinct attrs object */
+    Py_ssize_t last_item;
+} ScanKey;
+
+typedef struct {
+    ScanKey *keys;
+    Py_ssize_t count, cap;
+    BytesTable table; /* key bytes -> index into keys */
+} ScanSplit;
+
 static int
-attr_globals(const RawEncoder *e, PyObject *index, PyObject *items, long long *attr,
-             Py_ssize_t n)
+raw_table_init(BytesTable *t)
 {
-    /* the call's distinct attrs (codes by first appearance) given their codes in
-     * index/items (added when new), and each row's code made that one. Runs no Python
-     * code: bytes keys hash and compare in C. */
-    long long *global = PyMem_Malloc((size_t)(e->count ? e->count : 1) * sizeof(long long));
-    if (global == NULL) {
-        PyErr_NoMemory();
+    /* table_init without the GIL: -1 with no exception set */
+    t->cap = 64;
+    t->used = 0;
+    t->slots = PyMem_RawCalloc((size_t)t->cap, sizeof(TableEntry));
+    return t->slots == NULL ? -1 : 0;
+}
+
+static void
+scan_split_free(ScanSplit *s)
+{
+    for (Py_ssize_t k = 0; k < s->count; k++) {
+        raw_free(&s->keys[k].values);
+        PyMem_RawFree(s->keys[k].codes);
+    }
+    PyMem_RawFree(s->keys);
+    table_free(&s->table);
+    memset(s, 0, sizeof(*s));
+}
+
+static Py_ssize_t
+scan_split_key(ScanSplit *s, const char *key, Py_ssize_t klen, Py_ssize_t items)
+{
+    /* the index of the key's column, added when new; -1 when memory runs out */
+    uint64_t h = bytes_hash(key, klen);
+    TableEntry *slot = table_find(&s->table, key, klen, h);
+    if (slot->data != NULL) {
+        return (Py_ssize_t)slot->code;
+    }
+    if (s->count == s->cap) {
+        Py_ssize_t bigger = s->cap ? s->cap * 2 : 16;
+        ScanKey *grown = PyMem_RawRealloc(s->keys, (size_t)bigger * sizeof(ScanKey));
+        if (grown == NULL) {
+            return -1;
+        }
+        s->keys = grown, s->cap = bigger;
+    }
+    ScanKey *k = &s->keys[s->count];
+    memset(k, 0, sizeof(*k));
+    k->name = key;
+    k->name_len = klen;
+    k->last_item = -1;
+    k->codes = PyMem_RawMalloc((size_t)(items ? items : 1) * sizeof(int32_t));
+    if (k->codes == NULL || raw_table_init(&k->values.table) < 0) {
+        PyMem_RawFree(k->codes);
+        table_free(&k->values.table);
         return -1;
     }
-    int rc = 0;
-    for (Py_ssize_t j = 0; j < e->count && rc == 0; j++) {
-        PyObject *key = PyBytes_FromStringAndSize(e->first[j], e->len[j]);
-        if (key == NULL) {
-            rc = -1;
+    memset(k->codes, 0xFF, (size_t)items * sizeof(int32_t)); /* -1: without the key */
+    s->count++;
+    return table_put(&s->table, slot, key, klen, h, s->count - 1) < 0 ? -1 : s->count - 1;
+}
+
+static int
+scan_split(const RawEncoder *attrs, ScanSplit *s)
+{
+    /* 1 when every distinct attrs object was taken apart; 0 when one has a key with an
+     * escape, or a key twice (attr_split declines the same: the caller keeps the objects
+     * whole); -1 when memory runs out. No exception is set: callable without the GIL.
+     * The objects are valid JSON values (scan_attrs checked them). */
+    Py_ssize_t n = attrs->count;
+    if (raw_table_init(&s->table) < 0) {
+        return -1;
+    }
+    Py_ssize_t at_slot[SPLIT_SLOTS];
+    for (int j = 0; j < SPLIT_SLOTS; j++) {
+        at_slot[j] = -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *p = attrs->first[i], *end = p + attrs->len[i];
+        if (p == end || *p != '{') {
+            continue; /* no attrs, or a value that is no object: no keys */
+        }
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == '}') {
+            continue;
+        }
+        for (int member = 0;; member++) {
+            const char *q;
+            if (p >= end || *p != '"' || (q = scan_string(p + 1, end, 0)) == NULL) {
+                return 0;
+            }
+            const char *key = p + 1;
+            Py_ssize_t klen = q - key;
+            p = skip_ws(q + 1, end);
+            if (p >= end || *p != ':') {
+                return 0;
+            }
+            const char *value = skip_ws(p + 1, end);
+            p = scan_value(value, end, 0);
+            if (p == NULL) {
+                return 0;
+            }
+            Py_ssize_t kc = -1;
+            if (member < SPLIT_SLOTS && at_slot[member] >= 0) {
+                ScanKey *guess = &s->keys[at_slot[member]];
+                if (guess->name_len == klen && memcmp(guess->name, key, (size_t)klen) == 0) {
+                    kc = at_slot[member];
+                }
+            }
+            if (kc < 0 && (kc = scan_split_key(s, key, klen, n)) < 0) {
+                return -1;
+            }
+            if (member < SPLIT_SLOTS) {
+                at_slot[member] = kc;
+            }
+            ScanKey *k = &s->keys[kc];
+            if (k->last_item == i) {
+                return 0; /* a key twice in one object */
+            }
+            k->last_item = i;
+            if (k->values.count >= INT32_MAX ||
+                raw_code(&k->values, value, p - value, &k->codes[i]) < 0) {
+                return -1;
+            }
+            p = skip_ws(p, end);
+            if (p < end && *p == ',') {
+                p = skip_ws(p + 1, end);
+                continue;
+            }
+            if (p >= end || *p != '}') {
+                return 0;
+            }
             break;
         }
-        PyObject *found = PyDict_GetItemWithError(index, key);
-        if (found != NULL) {
-            global[j] = PyLong_AsLongLong(found);
-            rc = global[j] == -1 && PyErr_Occurred() ? -1 : 0;
-        }
-        else if (PyErr_Occurred()) {
-            rc = -1;
-        }
-        else {
-            global[j] = (long long)PyList_GET_SIZE(items);
-            PyObject *boxed = PyLong_FromLongLong(global[j]);
-            rc = boxed == NULL || PyDict_SetItem(index, key, boxed) < 0 ||
-                         PyList_Append(items, key) < 0
-                     ? -1
-                     : 0;
-            Py_XDECREF(boxed);
-        }
-        Py_DECREF(key);
     }
-    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
-        attr[i] = global[attr[i]];
+    return 1;
+}
+
+static PyObject *
+raw_bytes(const RawEncoder *e)
+{
+    /* the encoder's raw values as a list of bytes, by code */
+    PyObject *out = PyList_New(e->count);
+    for (Py_ssize_t i = 0; out != NULL && i < e->count; i++) {
+        PyObject *raw = PyBytes_FromStringAndSize(e->first[i], e->len[i]);
+        if (raw == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, raw);
     }
-    PyMem_Free(global);
-    return rc;
+    return out;
+}
+
+static PyObject *
+scan_split_result(const ScanSplit *s, Py_ssize_t items)
+{
+    /* (keys: list of str, values: list of lists of bytes, codes: list of bytearrays of
+     * int32, one per distinct attrs object) */
+    PyObject *keys = PyList_New(s->count), *values = PyList_New(s->count);
+    PyObject *codes = PyList_New(s->count), *result = NULL;
+    if (keys == NULL || values == NULL || codes == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < s->count; k++) {
+        const ScanKey *key = &s->keys[k];
+        PyObject *name = PyUnicode_DecodeUTF8(key->name, key->name_len, "strict");
+        if (name == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(keys, k, name);
+        PyObject *raws = raw_bytes(&key->values);
+        if (raws == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(values, k, raws);
+        PyObject *c = PyByteArray_FromStringAndSize((const char *)key->codes,
+                                                    items * (Py_ssize_t)sizeof(int32_t));
+        if (c == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(codes, k, c);
+    }
+    result = PyTuple_Pack(3, keys, values, codes);
+done:
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(codes);
+    return result;
 }
 
 #define SCAN_RELEASE_BYTES (1 << 16) /* a scan of this many bytes lets go of the GIL */
@@ -3221,10 +3382,9 @@ attr_globals(const RawEncoder *e, PyObject *index, PyObject *items, long long *a
 static PyObject *
 scan_events(PyObject *module, PyObject *args)
 {
-    PyObject *source, *attr_index, *attr_items;
+    PyObject *source;
     Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "OnnO!O!:scan_events", &source, &start, &stop, &PyDict_Type,
-                          &attr_index, &PyList_Type, &attr_items)) {
+    if (!PyArg_ParseTuple(args, "Onn:scan_events", &source, &start, &stop)) {
         return NULL;
     }
     Py_buffer view;
@@ -3234,9 +3394,13 @@ scan_events(PyObject *module, PyObject *args)
     PyObject *result = NULL, *others = NULL;
     PyObject *arrays[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     PyObject *codes[2] = {NULL, NULL}, *coded[2] = {NULL, NULL}, *uniques[2] = {NULL, NULL};
+    PyObject *attr_info = NULL;
     RawEncoder enc[2], attrs_enc;
+    ScanSplit split;
+    int split_ok = 0;
     memset(enc, 0, sizeof(enc));
     memset(&attrs_enc, 0, sizeof(attrs_enc));
+    memset(&split, 0, sizeof(split));
     Py_ssize_t *spans = NULL, n_spans = 0, cap_spans = 0;
     if (start < 0 || stop > view.len || start > stop) {
         PyErr_SetString(PyExc_ValueError, "Expected 0 <= start <= end <= len(buffer).");
@@ -3331,6 +3495,10 @@ scan_events(PyObject *module, PyObject *args)
         n++;
         p = line_end;
     }
+    if (!nomem) {
+        split_ok = scan_split(&attrs_enc, &split);
+        nomem = split_ok < 0;
+    }
     if (scan_released != NULL) {
         PyEval_RestoreThread(scan_released);
         scan_released = NULL;
@@ -3339,7 +3507,8 @@ scan_events(PyObject *module, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    if (attr_globals(&attrs_enc, attr_index, attr_items, attr, n) < 0) {
+    attr_info = split_ok ? scan_split_result(&split, attrs_enc.count) : raw_bytes(&attrs_enc);
+    if (attr_info == NULL) {
         goto done;
     }
     for (int c = 0; c < 7; c++) {
@@ -3371,8 +3540,8 @@ scan_events(PyObject *module, PyObject *args)
         }
         PyList_SET_ITEM(others, i, at);
     }
-    result = PyTuple_Pack(10, coded[0], coded[1], arrays[0], arrays[1], arrays[2], arrays[3],
-                          arrays[4], arrays[5], arrays[6], others);
+    result = PyTuple_Pack(11, coded[0], coded[1], arrays[0], arrays[1], arrays[2], arrays[3],
+                          arrays[4], arrays[5], arrays[6], attr_info, others);
 done:
     PyBuffer_Release(&view);
     for (int c = 0; c < 7; c++) {
@@ -3385,6 +3554,8 @@ done:
         raw_free(&enc[c]);
     }
     raw_free(&attrs_enc);
+    scan_split_free(&split);
+    Py_XDECREF(attr_info);
     Py_XDECREF(others);
     PyMem_RawFree(spans);
     return result;
@@ -3417,7 +3588,6 @@ typedef struct {
     int32_t last_code;
 } SplitKey;
 
-#define SPLIT_SLOTS 16 /* the keys at the first positions of the previous object */
 
 static PyObject *
 attr_split(PyObject *module, PyObject *arg)
@@ -4726,6 +4896,202 @@ done:
     return result;
 }
 
+/* Frame-wide index work on int64/uint64 columns: the frame's parent positions and the
+ * innermost enclosing span per thread. Both read and write numpy buffers that the
+ * caller passes (C-contiguous, 8-byte items, checked here) and hold no Python object
+ * while they work: the buffers are held by the views, so the GIL is released. */
+
+static int
+get_words(PyObject *obj, Py_buffer *view, int writable, const char *what)
+{
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        return -1;
+    }
+    if (view->len % 8 != 0 || view->itemsize != 8) {
+        PyErr_Format(PyExc_ValueError,
+                     "Expected %s as a contiguous array of 8-byte integers, but its items "
+                     "are %zd bytes; pass numpy int64 or uint64 arrays.",
+                     what, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* parent_positions(span_ids, parent_ids, out) -> bool
+ *
+ * out[i] = the position of the row whose span id is parent_ids[i], or -1 where no row
+ * has it or parent_ids[i] is 0 (a root): exporters/frame.py's _parent_positions with
+ * unique span ids (pd.Index.get_indexer), its twin. False, out unspecified, when a span
+ * id occurs twice, or ids collide past ID_PROBES slots: the caller then takes the
+ * pandas path, which handles both.
+ * An open-addressing table of (id, position + 1), sized to at most half full. */
+typedef struct {
+    uint64_t key;
+    int64_t pos1; /* position + 1; 0 for an empty slot */
+} IdSlot;
+
+static inline size_t
+id_hash(uint64_t key, size_t mask)
+{
+    /* the high bits folded into the low ones, which stay in order: ids that count up
+     * (ppetrace's) land in neighbouring slots, so the passes walk the table in order;
+     * ids that only differ above the mask still spread. A long probe (ids that collide
+     * anyway) ends the C path: the caller's pandas path does not degrade. */
+    return (size_t)(key ^ (key >> 23) ^ (key >> 41)) & mask;
+}
+
+#define ID_PROBES 64 /* the longest probe before parent_positions declines */
+
+static PyObject *
+parent_positions(PyObject *module, PyObject *args)
+{
+    PyObject *sid_obj, *par_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOO:parent_positions", &sid_obj, &par_obj, &out_obj)) {
+        return NULL;
+    }
+    Py_buffer sv, pv, ov;
+    if (get_words(sid_obj, &sv, 0, "span_ids") < 0) {
+        return NULL;
+    }
+    if (get_words(par_obj, &pv, 0, "parent_ids") < 0) {
+        PyBuffer_Release(&sv);
+        return NULL;
+    }
+    if (get_words(out_obj, &ov, 1, "out") < 0) {
+        PyBuffer_Release(&sv);
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = sv.len / 8;
+    if (pv.len != sv.len || ov.len != sv.len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Expected span_ids, parent_ids and out of one length, but they differ.");
+        goto done;
+    }
+    size_t size = 16;
+    while (size < (size_t)n * 2) {
+        size <<= 1;
+    }
+    IdSlot *table = PyMem_RawCalloc(size, sizeof(IdSlot));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint64_t *sid = sv.buf, *par = pv.buf;
+    int64_t *out = ov.buf;
+    int unique = 1;
+    size_t mask = size - 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && unique; i++) {
+        size_t h = id_hash(sid[i], mask);
+        int probes = 0;
+        while (table[h].pos1 != 0) {
+            if (table[h].key == sid[i] || ++probes > ID_PROBES) {
+                unique = 0;
+                break;
+            }
+            h = (h + 1) & mask;
+        }
+        table[h].key = sid[i];
+        table[h].pos1 = (int64_t)i + 1;
+    }
+    for (Py_ssize_t i = 0; i < n && unique; i++) {
+        int64_t found = -1;
+        if (par[i] != 0) { /* every id sits within ID_PROBES slots of its own: so far */
+            size_t h = id_hash(par[i], mask);
+            for (int probes = 0; probes <= ID_PROBES && table[h].pos1 != 0; probes++) {
+                if (table[h].key == par[i]) {
+                    found = table[h].pos1 - 1;
+                    break;
+                }
+                h = (h + 1) & mask;
+            }
+        }
+        out[i] = found;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(table);
+    result = PyBool_FromLong(unique);
+done:
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&ov);
+    return result;
+}
+
+/* enclosing_sorted(order, end, thread, out) -> None
+ *
+ * For the rows in order (sorted by thread, start and longest first: _nesting's order),
+ * out[order[j]] = order[k] for the nearest k < j on the same thread with
+ * end[order[k]] >= end[order[j]], else -1: exporters/_nesting.py's _enclosing (all
+ * nearest larger-or-equal values by pointer jumping), its twin, with a stack. */
+static PyObject *
+enclosing_sorted(PyObject *module, PyObject *args)
+{
+    PyObject *order_obj, *end_obj, *thread_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:enclosing_sorted", &order_obj, &end_obj, &thread_obj,
+                          &out_obj)) {
+        return NULL;
+    }
+    Py_buffer views[4];
+    PyObject *objs[4] = {order_obj, end_obj, thread_obj, out_obj};
+    const char *what[4] = {"order", "end", "thread", "out"};
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 4; got++) {
+        if (get_words(objs[got], &views[got], got == 3, what[got]) < 0) {
+            goto done;
+        }
+    }
+    Py_ssize_t n = views[0].len / 8;
+    for (int c = 1; c < 4; c++) {
+        if (views[c].len != views[0].len) {
+            PyErr_SetString(PyExc_ValueError,
+                            "Expected order, end, thread and out of one length, but they differ.");
+            goto done;
+        }
+    }
+    const int64_t *order = views[0].buf, *end = views[1].buf, *thread = views[2].buf;
+    int64_t *out = views[3].buf;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (order[j] < 0 || order[j] >= n) {
+            PyErr_Format(PyExc_ValueError,
+                         "Expected order to hold row positions below %zd, but it holds %lld.",
+                         n, (long long)order[j]);
+            goto done;
+        }
+    }
+    int64_t *stack = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t top = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t row = order[j];
+        if (top && thread[stack[top - 1]] != thread[row]) {
+            top = 0; /* a new thread: nothing before it encloses */
+        }
+        while (top && end[stack[top - 1]] < end[row]) {
+            top--;
+        }
+        out[row] = top ? stack[top - 1] : -1;
+        stack[top++] = row;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(stack);
+    result = Py_NewRef(Py_None);
+done:
+    for (int c = 0; c < got; c++) {
+        PyBuffer_Release(&views[c]);
+    }
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
     {"attr_table", attr_table, METH_VARARGS,
@@ -4750,6 +5116,10 @@ static PyMethodDef module_methods[] = {
      "The thread id of a batch of one thread's rows in the detail filter's order, or None."},
     {"fold_lane", fold_lane, METH_VARARGS,
      "One thread's rows through the detail filter (DetailFilter._take_lane's C twin)."},
+    {"parent_positions", parent_positions, METH_VARARGS,
+     "Each row's parent position by span id (frame._parent_positions' C twin)."},
+    {"enclosing_sorted", enclosing_sorted, METH_VARARGS,
+     "The innermost enclosing span of each row on its thread (_nesting._enclosing's C twin)."},
     {"register_frozen_type", register_frozen_type, METH_O,
      "Treat this dict subclass (exporters.FrozenAttributes) like a dict."},
     {NULL, NULL, 0, NULL},

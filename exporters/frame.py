@@ -285,7 +285,24 @@ def _as_float(column: Any) -> np.ndarray:
 
 
 def _parent_positions(span_ids: np.ndarray, parent_ids: np.ndarray, pids: np.ndarray) -> np.ndarray:
-    """For each row, the row position of its parent, or -1 (root, or parent not present)."""
+    """For each row, the row position of its parent, or -1 (root, or parent not present).
+
+    With unique span ids, in C where it is built (``_speedups.parent_positions``, one
+    hash table; this function's pandas path is its twin)."""
+    if _speedups is not None:
+        sid = np.ascontiguousarray(span_ids, dtype=np.uint64)
+        par = np.ascontiguousarray(parent_ids, dtype=np.uint64)
+        out = np.empty(len(sid), dtype=np.int64)
+        if _speedups.parent_positions(sid, par, out):
+            return out
+    return _parent_positions_py(span_ids, parent_ids, pids)
+
+
+def _parent_positions_py(
+    span_ids: np.ndarray, parent_ids: np.ndarray, pids: np.ndarray
+) -> np.ndarray:
+    """:func:`_parent_positions` in pandas (the C path's twin, and the path for ids that
+    occur more than once)."""
     index = pd.Index(span_ids)
     if index.is_unique:
         pos = index.get_indexer(parent_ids)

@@ -84,7 +84,12 @@ class _Part:
     has_id: np.ndarray
     status: np.ndarray
     errors: list[str] | None  # None: no error in the chunk
-    attrs: np.ndarray  # codes into SpanColumns._attr_items
+    attrs: np.ndarray  # codes into SpanColumns._attr_items (0, no attrs, where split)
+    #: the scanner's attributes, taken apart by key: per key, the code among that key's
+    #: values (SpanColumns._key_values) of each of the chunk's distinct attrs objects
+    #: (-1: the object lacks the key), and each row's object (``split_rows``)
+    split: dict[str, np.ndarray] | None = None
+    split_rows: np.ndarray | None = None
 
 
 @dataclass
@@ -112,6 +117,8 @@ class SpanColumns:
         self._attr_index: dict[bytes, int] = {b"": 0}
         self._attr_items: list[bytes] = [b""]
         self._attr_dicts: dict[int, dict[str, Any]] = {}  # code -> a value given as a dict
+        # each key's raw values (JSON), chunk after chunk: distinct within a chunk
+        self._key_values: dict[str, list[bytes]] = {}
         self._id_key = "span_id"
         self._not_hex = False
         self._dicts = False
@@ -132,7 +139,7 @@ class SpanColumns:
         decodes the block into events: the pure-Python twin of this path)."""
         if _speedups is None:
             return None
-        *cols, spans = _speedups.scan_events(buffer, start, end, self._attr_index, self._attr_items)
+        *cols, spans = _speedups.scan_events(buffer, start, end)
         if not spans:
             return _Scanned(tuple(cols), [])
         lines = [bytes(buffer[a:b]).rstrip() for a, b in zip(spans[::2], spans[1::2], strict=True)]
@@ -246,11 +253,31 @@ class SpanColumns:
         self,
         names: tuple[bytes, list[str]],
         statuses: tuple[bytes, list[str]],
-        *arrays: bytearray,
+        *arrays: Any,
     ) -> None:
-        """A chunk's columns from ``_speedups.event_columns``."""
-        ts, dur, pid, tid, sid, par, attrs = arrays
+        """A chunk's columns from ``_speedups.event_columns`` (attribute codes into
+        ``_attr_items``) or ``_speedups.scan_events`` (codes into the chunk's own distinct
+        attrs objects, then those objects taken apart by key, or whole)."""
+        ts, dur, pid, tid, sid, par, attrs, *info = arrays
         n = len(ts) // 8
+        codes = np.frombuffer(attrs, dtype=np.int64)
+        split = None
+        if info and type(info[0]) is tuple:  # by key: each key's values after the others'
+            keys, values, key_codes = info[0]
+            split = {
+                key: _append(self._key_values, key, raws, np.frombuffer(local, dtype=np.int32))
+                for key, raws, local in zip(keys, values, key_codes, strict=True)
+            }
+        elif info:  # whole objects (one could not be taken apart): into _attr_items
+            index, items = self._attr_index, self._attr_items
+            glob = np.empty(len(info[0]), dtype=np.int64)
+            for j, raw in enumerate(info[0]):
+                code = index.get(raw)
+                if code is None:
+                    code = index[raw] = len(items)
+                    items.append(raw)
+                glob[j] = code
+            codes = glob[codes]
         self._parts.append(
             _Part(
                 self._names.remap(*names),
@@ -263,7 +290,9 @@ class SpanColumns:
                 np.ones(n, dtype=np.bool_),
                 self._statuses.remap(*statuses),
                 None,
-                np.frombuffer(attrs, dtype=np.int64),
+                np.zeros(n, dtype=np.int64) if split is not None else codes,
+                split,
+                codes if split is not None else None,
             )
         )
 
@@ -377,6 +406,7 @@ class SpanColumns:
         has_id = np.concatenate([p.has_id for p in parts])
         statuses = np.concatenate([p.status for p in parts])
         codes = np.concatenate([p.attrs for p in parts])
+        split = _split_rows(parts)
         errors: Any = None
         if any(p.errors is not None for p in parts):
             errors = [e for p in parts for e in (p.errors or [""] * len(p.start))]
@@ -386,6 +416,7 @@ class SpanColumns:
             for f in col:
                 col[f] = col[f][has_id]
             statuses, codes = statuses[has_id], codes[has_id]
+            split = {key: c[has_id] for key, c in split.items()}
             if errors is not None:
                 errors = list(compress(errors, has_id.tolist()))
         n = len(col["start"])
@@ -425,14 +456,22 @@ class SpanColumns:
             [],
             Coded(statuses, self._statuses.values),
             errors if errors is not None else Coded(np.zeros(n, dtype=np.int32), [""]),
-            attr_columns=self._attr_columns(codes),
+            attr_columns=self._attr_columns(codes, split, dropped=with_ids and not has_id.all()),
         )
 
-    def _attr_columns(self, codes: np.ndarray) -> dict[Any, Any]:
+    def _attr_columns(
+        self, codes: np.ndarray, split: dict[str, np.ndarray], *, dropped: bool
+    ) -> dict[Any, Any]:
         """Every attribute's typed column: typed once over the distinct attribute
-        values, then spread over the rows by their codes."""
+        values, then spread over the rows by their codes. ``codes``: each row's code
+        into ``_attr_items``; ``split``: per key, each row's code into that key's
+        values in ``_key_values`` (-1 where the row has no such value), for the rows
+        that the C scanner read (their ``codes`` are 0, no attributes). ``dropped``:
+        rows were left out (events that are no spans), so some values may be no row's."""
         items, given = self._attr_items, self._attr_dicts
+        key_values = self._key_values
         self._attr_items, self._attr_index, self._attr_dicts = [b""], {b"": 0}, {}
+        self._key_values = {}
         seen = np.zeros(len(items), dtype=np.bool_)
         seen[codes] = True  # only the values of rows still present (spans, not others)
         rows = codes
@@ -443,9 +482,11 @@ class SpanColumns:
             rows = position[codes]
             given = {int(position[c]): d for c, d in given.items() if seen[c]}
             items = list(map(items.__getitem__, used.tolist()))
-        split = _speedups.attr_split(items) if _speedups is not None and not given else None
-        if split is not None:  # each key's distinct values decoded, not each object
-            keys, key_codes, values = split
+        if split:
+            return _by_key(key_values, split, items, given, rows, dropped)
+        by_key = _speedups.attr_split(items) if _speedups is not None and not given else None
+        if by_key is not None:  # each key's distinct values decoded, not each object
+            keys, key_codes, values = by_key
             return _split_columns(keys, key_codes, values, rows)
         dicts = _decode_all([x or b"{}" for x in items])
         if set(map(type, dicts)) != {dict}:
@@ -467,6 +508,103 @@ def _split_columns(
         uniques = _decode_all(values[k])
         out[keys[k]] = _coded_column(uniques, np.frombuffer(codes[k], dtype=np.int32)[rows])
     return out
+
+
+def _append(
+    key_values: dict[str, list[bytes]], key: str, raws: list[bytes], local: np.ndarray
+) -> np.ndarray:
+    """``raws`` added after the key's values, and ``local`` (codes into ``raws``, -1 for
+    none) made codes into them all. A value may so occur more than once among a key's
+    values (once per chunk that has it): the column is typed over its values and
+    spread over its rows by code, so that is the same column, and no table of every
+    distinct value is kept."""
+    values = key_values.setdefault(key, [])
+    offset = len(values)
+    values.extend(raws)
+    return np.where(local >= 0, local + offset, -1).astype(np.int32, copy=False)
+
+
+def _split_rows(parts: list[_Part]) -> dict[str, np.ndarray]:
+    """Per key of the scanner's split attributes, every row's code into the key's
+    values (-1: none; every row of a chunk read otherwise)."""
+    keys = dict.fromkeys(key for p in parts if p.split is not None for key in p.split)
+    out = {}
+    for key in keys:
+        pieces = []
+        for p in parts:
+            table = p.split.get(key) if p.split is not None else None
+            if table is None:
+                pieces.append(np.full(len(p.start), -1, dtype=np.int32))
+            else:
+                pieces.append(table[p.split_rows])
+        out[key] = np.concatenate(pieces)
+    return out
+
+
+def _by_key(
+    key_values: dict[str, list[bytes]],
+    split: dict[str, np.ndarray],
+    items: list[bytes],
+    given: dict[int, dict[str, Any]],
+    rows: np.ndarray,
+    dropped: bool,
+) -> dict[Any, Any]:
+    """The attribute columns when some rows came taken apart by key (``split``, codes
+    into ``key_values``) and the others as codes (``rows``) into whole objects
+    (``items``, or ``given`` dicts): each key's values decoded once, the whole objects'
+    values added to them, then typed as :func:`_coded_column` types them."""
+    codes = dict(split)
+    extra: dict[Any, list[Any]] = {}  # per key, decoded values after its raw ones
+    whole = len(items) > 1 or bool(given)
+    by_key = None
+    if whole and _speedups is not None and not given:
+        by_key = _speedups.attr_split(items)
+    if by_key is not None:  # the objects' raw values join the key's raw values
+        for key, item_codes, raws in zip(*by_key, strict=True):
+            local = np.frombuffer(item_codes, dtype=np.int32)[rows]
+            codes[key] = _either(codes.get(key), _append(key_values, key, raws, local))
+    elif whole:  # objects decoded whole (an odd key, or dicts given): their values
+        dicts = _decode_all([x or b"{}" for x in items])
+        dicts = [x if type(x) is dict else {} for x in dicts]
+        for code, value in given.items():
+            dicts[code] = value
+        for key in dict.fromkeys(k for d in dicts for k in d):
+            base = len(key_values.get(key, ()))
+            has = np.fromiter((key in d for d in dicts), np.bool_, len(dicts))
+            values = [d.get(key) for d in dicts]
+            local = np.where(has, base + np.arange(len(dicts)), -1)[rows]
+            extra[key] = values
+            codes[key] = _either(codes.get(key), local.astype(np.int32))
+    try:
+        keys = sorted(codes)
+    except TypeError:  # keys that are not all strings (dicts given): first-seen order
+        keys = list(codes)
+    out = {}
+    for key in keys:
+        uniques = _decode_all(key_values.get(key, [])) + extra.get(key, [])
+        if dropped or key in extra:  # values of no row: not to type the column by
+            out[key] = _coded_column(*_used(uniques, codes[key]))
+        else:
+            out[key] = _coded_column(uniques, codes[key])
+    return out
+
+
+def _either(first: np.ndarray | None, second: np.ndarray) -> np.ndarray:
+    """Each row's code from ``first`` where it has one (>= 0), else from ``second``."""
+    return second if first is None else np.where(first >= 0, first, second)
+
+
+def _used(uniques: list[Any], codes: np.ndarray) -> tuple[list[Any], np.ndarray]:
+    """Only the values some row has (those of rows that are no spans are dropped),
+    renumbered: :func:`_coded_column` types a column by its values."""
+    seen = np.zeros(len(uniques), dtype=np.bool_)
+    seen[codes[codes >= 0]] = True
+    if seen.all():
+        return uniques, codes
+    kept = np.flatnonzero(seen)
+    position = np.full(len(uniques) + 1, -1, dtype=np.int32)  # [-1]: stays -1
+    position[kept] = np.arange(len(kept), dtype=np.int32)
+    return [uniques[i] for i in kept.tolist()], position[codes]
 
 
 def _coded_column(uniques: list[Any], codes: np.ndarray) -> Any:

@@ -8,12 +8,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from exporters import spans_to_frame, step_report
-from exporters._nesting import effective_parents
+from exporters import _accel, spans_to_frame, step_report
+from exporters._nesting import _enclosing, _enclosing_py, effective_parents
 from exporters._steps import assign_steps
 from exporters.comparison import event_samples
-from exporters.frame import _parent_positions
+from exporters.frame import _parent_positions, _parent_positions_py
 
 RunBuilder = Any
 
@@ -229,3 +232,78 @@ def test_identical_intervals_never_put_a_span_under_its_own_child(
     frame = spans_to_frame(rb.batch())
     assert assign_steps(frame, 0).self_ns is None
     assert step_report(frame, warmup_steps=0).events.set_index("event").loc["outer", "self_ns"] == 0
+
+
+_needs_c = pytest.mark.skipif(_accel.SPEEDUPS is None, reason="exporters._speedups is not built")
+# few distinct values, so that ids repeat, parents are found and intervals tie
+_SMALL = st.integers(min_value=0, max_value=12)
+
+
+@_needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.tuples(_SMALL, _SMALL, st.integers(0, 2)), min_size=1, max_size=40),
+    wide=st.booleans(),
+)
+def test_c_parent_positions_match_the_pandas_twin(
+    rows: list[tuple[int, int, int]], wide: bool
+) -> None:
+    """``_speedups.parent_positions`` against the pandas path: ids 0 (a root), absent
+    parents, and ids that repeat (where C declines and pandas decides)."""
+    high = 1 << 63 if wide else 0  # ids past int64 too; 0 stays the root's
+
+    def ids(values: list[int]) -> np.ndarray:
+        return np.array([v | high if v else 0 for v in values], dtype=np.uint64)
+
+    sid, par = ids([r[0] for r in rows]), ids([r[1] for r in rows])
+    pid = np.array([r[2] for r in rows], dtype=np.int64)
+    expected = _parent_positions_py(sid, par, pid)
+    np.testing.assert_array_equal(_parent_positions(sid, par, pid), expected)
+    out = np.empty(len(sid), dtype=np.int64)
+    assert _accel.SPEEDUPS.parent_positions(sid, par, out) == (len(set(sid.tolist())) == len(sid))
+
+
+@_needs_c
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.tuples(_SMALL, _SMALL, st.integers(0, 2)), min_size=1, max_size=40))
+def test_c_enclosing_spans_match_the_numpy_twin(rows: list[tuple[int, int, int]]) -> None:
+    """``_speedups.enclosing_sorted`` (a stack) against pointer jumping in numpy, on
+    intervals that tie, nest and cross, over a few threads."""
+    start = np.array([r[0] for r in rows], dtype=np.int64)
+    end = start + np.array([r[1] for r in rows], dtype=np.int64)
+    thread = np.array([r[2] for r in rows], dtype=np.int64)
+    order = np.lexsort((-(end - start), start, thread))
+    np.testing.assert_array_equal(
+        _enclosing(order, start, end, thread), _enclosing_py(order, end, thread)
+    )
+
+
+@_needs_c
+def test_ids_that_collide_in_the_c_table_are_left_to_pandas() -> None:
+    """Ids chosen to share one slot of the C table (its hash, rebuilt here) make it
+    decline rather than probe on; the positions still come out right."""
+    n, mask = 200, 511  # 200 rows: a table of 512 slots
+    rng = np.random.default_rng(7)
+    pool = rng.integers(1, 1 << 62, 400_000, dtype=np.uint64)
+    home = (pool ^ (pool >> np.uint64(23)) ^ (pool >> np.uint64(41))) & np.uint64(mask)
+    sid = np.unique(pool[home == home[0]])[:n]
+    assert len(sid) == n
+    par = np.roll(sid, 1)
+    par[0] = 12345  # absent
+    out = np.empty(n, dtype=np.int64)
+    assert not _accel.SPEEDUPS.parent_positions(sid, par, out)
+    pid = np.zeros(n, dtype=np.int64)
+    expected = np.array([-1, *range(n - 1)])
+    np.testing.assert_array_equal(_parent_positions(sid, par, pid), expected)
+
+
+@_needs_c
+def test_the_c_index_helpers_refuse_arrays_they_cannot_read() -> None:
+    c = _accel.SPEEDUPS
+    ids = np.arange(4, dtype=np.uint64)
+    with pytest.raises(ValueError, match="8-byte integers"):
+        c.parent_positions(ids.astype(np.int32), ids, np.empty(4, np.int64))
+    with pytest.raises(ValueError, match="one length"):
+        c.parent_positions(ids, ids[:3], np.empty(4, np.int64))
+    with pytest.raises(ValueError, match="row positions below 4"):
+        c.enclosing_sorted(np.array([0, 9, 1, 2]), ids, ids, np.empty(4, np.int64))

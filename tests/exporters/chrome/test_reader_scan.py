@@ -120,6 +120,7 @@ _ATTRS = [
     b'{"k":"\xc3\xa9"}',
     b'{"k":"\xff"}',
     b'{"ppetrace.step":1.5,"ppetrace.step":2}',
+    b'{"ppetrace.st\\u0065p":3,"k":1}',
     b'{"k":2e}',
     b'{"k":9223372036854775808}',
 ]
@@ -199,7 +200,7 @@ def test_numbers_are_read_as_msgspec_reads_them(value: float, form: str) -> None
     if b"inf" in text or len(text) > 63:
         return
     line = _line(0, ts=text, dur=text)
-    cols = SPEEDUPS.scan_events(bytearray(line), 0, len(line), {b"": 0}, [b""])
+    cols = SPEEDUPS.scan_events(bytearray(line), 0, len(line))
     expected = msgspec.json.decode(b"[" + line.rstrip(b",\n") + b"]", type=list[_parse.TypedEvent])
     ts, dur = struct.unpack("<d", cols[2])[0], struct.unpack("<d", cols[3])[0]
     assert struct.pack("<d", ts) == struct.pack("<d", expected[0].ts), text
@@ -218,16 +219,31 @@ def test_lines_the_scanner_declines_come_back_whole() -> None:
         _line(6, attrs=b'{"k":"\xff"}'),
     ]
     data = bytearray(good + b"".join(odd) + good)
-    index: dict[bytes, int] = {b"": 0}
-    items = [b""]
-    *cols, spans = SPEEDUPS.scan_events(data, 0, len(data), index, items)
+    *cols, info, spans = SPEEDUPS.scan_events(data, 0, len(data))
     assert len(cols[2]) // 8 == 2
     back = [bytes(data[a:b]) + b"\n" for a, b in zip(spans[::2], spans[1::2], strict=True)]
     assert back == odd
-    assert items[1:] == [json.dumps(json.loads(good[:-2])["attrs"], separators=(",", ":")).encode()]
-    assert SPEEDUPS.scan_events(bytearray(b"\n\n"), 0, 2, index, items)[-1] == []
+    # both rows have the one distinct attrs object, taken apart by key
+    assert struct.unpack("<2q", cols[8]) == (0, 0)
+    keys, values, codes = info
+    attrs = json.loads(good[:-2])["attrs"]
+    assert keys == list(attrs)
+    assert values == [[json.dumps(v).encode()] for v in attrs.values()]
+    assert [struct.unpack("<i", c) for c in codes] == [(0,)] * len(attrs)
+    assert SPEEDUPS.scan_events(bytearray(b"\n\n"), 0, 2)[-1] == []
     with pytest.raises(ValueError, match="start <= end"):
-        SPEEDUPS.scan_events(data, 5, len(data) + 1, index, items)
+        SPEEDUPS.scan_events(data, 5, len(data) + 1)
+
+
+def test_attrs_the_scanner_cannot_take_apart_come_back_whole() -> None:
+    """A key with an escape, or a key twice: the line is read, and its chunk's distinct
+    attrs objects come back whole (as attr_split declines them too)."""
+    for odd in (b'{"a\\u0041":1}', b'{"a":1,"a":2}'):
+        data = bytearray(_line(0) + _line(1, attrs=odd) + _line(2, attrs=b"7"))
+        *cols, info, spans = SPEEDUPS.scan_events(data, 0, len(data))
+        assert spans == [] and len(cols[2]) // 8 == 3
+        assert type(info) is list and info[1:] == [odd, b"7"]
+        assert struct.unpack("<3q", cols[8]) == (0, 1, 2)
 
 
 _ATTR_VALUES = st.one_of(
@@ -286,6 +302,30 @@ class _NoSplit:
         if name == "attr_split":
             return lambda items: None
         return getattr(self._module, name)
+
+
+@pytest.mark.parametrize("odd", [b'{"ppetrace.st\\u0065p":"x","k":1}', b'{"k":1,"k":[2]}'])
+def test_chunks_taken_apart_and_chunks_kept_whole_make_one_column_per_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: bytes
+) -> None:
+    """One chunk's attrs kept whole (an escaped key, or a key twice: the msgspec path
+    then decodes them), the others taken apart by key in C: a key that both have is
+    one column, typed over all its values (here ints and a str, so objects)."""
+    lines = [_line(i) for i in range(40)]
+    lines[25] = _line(25, attrs=odd)
+    path = tmp_path / "t.json"
+    path.write_bytes(_HEAD + b"".join(lines) + b"]}\n")
+    monkeypatch.setattr(_parse, "_BLOCK", 1024)  # several chunks
+    results = _read_all_ways(path, monkeypatch)
+    frame = results[0][0]
+    step = frame["step"] if "step" in frame else frame["ppetrace.step"]
+    assert len(frame) == 40 and frame["epoch"].eq(0).all()
+    assert "k" in frame
+    if b"u0065" in odd:
+        expected: list[Any] = [i // 3 for i in range(40)]
+        expected[25] = "x"
+        assert step.tolist() == expected
+    _assert_same(results)
 
 
 def test_attr_split_declines_what_it_cannot_take_apart() -> None:
@@ -349,8 +389,8 @@ def test_numbers_are_read_as_msgspec_reads_them_without_the_gil() -> None:
     texts = [forms[i % 4].format(v).encode() for i, v in enumerate(values)]
     block = b"".join(_line(i, ts=t, dur=t) for i, t in enumerate(texts))
     assert len(block) >= 1 << 16
-    cols = SPEEDUPS.scan_events(block, 0, len(block), {b"": 0}, [b""])
+    cols = SPEEDUPS.scan_events(block, 0, len(block))
     expected = msgspec.json.decode(b"[" + block.rstrip(b",\n") + b"]", type=list[_parse.TypedEvent])
-    assert not cols[9]  # every line taken
+    assert not cols[10]  # every line taken
     ts = struct.unpack(f"<{len(texts)}d", cols[2])
     assert [struct.pack("<d", t) for t in ts] == [struct.pack("<d", e.ts) for e in expected]
