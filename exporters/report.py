@@ -135,12 +135,18 @@ def step_report(
     val_root, val_share = _validation_rows(frame, assignment.ppos)
     in_val = val_root >= 0
     train = ~excluded & ~in_val
-    # the columns the tables read, not a copy of every column of a million-row frame
-    slim = frame[[c for c in ("name", "dur_ns", "device_dur_ns") if c in frame.columns]]
+    # the columns the tables read, as arrays: no copy of a million-row frame's rows
+    dur = frame["dur_ns"].to_numpy(np.int64)
+    device = _device_times(frame)
     assert assignment.names is not None
     codes, uniques = assignment.names
     events = _event_table(
-        slim.loc[train], on_thread[train], wall_total, self_all[train], (codes[train], uniques)
+        dur[train],
+        None if device is None else device[train],
+        on_thread[train],
+        wall_total,
+        self_all[train],
+        (codes[train], uniques),
     )
     detail = None
     if len(aggregates.summarised):
@@ -157,7 +163,12 @@ def step_report(
         events = _with_between_row(events, between, wall_total)
     val_total = float(frame["dur_ns"].to_numpy(np.int64)[val_root[val_root == np.arange(n)]].sum())
     validation = _event_table(
-        slim.loc[in_val], val_share[in_val], val_total, self_all[in_val], (codes[in_val], uniques)
+        dur[in_val],
+        None if device is None else device[in_val],
+        val_share[in_val],
+        val_total,
+        self_all[in_val],
+        (codes[in_val], uniques),
     )
     return StepReport(
         events=events,
@@ -332,24 +343,30 @@ def _stored_tables(frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
+def _device_times(frame: pd.DataFrame) -> np.ndarray | None:
+    """The frame's device time per span (float ns, NaN where unknown), or None when it
+    has none at all."""
+    if "device_dur_ns" not in frame.columns:
+        return None
+    dev = pd.to_numeric(frame["device_dur_ns"], errors="coerce").to_numpy(dtype=float)
+    return dev if np.isfinite(dev).any() else None
+
+
 def _event_table(
-    frame: pd.DataFrame,
+    dur: np.ndarray,
+    device: np.ndarray | None,
     in_step: np.ndarray,
     wall_total: float,
     self_ns: np.ndarray,
-    coded: tuple[np.ndarray, np.ndarray] | None = None,
+    coded: tuple[np.ndarray, np.ndarray],
 ) -> pd.DataFrame:
     """Per event: inclusive statistics, self time, and ``share``: the self time of the
     rows in ``in_step`` over ``wall_total`` (NaN for an event with no such row).
-    ``coded``: the rows' names as (codes, uniques), when the caller has them."""
-    if not len(frame):
+    The rows' durations, device times (:func:`_device_times`) and names as (codes,
+    uniques): grouped by integer codes, any name works, whatever pandas' string storage."""
+    if not len(dur):
         return _empty_events()
-    dur = frame["dur_ns"].to_numpy(np.int64)
-    # grouped by integer codes: any name works, whatever pandas' string storage
-    if coded is None:
-        codes, names = pd.factorize(frame["name"].to_numpy(dtype=object))
-    else:
-        codes, names = coded
+    codes, names = coded
     data = pd.DataFrame(
         {
             "event": codes,
@@ -379,15 +396,12 @@ def _event_table(
         out["share"] = (step_sum / wall_total).where(any_in_step)
     else:
         out["share"] = np.nan
-    device = frame["device_dur_ns"] if "device_dur_ns" in frame.columns else None
     columns = list(_EVENT_COLUMNS)
-    if device is not None:
-        dev = pd.to_numeric(device, errors="coerce").to_numpy(dtype=float)
-        if np.isfinite(dev).any():
-            dg = pd.Series(dev, index=data.index).groupby(data["event"], sort=False)
-            out["device_total_ns"] = dg.sum(min_count=1)
-            out["device_mean_ns"] = dg.mean()
-            columns += ["device_total_ns", "device_mean_ns"]
+    if device is not None and np.isfinite(device).any():
+        dg = pd.Series(device, index=data.index).groupby(data["event"], sort=False)
+        out["device_total_ns"] = dg.sum(min_count=1)
+        out["device_mean_ns"] = dg.mean()
+        columns += ["device_total_ns", "device_mean_ns"]
     labels = np.asarray(names, dtype=object)[out.index.to_numpy(dtype=np.int64)]
     totals = out["total_ns"].to_numpy()
     # largest total first, then by name; sorted in Python, since pandas would

@@ -28,8 +28,9 @@ import pandas as pd
 
 from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
-from .._pandas import Coded, strings_from_codes
-from ..frame import _attribute_columns, _build, _column, empty_frame
+from .._pandas import Coded
+from ..frame import _attribute_columns, _build, empty_frame
+from ._attrs import append_values, by_key, split_columns, split_rows
 from ._encode import RANK_RE, RESERVED_ARGS
 from ._fields import (
     _I64_MAX,
@@ -265,7 +266,9 @@ class SpanColumns:
         if info and type(info[0]) is tuple:  # by key: each key's values after the others'
             keys, values, key_codes = info[0]
             split = {
-                key: _append(self._key_values, key, raws, np.frombuffer(local, dtype=np.int32))
+                key: append_values(
+                    self._key_values, key, raws, np.frombuffer(local, dtype=np.int32)
+                )
                 for key, raws, local in zip(keys, values, key_codes, strict=True)
             }
         elif info:  # whole objects (one could not be taken apart): into _attr_items
@@ -406,7 +409,7 @@ class SpanColumns:
         has_id = np.concatenate([p.has_id for p in parts])
         statuses = np.concatenate([p.status for p in parts])
         codes = np.concatenate([p.attrs for p in parts])
-        split = _split_rows(parts)
+        split = split_rows(parts)
         errors: Any = None
         if any(p.errors is not None for p in parts):
             errors = [e for p in parts for e in (p.errors or [""] * len(p.start))]
@@ -483,11 +486,11 @@ class SpanColumns:
             given = {int(position[c]): d for c, d in given.items() if seen[c]}
             items = list(map(items.__getitem__, used.tolist()))
         if split:
-            return _by_key(key_values, split, items, given, rows, dropped)
-        by_key = _speedups.attr_split(items) if _speedups is not None and not given else None
-        if by_key is not None:  # each key's distinct values decoded, not each object
-            keys, key_codes, values = by_key
-            return _split_columns(keys, key_codes, values, rows)
+            return by_key(key_values, split, items, given, rows, dropped)
+        apart = _speedups.attr_split(items) if _speedups is not None and not given else None
+        if apart is not None:  # each key's distinct values decoded, not each object
+            keys, key_codes, values = apart
+            return split_columns(keys, key_codes, values, rows)
         dicts = _decode_all([x or b"{}" for x in items])
         if set(map(type, dicts)) != {dict}:
             dicts = [x if type(x) is dict else {} for x in dicts]
@@ -495,133 +498,6 @@ class SpanColumns:
             dicts[code] = value
         columns = _attribute_columns(dicts, frozenset())
         return {key: _take(column, rows) for key, column in columns.items()}
-
-
-def _split_columns(
-    keys: list[str], codes: list[bytearray], values: list[list[bytes]], rows: np.ndarray
-) -> dict[str, Any]:
-    """The attribute columns from ``_speedups.attr_split`` of the distinct raw attributes
-    (``rows``: each row's code into them), typed as :meth:`SpanColumns._attr_columns`
-    types the decoded objects: by :func:`exporters.frame._column` of the key's values."""
-    out = {}
-    for k in sorted(range(len(keys)), key=keys.__getitem__):
-        uniques = _decode_all(values[k])
-        out[keys[k]] = _coded_column(uniques, np.frombuffer(codes[k], dtype=np.int32)[rows])
-    return out
-
-
-def _append(
-    key_values: dict[str, list[bytes]], key: str, raws: list[bytes], local: np.ndarray
-) -> np.ndarray:
-    """``raws`` added after the key's values, and ``local`` (codes into ``raws``, -1 for
-    none) made codes into them all. A value may so occur more than once among a key's
-    values (once per chunk that has it): the column is typed over its values and
-    spread over its rows by code, so that is the same column, and no table of every
-    distinct value is kept."""
-    values = key_values.setdefault(key, [])
-    offset = len(values)
-    values.extend(raws)
-    return np.where(local >= 0, local + offset, -1).astype(np.int32, copy=False)
-
-
-def _split_rows(parts: list[_Part]) -> dict[str, np.ndarray]:
-    """Per key of the scanner's split attributes, every row's code into the key's
-    values (-1: none; every row of a chunk read otherwise)."""
-    keys = dict.fromkeys(key for p in parts if p.split is not None for key in p.split)
-    out = {}
-    for key in keys:
-        pieces = []
-        for p in parts:
-            table = p.split.get(key) if p.split is not None else None
-            if table is None:
-                pieces.append(np.full(len(p.start), -1, dtype=np.int32))
-            else:
-                pieces.append(table[p.split_rows])
-        out[key] = np.concatenate(pieces)
-    return out
-
-
-def _by_key(
-    key_values: dict[str, list[bytes]],
-    split: dict[str, np.ndarray],
-    items: list[bytes],
-    given: dict[int, dict[str, Any]],
-    rows: np.ndarray,
-    dropped: bool,
-) -> dict[Any, Any]:
-    """The attribute columns when some rows came taken apart by key (``split``, codes
-    into ``key_values``) and the others as codes (``rows``) into whole objects
-    (``items``, or ``given`` dicts): each key's values decoded once, the whole objects'
-    values added to them, then typed as :func:`_coded_column` types them."""
-    codes = dict(split)
-    extra: dict[Any, list[Any]] = {}  # per key, decoded values after its raw ones
-    whole = len(items) > 1 or bool(given)
-    by_key = None
-    if whole and _speedups is not None and not given:
-        by_key = _speedups.attr_split(items)
-    if by_key is not None:  # the objects' raw values join the key's raw values
-        for key, item_codes, raws in zip(*by_key, strict=True):
-            local = np.frombuffer(item_codes, dtype=np.int32)[rows]
-            codes[key] = _either(codes.get(key), _append(key_values, key, raws, local))
-    elif whole:  # objects decoded whole (an odd key, or dicts given): their values
-        dicts = _decode_all([x or b"{}" for x in items])
-        dicts = [x if type(x) is dict else {} for x in dicts]
-        for code, value in given.items():
-            dicts[code] = value
-        for key in dict.fromkeys(k for d in dicts for k in d):
-            base = len(key_values.get(key, ()))
-            has = np.fromiter((key in d for d in dicts), np.bool_, len(dicts))
-            values = [d.get(key) for d in dicts]
-            local = np.where(has, base + np.arange(len(dicts)), -1)[rows]
-            extra[key] = values
-            codes[key] = _either(codes.get(key), local.astype(np.int32))
-    try:
-        keys = sorted(codes)
-    except TypeError:  # keys that are not all strings (dicts given): first-seen order
-        keys = list(codes)
-    out = {}
-    for key in keys:
-        uniques = _decode_all(key_values.get(key, [])) + extra.get(key, [])
-        if dropped or key in extra:  # values of no row: not to type the column by
-            out[key] = _coded_column(*_used(uniques, codes[key]))
-        else:
-            out[key] = _coded_column(uniques, codes[key])
-    return out
-
-
-def _either(first: np.ndarray | None, second: np.ndarray) -> np.ndarray:
-    """Each row's code from ``first`` where it has one (>= 0), else from ``second``."""
-    return second if first is None else np.where(first >= 0, first, second)
-
-
-def _used(uniques: list[Any], codes: np.ndarray) -> tuple[list[Any], np.ndarray]:
-    """Only the values some row has (those of rows that are no spans are dropped),
-    renumbered: :func:`_coded_column` types a column by its values."""
-    seen = np.zeros(len(uniques), dtype=np.bool_)
-    seen[codes[codes >= 0]] = True
-    if seen.all():
-        return uniques, codes
-    kept = np.flatnonzero(seen)
-    position = np.full(len(uniques) + 1, -1, dtype=np.int32)  # [-1]: stays -1
-    position[kept] = np.arange(len(kept), dtype=np.int32)
-    return [uniques[i] for i in kept.tolist()], position[codes]
-
-
-def _coded_column(uniques: list[Any], codes: np.ndarray) -> Any:
-    """``_column`` of ``uniques[codes[i]]`` (None where the code is -1) for each row,
-    typed once over the distinct values: its types and whether one is missing (None)
-    are those of the rows (every distinct value is some row's)."""
-    missing = codes < 0
-    types = set(map(type, uniques))
-    if types == {str} or types == {str, _NONE}:
-        present = [u for u in uniques if u is not None]
-        position = np.full(len(uniques) + 1, -1, dtype=np.int32)  # [-1]: the last, -1
-        position[[i for i, u in enumerate(uniques) if u is not None]] = np.arange(len(present))
-        return strings_from_codes(position[codes], present)
-    if not missing.any():
-        return _take(_column(uniques), codes)
-    table = _column([*uniques, None])  # the rows' values and types, None included
-    return _take(table, np.where(missing, len(uniques), codes))
 
 
 def _event(d: Mapping[str, Any]) -> Event:

@@ -23,6 +23,7 @@ import os
 import threading
 import zlib
 from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -112,11 +113,30 @@ def _blocks(path: Path, parsed: Parsed) -> Generator[bytes, None, None]:
         except IsADirectoryError:
             raise TraceError(f"Expected a trace file at {path}, but it is a directory.") from None
         if first[:2] != _GZIP:
-            while first:
-                yield first
-                first = f.read(_BLOCK)
+            yield from _read_ahead(f, first)
             return
         yield from _gunzip(path, f, first, parsed)
+
+
+def _read_ahead(f: IO[bytes], first: bytes) -> Generator[bytes, None, None]:
+    """``first``, then the rest of ``f`` a block at a time. Where the process may use two
+    CPUs and the file is larger than a block, the next block is read on a thread while
+    the caller scans this one (a read lets go of the GIL); the read in flight is waited
+    for when the caller stops early, before the file is closed."""
+    if _cpus() < 2 or len(first) < _BLOCK:
+        while first:
+            yield first
+            first = f.read(_BLOCK)
+        return
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ppetrace-read")
+    try:
+        block = first
+        while block:
+            ahead = pool.submit(f.read, _BLOCK)
+            yield block
+            block = ahead.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _gunzip(path: Path, f: IO[bytes], data: bytes, parsed: Parsed) -> Generator[bytes, None, None]:
@@ -259,19 +279,24 @@ def _lines(
 def _scan_in_place(pending: bytes, block: bytes, scan: Scan) -> tuple[Any, ...] | None:
     """The line that ``pending`` ends with the block's first line, and the block's other
     whole lines, as ``scan`` reads them; None when it reads either not, or either has
-    lines that are no spans (the caller then reads them as one buffer, whose events
-    msgspec decodes all with one type)."""
+    lines that are no spans other than metadata (``M``) events, such as a part's
+    process and thread names (the caller then reads them as one buffer, whose events
+    msgspec decodes all with one type: ``B``/``E`` pairs are matched among them)."""
     first, last = block.find(b"\n"), block.rfind(b"\n")
     if first < 0:
         return None
     head = bytearray(pending + block[: first + 1])
     scanned = scan(head, 0, len(head))
-    if scanned is None or scanned.others:
+    if scanned is None or not _only_metadata(scanned.others):
         return None
     body = _scan_halves(block, first + 1, last + 1, scan)
-    if body is None or any(half.others for half in body):
+    if body is None or not all(_only_metadata(half.others) for half in body):
         return None
     return (scanned, *body)
+
+
+def _only_metadata(events: list[Any]) -> bool:
+    return all(e.ph == "M" for e in events)
 
 
 def _scan_halves(data: bytes, start: int, end: int, scan: Scan) -> tuple[Any, ...] | None:

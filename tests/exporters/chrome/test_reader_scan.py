@@ -10,9 +10,11 @@ events, cut-off files.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -288,6 +290,7 @@ def test_attributes_taken_apart_by_key_type_as_whole_objects_do(
     results = _read_all_ways(path, monkeypatch)
     with monkeypatch.context() as m:  # the C helpers, but the objects decoded whole
         m.setattr(_events, "_speedups", _NoSplit(SPEEDUPS))
+        m.setattr(_events.SpanColumns, "scan", lambda self, *a: None)  # (it splits too)
         results.append((read_chrome_trace(path), []))
     _assert_same(results)
 
@@ -379,6 +382,41 @@ def test_large_blocks_are_scanned_in_two_halves_on_two_threads(
     pd.testing.assert_frame_equal(split, read_chrome_trace(path))
     monkeypatch.setattr(_parse, "_cpus", lambda: 2)
     _assert_same(_read_all_ways(path, monkeypatch))
+
+
+class _Reads(io.BytesIO):
+    """A file that records which thread made each read."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.threads: list[str] = []
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self.threads.append(threading.current_thread().name)
+        return super().read(size)
+
+
+def test_the_next_block_is_read_on_a_thread_while_this_one_is_scanned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = bytes(range(256)) * 40  # 10,240 bytes: blocks of 1,000, then 240
+    monkeypatch.setattr(_parse, "_BLOCK", 1000)
+    monkeypatch.setattr(_parse, "_cpus", lambda: 2)
+    f = _Reads(data)
+    blocks = list(_parse._read_ahead(f, f.read(1000)))
+    assert b"".join(blocks) == data and [len(b) for b in blocks] == [1000] * 10 + [240]
+    assert f.threads[0] == threading.current_thread().name
+    assert all(name.startswith("ppetrace-read") for name in f.threads[1:])
+    # stopped early: the read in flight is waited for (the file may be closed after)
+    f = _Reads(data)
+    reader = _parse._read_ahead(f, f.read(1000))
+    assert next(reader) == data[:1000]
+    reader.close()
+    assert f.tell() == 2000
+    monkeypatch.setattr(_parse, "_cpus", lambda: 1)  # one CPU: every read on this thread
+    f = _Reads(data)
+    assert b"".join(_parse._read_ahead(f, f.read(1000))) == data
+    assert set(f.threads) == {threading.current_thread().name}
 
 
 def test_numbers_are_read_as_msgspec_reads_them_without_the_gil() -> None:
