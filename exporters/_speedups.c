@@ -2336,8 +2336,10 @@ done:
  * chrome/_parse.py decodes the lines into TypedEvent structs, exporters/chrome/
  * _events.py takes their columns). attrs holds each row's code (int64) among the
  * call's distinct raw attrs objects; attr_info is those objects taken apart by key,
- * (keys, values, codes) as attr_split gives them, or, when one of them cannot be (a
- * key with an escape, or twice), the objects themselves, a list of bytes by code.
+ * (keys, values, codes) as attr_split gives them (but a key whose values are all
+ * integers of at most 18 digits has them as int64 bytes, not raw), or, when one of
+ * them cannot be (a key with an escape, or twice), the objects themselves, a list of
+ * bytes by code.
  *
  * A line is taken here only when it is exactly an X event as ppetrace writes it:
  *
@@ -3340,11 +3342,50 @@ raw_bytes(const RawEncoder *e)
     return out;
 }
 
+static int
+raw_small_int(const char *p, Py_ssize_t n, long long *out)
+{
+    /* 1 when the raw JSON value (valid: scan_value took it) is an integer of at most 18
+     * digits (so it fits int64), its value in *out; 0 otherwise */
+    Py_ssize_t i = n > 0 && p[0] == '-';
+    if (i >= n || n - i > 18) {
+        return 0;
+    }
+    long long v = 0;
+    for (; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            return 0;
+        }
+        v = v * 10 + (p[i] - '0');
+    }
+    *out = p[0] == '-' ? -v : v;
+    return 1;
+}
+
+static PyObject *
+raw_values(const RawEncoder *e)
+{
+    /* the encoder's raw values by code: as int64 bytes (a bytearray) when every one is
+     * a small JSON integer (what they decode to, exactly), else as a list of bytes */
+    PyObject *ints = PyByteArray_FromStringAndSize(NULL, e->count * (Py_ssize_t)8);
+    if (ints == NULL) {
+        return NULL;
+    }
+    long long *v = (long long *)PyByteArray_AS_STRING(ints);
+    for (Py_ssize_t i = 0; i < e->count; i++) {
+        if (!raw_small_int(e->first[i], e->len[i], &v[i])) {
+            Py_DECREF(ints);
+            return raw_bytes(e);
+        }
+    }
+    return ints;
+}
+
 static PyObject *
 scan_split_result(const ScanSplit *s, Py_ssize_t items)
 {
-    /* (keys: list of str, values: list of lists of bytes, codes: list of bytearrays of
-     * int32, one per distinct attrs object) */
+    /* (keys: list of str, values: per key, its raw values (raw_values: int64 bytes, or a
+     * list of bytes), codes: list of bytearrays of int32, one per distinct attrs object) */
     PyObject *keys = PyList_New(s->count), *values = PyList_New(s->count);
     PyObject *codes = PyList_New(s->count), *result = NULL;
     if (keys == NULL || values == NULL || codes == NULL) {
@@ -3357,7 +3398,7 @@ scan_split_result(const ScanSplit *s, Py_ssize_t items)
             goto done;
         }
         PyList_SET_ITEM(keys, k, name);
-        PyObject *raws = raw_bytes(&key->values);
+        PyObject *raws = raw_values(&key->values);
         if (raws == NULL) {
             goto done;
         }

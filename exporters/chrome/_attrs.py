@@ -11,16 +11,18 @@ as :func:`exporters.frame._column` types them, then spread over the rows by code
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .._accel import SPEEDUPS as _speedups
 from .._pandas import strings_from_codes
 from ..frame import _column
 from ._fields import _decode_all, _take
 
-__all__ = ["append_values", "by_key", "split_columns", "split_rows"]
+__all__ = ["KeyValues", "append_values", "by_key", "split_columns", "split_rows"]
 
 _NONE = type(None)
 
@@ -38,17 +40,47 @@ def split_columns(
     return out
 
 
+class KeyValues:
+    """One key's values, chunk after chunk: raw JSON (a list of bytes), or whole numbers
+    already (int64, where the scanner found a chunk's values all small integers)."""
+
+    __slots__ = ("count", "runs")
+
+    def __init__(self) -> None:
+        self.runs: list[list[bytes] | np.ndarray] = []
+        self.count = 0
+
+    def add(self, run: list[bytes] | np.ndarray) -> int:
+        """Add a chunk's values; returns the code of its first."""
+        offset = self.count
+        self.runs.append(run)
+        self.count += len(run)
+        return offset
+
+    def decoded(self) -> list[Any] | np.ndarray:
+        """Every value, by code: an int64 array when all are whole numbers from the
+        scanner, else a list of the decoded values (the numbers as ints)."""
+        ints = [r for r in self.runs if isinstance(r, np.ndarray)]
+        if ints and len(ints) == len(self.runs):
+            return np.concatenate(ints)
+        if not ints:
+            return _decode_all(list(chain.from_iterable(self.runs)))
+        out: list[Any] = []
+        for r in self.runs:
+            out.extend(r.tolist() if isinstance(r, np.ndarray) else _decode_all(r))
+        return out
+
+
 def append_values(
-    key_values: dict[str, list[bytes]], key: str, raws: list[bytes], local: np.ndarray
+    key_values: dict[str, KeyValues], key: str, raws: list[bytes] | bytearray, local: np.ndarray
 ) -> np.ndarray:
-    """``raws`` added after the key's values, and ``local`` (codes into ``raws``, -1 for
-    none) made codes into them all. A value may so occur more than once among a key's
-    values (once per chunk that has it): the column is typed over its values and
-    spread over its rows by code, so that is the same column, and no table of every
-    distinct value is kept."""
-    values = key_values.setdefault(key, [])
-    offset = len(values)
-    values.extend(raws)
+    """``raws`` (raw JSON, or int64 bytes from the scanner) added after the key's values,
+    and ``local`` (codes into ``raws``, -1 for none) made codes into them all. A value
+    may so occur more than once among a key's values (once per chunk that has it): the
+    column is typed over its values and spread over its rows by code, so that is the
+    same column, and no table of every distinct value is kept."""
+    run = np.frombuffer(raws, dtype=np.int64) if isinstance(raws, bytearray) else raws
+    offset = key_values.setdefault(key, KeyValues()).add(run)
     return np.where(local >= 0, local + offset, -1).astype(np.int32, copy=False)
 
 
@@ -70,7 +102,7 @@ def split_rows(parts: Sequence[Any]) -> dict[str, np.ndarray]:
 
 
 def by_key(
-    key_values: dict[str, list[bytes]],
+    key_values: dict[str, KeyValues],
     split: dict[str, np.ndarray],
     items: list[bytes],
     given: dict[int, dict[str, Any]],
@@ -97,7 +129,7 @@ def by_key(
         for code, value in given.items():
             dicts[code] = value
         for key in dict.fromkeys(k for d in dicts for k in d):
-            base = len(key_values.get(key, ()))
+            base = key_values[key].count if key in key_values else 0
             has = np.fromiter((key in d for d in dicts), np.bool_, len(dicts))
             values = [d.get(key) for d in dicts]
             local = np.where(has, base + np.arange(len(dicts)), -1)[rows]
@@ -109,12 +141,26 @@ def by_key(
         keys = list(codes)
     out = {}
     for key in keys:
-        uniques = _decode_all(key_values.get(key, [])) + extra.get(key, [])
+        decoded = key_values[key].decoded() if key in key_values else []
+        key_codes = codes[key]
+        if isinstance(decoded, np.ndarray) and not dropped and key not in extra:
+            out[key] = _coded_ints(decoded, key_codes)
+            continue
+        values = decoded.tolist() if isinstance(decoded, np.ndarray) else decoded
         if dropped or key in extra:  # values of no row: not to type the column by
-            out[key] = _coded_column(*_used(uniques, codes[key]))
-        else:
-            out[key] = _coded_column(uniques, codes[key])
+            values, key_codes = _used([*values, *extra.get(key, [])], key_codes)
+        out[key] = _coded_column(values, key_codes)
     return out
+
+
+def _coded_ints(uniques: np.ndarray, codes: np.ndarray) -> Any:
+    """:func:`_coded_column` of whole numbers given as int64 (``uniques``, not empty):
+    int64, or Int64 where a row has none (code -1), as :func:`_column` types ints."""
+    missing = codes < 0
+    values = uniques[codes]  # code -1 takes the last value: masked below
+    if not missing.any():
+        return values
+    return pd.arrays.IntegerArray(np.where(missing, 0, values), missing)
 
 
 def _either(first: np.ndarray | None, second: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
 from .._pandas import Coded
 from ..frame import _attribute_columns, _build, empty_frame
-from ._attrs import append_values, by_key, split_columns, split_rows
+from ._attrs import KeyValues, append_values, by_key, split_columns, split_rows
 from ._encode import RANK_RE, RESERVED_ARGS
 from ._fields import (
     _I64_MAX,
@@ -119,7 +119,7 @@ class SpanColumns:
         self._attr_items: list[bytes] = [b""]
         self._attr_dicts: dict[int, dict[str, Any]] = {}  # code -> a value given as a dict
         # each key's raw values (JSON), chunk after chunk: distinct within a chunk
-        self._key_values: dict[str, list[bytes]] = {}
+        self._key_values: dict[str, KeyValues] = {}
         self._id_key = "span_id"
         self._not_hex = False
         self._dicts = False

@@ -229,12 +229,28 @@ def test_lines_the_scanner_declines_come_back_whole() -> None:
     assert struct.unpack("<2q", cols[8]) == (0, 0)
     keys, values, codes = info
     attrs = json.loads(good[:-2])["attrs"]
-    assert keys == list(attrs)
-    assert values == [[json.dumps(v).encode()] for v in attrs.values()]
+    assert keys == list(attrs)  # whole numbers as int64, other values raw
+    assert values == [
+        struct.pack("<q", v) if type(v) is int else [json.dumps(v).encode()] for v in attrs.values()
+    ]
     assert [struct.unpack("<i", c) for c in codes] == [(0,)] * len(attrs)
     assert SPEEDUPS.scan_events(bytearray(b"\n\n"), 0, 2)[-1] == []
     with pytest.raises(ValueError, match="start <= end"):
         SPEEDUPS.scan_events(data, 5, len(data) + 1)
+
+
+def test_a_keys_values_come_as_int64_only_when_all_are_small_integers() -> None:
+    """The scanner's values of a key: int64 when every one is a JSON integer of at most
+    18 digits (exactly what they decode to), else raw, all of them."""
+    ints = [b"0", b"-0", b"-7", b"123456789012345678", b"-123456789012345678"]
+    lines = b"".join(_line(i, attrs=b'{"k":%s,"s":"x"}' % v) for i, v in enumerate(ints))
+    keys, values, _ = SPEEDUPS.scan_events(bytearray(lines), 0, len(lines))[9]
+    assert keys == ["k", "s"] and values[1] == [b'"x"']
+    assert struct.unpack("<5q", values[0]) == tuple(json.loads(v) for v in ints)
+    for odd in (b"1234567890123456789", b"1.0", b"true", b"null", b"1e3", b'"1"'):
+        more = lines + _line(9, attrs=b'{"k":%s}' % odd)
+        (keys, values, _) = SPEEDUPS.scan_events(bytearray(more), 0, len(more))[9]
+        assert values[0] == [*ints, odd], odd
 
 
 def test_attrs_the_scanner_cannot_take_apart_come_back_whole() -> None:
@@ -274,12 +290,16 @@ _ATTR_VALUES = st.one_of(
         max_size=8,
     ),
     spaced=st.booleans(),
+    block=st.sampled_from([300, 1 << 20]),
 )
 def test_attributes_taken_apart_by_key_type_as_whole_objects_do(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attrs: list[Any], spaced: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attrs: list[Any], spaced: bool, block: int
 ) -> None:
-    """_speedups.attr_split (each key's distinct values decoded) against the objects
-    decoded whole (the Python path), for every kind of value and missing keys."""
+    """The attrs taken apart by key (by the scanner, whose chunks may give a key's
+    values as int64 in one chunk and raw in the next, and by _speedups.attr_split)
+    against the objects decoded whole (the Python path), for every kind of value and
+    missing keys."""
+    monkeypatch.setattr(_parse, "_BLOCK", block)  # 300: a chunk of a line or two
     separators = (", ", ": ") if spaced else (",", ":")
     lines = [
         _line(i, attrs=json.dumps(a, separators=separators, ensure_ascii=False).encode())
