@@ -127,13 +127,20 @@ def no_aggregates() -> Aggregates:
     )
 
 
-def parse_aggregates(frame: pd.DataFrame) -> Aggregates:
-    """The aggregates of every summarised step of ``frame`` (see the module doc)."""
+def parse_aggregates(
+    frame: pd.DataFrame, coded: tuple[np.ndarray, np.ndarray] | None = None
+) -> Aggregates:
+    """The aggregates of every summarised step of ``frame`` (see the module doc);
+    ``coded``: the frame's names as ``pd.factorize`` gives them, when the caller has them."""
     if HOOKS not in frame.columns or not len(frame):
         return no_aggregates()
-    names = frame["name"].to_numpy(dtype=object)
     hooks_col = frame[HOOKS]
-    is_step = names == _STEP
+    if coded is None:
+        is_step = frame["name"].to_numpy(dtype=object) == _STEP
+    else:
+        codes, uniques = coded
+        at = [i for i, name in enumerate(uniques.tolist()) if name == _STEP]
+        is_step = codes == at[0] if at else np.zeros(len(frame), dtype=bool)
     steps = np.flatnonzero(is_step)
     of_steps = hooks_col.iloc[steps]
     has = of_steps.notna().to_numpy(dtype=bool)

@@ -114,8 +114,9 @@ def part_sums(
     coded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """An (steps, parts) int64 array: per step (in ``step_rows`` order) the self time
-    of its spans on its thread, summed per part of :data:`PART_NAMES` (``coded``: see
-    :func:`part_codes`)."""
+    of its spans on its thread, summed per part of :data:`PART_NAMES` (``names``: the
+    rows' names, or any array of their length when ``coded``, see :func:`part_codes`,
+    is given)."""
     out = np.zeros((len(step_rows), len(PART_NAMES)), dtype=np.int64)
     if not len(step_rows) or not len(names):
         return out

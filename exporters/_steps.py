@@ -45,7 +45,7 @@ from ._nesting import effective_parents, self_times
 from ._parts import on_step_thread, part_sums, summarised_part_sums
 from .frame import _inherit, _parent_positions
 
-__all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps"]
+__all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps", "name_codes"]
 
 STEP = "trainer.step"
 FETCH = "trainer.fetch_batch"
@@ -122,16 +122,26 @@ def _scan(group: np.ndarray, time: np.ndarray, kind: np.ndarray) -> tuple[np.nda
     return order, starts
 
 
+def name_codes(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize`` of the frame's names: int64 codes and the names (objects),
+    computed once and shared by the step assignment, the aggregates and the tables."""
+    codes, uniques = pd.factorize(frame["name"].to_numpy(dtype=object))
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
+
+
 def assign_steps(
-    frame: pd.DataFrame, warmup_steps: int, aggregates: Aggregates | None = None
+    frame: pd.DataFrame,
+    warmup_steps: int,
+    aggregates: Aggregates | None = None,
+    coded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> StepAssignment:
     """Find the steps of ``frame`` and assign every span to one (see the module doc).
 
     ``aggregates`` (of ``frame``'s summarised steps, :mod:`exporters._aggregates`) add
     their self times to the parts of their steps (:func:`exporters._parts.summarised_part_sums`);
-    the parts of a summarised step whose aggregates cannot be read are NaN."""
+    the parts of a summarised step whose aggregates cannot be read are NaN.
+    ``coded``: :func:`name_codes` of ``frame``, when the caller has them."""
     n = len(frame)
-    names = frame["name"].to_numpy(dtype=object)
     pid = frame["pid"].to_numpy(np.int64)
     tid = frame["tid"].to_numpy(np.int64)
     parent = frame["parent_id"].to_numpy(np.uint64)
@@ -145,9 +155,7 @@ def assign_steps(
     if by_time:  # group siblings under the parents found by time
         parent = np.where(ppos >= 0, span_ids[np.where(ppos >= 0, ppos, 0)], parent)
     # the names as integer codes: one hashing pass, then integer comparisons
-    codes, uniques = pd.factorize(names)
-    codes = np.asarray(codes, dtype=np.int64)
-    uniques = np.asarray(uniques, dtype=object)
+    codes, uniques = name_codes(frame) if coded is None else coded
     where = {name: i for i, name in enumerate(uniques.tolist()) if isinstance(name, str)}
     step_rows = np.flatnonzero(codes == where.get(STEP, -2))
     fetch_rows = np.flatnonzero(codes == where.get(FETCH, -2))
@@ -244,7 +252,7 @@ def assign_steps(
     own_self = self_times(end - start, ppos, pid, tid) if by_time else None
     self_all = own_self if own_self is not None else frame["self_ns"].to_numpy(np.int64)
     on_thread = on_step_thread(step_row, pid, tid)
-    sums = part_sums(names, ppos, step_row, on_thread, self_all, step_rows, (codes, uniques))
+    sums = part_sums(codes, ppos, step_row, on_thread, self_all, step_rows, (codes, uniques))
     if aggregates is not None and len(aggregates.summarised):
         sums += summarised_part_sums(aggregates, step_rows, n)
         self_all = self_all - aggregates.per_step(n)  # a copy: the frame's stays as it is

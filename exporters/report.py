@@ -55,7 +55,7 @@ from ._report_render import (
     render_table,
     short_path,
 )
-from ._steps import assign_steps
+from ._steps import assign_steps, name_codes
 from ._stragglers import DEFAULT_STRAGGLER_MARGIN, RankReport, rank_report
 from .frame import _inherit
 
@@ -116,8 +116,9 @@ def step_report(
             "Expected a span frame from exporters.spans_to_frame or read_chrome_trace, but "
             f"received {type(frame).__name__}."
         )
-    aggregates = parse_aggregates(frame)
-    assignment = assign_steps(frame, warmup_steps, aggregates)
+    coded = name_codes(frame)
+    aggregates = parse_aggregates(frame, coded)
+    assignment = assign_steps(frame, warmup_steps, aggregates, coded)
     steps = assignment.steps
     n = len(frame)
     warm = np.zeros(n, dtype=bool)
