@@ -5133,6 +5133,90 @@ done:
     return result;
 }
 
+/* nearest_valued(missing, ppos, out) -> None
+ *
+ * out[i] = i where missing[i] is 0, else the position of the nearest ancestor (through
+ * the parent positions ppos, -1 for none) whose missing is 0, else -1 (no such
+ * ancestor, or a cycle of missing rows): the source of each row's value in
+ * exporters/frame.py's _inherit_masked, whose numpy walk is the twin. Each row's
+ * answer is found once: a walk up stops at the first row already answered, and
+ * answers every row it passed. */
+static PyObject *
+nearest_valued(PyObject *module, PyObject *args)
+{
+    PyObject *missing_obj, *ppos_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOO:nearest_valued", &missing_obj, &ppos_obj, &out_obj)) {
+        return NULL;
+    }
+    Py_buffer mv, pv, ov;
+    if (PyObject_GetBuffer(missing_obj, &mv, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (get_words(ppos_obj, &pv, 0, "ppos") < 0) {
+        PyBuffer_Release(&mv);
+        return NULL;
+    }
+    if (get_words(out_obj, &ov, 1, "out") < 0) {
+        PyBuffer_Release(&mv);
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = pv.len / 8;
+    const int64_t *ppos = pv.buf;
+    int64_t *out = ov.buf, *path = NULL;
+    const unsigned char *missing = mv.buf;
+    if (mv.len != n || ov.len != pv.len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Expected missing (one byte per row), ppos and out of one length, but "
+                        "they differ.");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ppos[i] < -1 || ppos[i] >= n) {
+            PyErr_Format(PyExc_ValueError,
+                         "Expected parent positions from -1 to %zd, but one is %lld.", n - 1,
+                         (long long)ppos[i]);
+            goto done;
+        }
+    }
+    path = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (path == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    enum { UNKNOWN = -2, WALKING = -3 };
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = missing[i] ? UNKNOWN : (int64_t)i;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (out[i] != UNKNOWN) {
+            continue;
+        }
+        Py_ssize_t len = 0;
+        int64_t a = (int64_t)i;
+        while (a >= 0 && out[a] == UNKNOWN) {
+            out[a] = WALKING;
+            path[len++] = a;
+            a = ppos[a];
+        }
+        /* a root passed, an answer met, or a row of this walk again (a cycle) */
+        int64_t found = a < 0 || out[a] < 0 ? -1 : out[a];
+        for (Py_ssize_t j = 0; j < len; j++) {
+            out[path[j]] = found;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(path);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&ov);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
     {"attr_table", attr_table, METH_VARARGS,
@@ -5159,6 +5243,8 @@ static PyMethodDef module_methods[] = {
      "One thread's rows through the detail filter (DetailFilter._take_lane's C twin)."},
     {"parent_positions", parent_positions, METH_VARARGS,
      "Each row's parent position by span id (frame._parent_positions' C twin)."},
+    {"nearest_valued", nearest_valued, METH_VARARGS,
+     "Each row's nearest ancestor-or-self with a value (frame._inherit_masked's C twin)."},
     {"enclosing_sorted", enclosing_sorted, METH_VARARGS,
      "The innermost enclosing span of each row on its thread (_nesting._enclosing's C twin)."},
     {"register_frozen_type", register_frozen_type, METH_O,

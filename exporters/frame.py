@@ -361,7 +361,26 @@ def _inherit_masked(
     values: np.ndarray, missing: np.ndarray, ppos: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Copies of ``values`` and ``missing`` with each missing entry taken from the
-    nearest ancestor (through the parent positions ``ppos``) that has a value."""
+    nearest ancestor (through the parent positions ``ppos``) that has a value.
+
+    In C where it is built (``_speedups.nearest_valued``: each row's source found once,
+    rather than a numpy pass per level); :func:`_inherit_masked_py` is its twin."""
+    if _speedups is not None and len(values):
+        src = np.empty(len(values), dtype=np.int64)
+        _speedups.nearest_valued(
+            np.ascontiguousarray(missing, dtype=np.bool_),
+            np.ascontiguousarray(ppos, dtype=np.int64),
+            src,
+        )
+        found = src >= 0
+        return np.where(found, values[np.where(found, src, 0)], values), ~found
+    return _inherit_masked_py(values, missing, ppos)
+
+
+def _inherit_masked_py(
+    values: np.ndarray, missing: np.ndarray, ppos: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_inherit_masked` level by level in numpy (the C path's twin)."""
     out, out_missing = values.copy(), missing.astype(np.bool_, copy=True)
     todo = np.flatnonzero(missing & (ppos >= 0))
     anc = ppos[todo]

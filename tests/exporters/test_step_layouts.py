@@ -16,7 +16,12 @@ from exporters import _accel, spans_to_frame, step_report
 from exporters._nesting import _enclosing, _enclosing_py, effective_parents
 from exporters._steps import assign_steps
 from exporters.comparison import event_samples
-from exporters.frame import _parent_positions, _parent_positions_py
+from exporters.frame import (
+    _inherit_masked,
+    _inherit_masked_py,
+    _parent_positions,
+    _parent_positions_py,
+)
 
 RunBuilder = Any
 
@@ -298,6 +303,34 @@ def test_ids_that_collide_in_the_c_table_are_left_to_pandas() -> None:
 
 
 @_needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(-1, 39), st.booleans(), st.integers(0, 9)), min_size=1, max_size=40
+    ),
+    forest=st.booleans(),
+)
+def test_c_inherited_values_match_the_numpy_twin(
+    rows: list[tuple[int, bool, int]], forest: bool
+) -> None:
+    """``_speedups.nearest_valued`` (each row's source found once) against the numpy
+    walk, level by level: in forests and in parent positions with cycles."""
+    n = len(rows)
+    ppos = np.array(
+        [p % (i if forest and i else n) if p >= 0 else -1 for i, (p, _, _) in enumerate(rows)]
+    )
+    if forest:
+        ppos[0] = -1
+    missing = np.array([m for _, m, _ in rows])
+    values = np.array([v for _, _, v in rows], dtype=float)
+    values[missing] = np.nan
+    got, got_missing = _inherit_masked(values, missing, ppos)
+    expected, expected_missing = _inherit_masked_py(values, missing, ppos)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got_missing, expected_missing)
+
+
+@_needs_c
 def test_the_c_index_helpers_refuse_arrays_they_cannot_read() -> None:
     c = _accel.SPEEDUPS
     ids = np.arange(4, dtype=np.uint64)
@@ -307,3 +340,5 @@ def test_the_c_index_helpers_refuse_arrays_they_cannot_read() -> None:
         c.parent_positions(ids, ids[:3], np.empty(4, np.int64))
     with pytest.raises(ValueError, match="row positions below 4"):
         c.enclosing_sorted(np.array([0, 9, 1, 2]), ids, ids, np.empty(4, np.int64))
+    with pytest.raises(ValueError, match="from -1 to 3"):
+        c.nearest_valued(np.ones(4, np.bool_), np.array([-1, 0, 7, 1]), np.empty(4, np.int64))
