@@ -57,6 +57,12 @@ class KeyValues:
         self.count += len(run)
         return offset
 
+    def keep(self, runs: int) -> KeyValues:
+        """Only the first ``runs`` chunks' values (the others' chunks were dropped)."""
+        del self.runs[runs:]
+        self.count = sum(map(len, self.runs))
+        return self
+
     def decoded(self) -> list[Any] | np.ndarray:
         """Every value, by code: an int64 array when all are whole numbers from the
         scanner, else a list of the decoded values (the numbers as ints)."""

@@ -126,12 +126,24 @@ class SpanColumns:
 
     def mark(self) -> tuple[Any, ...]:
         """Where the columns stand now, for :meth:`reset`."""
-        return len(self._parts), len(self.meta), len(self._pairs), self._id_key, self._not_hex
+        values = {key: len(v.runs) for key, v in self._key_values.items()}
+        return (
+            len(self._parts),
+            len(self.meta),
+            len(self._pairs),
+            self._id_key,
+            self._not_hex,
+            values,
+        )
 
     def reset(self, mark: tuple[Any, ...]) -> None:
         """Drop what was taken since :meth:`mark` gave ``mark`` (a file read again)."""
-        parts, meta, pairs, self._id_key, self._not_hex = mark
+        parts, meta, pairs, self._id_key, self._not_hex, runs = mark
         del self._parts[parts:], self.meta[meta:], self._pairs[pairs:]
+        # the dropped chunks' attribute values too: a column is typed by its key's values
+        self._key_values = {
+            key: v.keep(runs[key]) for key, v in self._key_values.items() if key in runs
+        }
 
     def scan(self, buffer: bytes | bytearray, start: int, end: int) -> _Scanned | None:
         """The lines ``buffer[start:end]`` (whole lines of ppetrace's layout) read into

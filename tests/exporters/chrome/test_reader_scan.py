@@ -351,6 +351,20 @@ def test_chunks_taken_apart_and_chunks_kept_whole_make_one_column_per_key(
     _assert_same(results)
 
 
+def test_a_reset_drops_the_attribute_values_of_the_chunks_it_drops() -> None:
+    """A file read again (the reader's fallback) first drops what its lines gave: the
+    values of its split attributes too, or they would type the column."""
+    columns = _events.SpanColumns()
+    first = bytearray(_line(0, attrs=b'{"k":1}'))
+    columns.add(columns.scan(first, 0, len(first)))
+    mark = columns.mark()
+    again = bytearray(_line(1, attrs=b'{"k":"x","j":2}'))
+    columns.add(columns.scan(again, 0, len(again)))
+    columns.reset(mark)
+    frame = columns.frame(0, {})
+    assert frame["k"].tolist() == [1] and frame["k"].dtype == "int64" and "j" not in frame
+
+
 def test_attr_split_declines_what_it_cannot_take_apart() -> None:
     keys, codes, values = SPEEDUPS.attr_split(
         [b"", b'{"a":1,"b":"x"}', b'{"a":2, "c": [1]}', b"[1]"]
