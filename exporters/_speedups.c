@@ -5136,11 +5136,11 @@ done:
 /* nearest_valued(missing, ppos, out) -> None
  *
  * out[i] = i where missing[i] is 0, else the position of the nearest ancestor (through
- * the parent positions ppos, -1 for none) whose missing is 0, else -1 (no such
+ * the parent positions ppos, -1 for none) whose missing is 0, else i again (no such
  * ancestor, or a cycle of missing rows): the source of each row's value in
- * exporters/frame.py's _inherit_masked, whose numpy walk is the twin. Each row's
- * answer is found once: a walk up stops at the first row already answered, and
- * answers every row it passed. */
+ * exporters/frame.py's _inherit_masked (values[out], missing[out]), whose numpy walk
+ * is the twin. Each row's answer is found once: a walk up stops at the first row
+ * already answered, and answers every row it passed. */
 static PyObject *
 nearest_valued(PyObject *module, PyObject *args)
 {
@@ -5201,10 +5201,11 @@ nearest_valued(PyObject *module, PyObject *args)
             path[len++] = a;
             a = ppos[a];
         }
-        /* a root passed, an answer met, or a row of this walk again (a cycle) */
-        int64_t found = a < 0 || out[a] < 0 ? -1 : out[a];
+        /* a root passed, an answer met (a source, or a row without one: itself, missing),
+         * or a row of this walk again (a cycle) */
+        int64_t found = a < 0 || out[a] < 0 || missing[out[a]] ? -1 : out[a];
         for (Py_ssize_t j = 0; j < len; j++) {
-            out[path[j]] = found;
+            out[path[j]] = found < 0 ? path[j] : found;
         }
     }
     Py_END_ALLOW_THREADS

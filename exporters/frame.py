@@ -372,8 +372,7 @@ def _inherit_masked(
             np.ascontiguousarray(ppos, dtype=np.int64),
             src,
         )
-        found = src >= 0
-        return np.where(found, values[np.where(found, src, 0)], values), ~found
+        return values[src], np.asarray(missing, dtype=np.bool_)[src]
     return _inherit_masked_py(values, missing, ppos)
 
 

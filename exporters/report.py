@@ -368,12 +368,96 @@ def _event_table(
     if not len(dur):
         return _empty_events()
     codes, names = coded
+    step_self = np.where(in_step, self_ns, 0)
+    grouped = _sums_by_code(codes, len(names), dur, self_ns, step_self, in_step)
+    if grouped is None:
+        grouped = _sums_by_pandas(codes, dur, self_ns, step_self, in_step)
+    out, step_sum, any_in_step = grouped
+    by_code = pd.Series(dur).groupby(codes, sort=False)
+    q = by_code.quantile([0.5, 0.9, 0.99]).unstack()
+    out["p50_ns"] = q[0.5]
+    out["p90_ns"] = q[0.9]
+    out["p99_ns"] = q[0.99]
+    if wall_total > 0:
+        out["share"] = (step_sum / wall_total).where(any_in_step)
+    else:
+        out["share"] = np.nan
+    columns = list(_EVENT_COLUMNS)
+    if device is not None and np.isfinite(device).any():
+        dg = pd.Series(device).groupby(codes, sort=False)
+        out["device_total_ns"] = dg.sum(min_count=1)
+        out["device_mean_ns"] = dg.mean()
+        columns += ["device_total_ns", "device_mean_ns"]
+    labels = np.asarray(names, dtype=object)[out.index.to_numpy(dtype=np.int64)]
+    totals = out["total_ns"].to_numpy()
+    # largest total first, then by name; sorted in Python, since pandas would
+    # store the names as strings first (see _pandas)
+    order = sorted(range(len(out)), key=lambda i: (-totals[i], labels[i]))
+    out = out.iloc[order].reset_index(drop=True)
+    out.insert(0, "event", series(labels[order]))
+    return out[columns]
+
+
+_Grouped = tuple[pd.DataFrame, pd.Series, pd.Series]
+_EXACT = float(2**52)  # float64 sums of whole numbers below this are exact
+
+
+def _sums_by_code(
+    codes: np.ndarray,
+    k: int,
+    dur: np.ndarray,
+    self_ns: np.ndarray,
+    step_self: np.ndarray,
+    in_step: np.ndarray,
+) -> _Grouped | None:
+    """Per event code: count, total, mean, max and self time (the table's first
+    columns), the self time in steps and whether any row is in a step, by counting
+    sorts of the codes (``np.bincount``) rather than a frame of the rows and pandas'
+    groupby (:func:`_sums_by_pandas`, the same figures). None where a sum could be
+    inexact in float64 (its absolute values add up to 2**52 or more) or a code is
+    negative (a missing name): the caller then groups with pandas."""
+    if not len(codes) or int(codes.min()) < 0:
+        return None
+    weights = (dur, self_ns, step_self)
+    if any(float(np.abs(w).sum(dtype=np.float64)) >= _EXACT for w in weights):
+        return None
+    count = np.bincount(codes, minlength=k)
+    at = np.flatnonzero(count)  # the codes of the events present
+
+    def total(w: np.ndarray) -> np.ndarray:
+        return np.rint(np.bincount(codes, weights=w, minlength=k)[at]).astype(np.int64)
+
+    longest = np.full(k, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(longest, codes, dur)
+    totals, n = total(dur), count[at]
+    out = pd.DataFrame(
+        {
+            "count": n,
+            "total_ns": totals,
+            "mean_ns": totals / n,
+            "max_ns": longest[at],
+            "self_ns": total(self_ns),
+        },
+        index=at,
+    )
+    inside = np.bincount(codes, weights=in_step.astype(np.float64), minlength=k)[at] > 0
+    return out, pd.Series(total(step_self), index=at), pd.Series(inside, index=at)
+
+
+def _sums_by_pandas(
+    codes: np.ndarray,
+    dur: np.ndarray,
+    self_ns: np.ndarray,
+    step_self: np.ndarray,
+    in_step: np.ndarray,
+) -> _Grouped:
+    """:func:`_sums_by_code` by pandas' groupby, for any sizes and codes."""
     data = pd.DataFrame(
         {
             "event": codes,
             "dur": dur,
             "self": self_ns,
-            "in_step": np.where(in_step, self_ns, 0),
+            "in_step": step_self,
             "inside": in_step.astype(np.int8),
         }
     )
@@ -387,30 +471,7 @@ def _event_table(
             "self_ns": g["self"].sum(),
         }
     )
-    q = g["dur"].quantile([0.5, 0.9, 0.99]).unstack()
-    out["p50_ns"] = q[0.5]
-    out["p90_ns"] = q[0.9]
-    out["p99_ns"] = q[0.99]
-    step_sum = g["in_step"].sum()
-    any_in_step = g["inside"].max() > 0
-    if wall_total > 0:
-        out["share"] = (step_sum / wall_total).where(any_in_step)
-    else:
-        out["share"] = np.nan
-    columns = list(_EVENT_COLUMNS)
-    if device is not None and np.isfinite(device).any():
-        dg = pd.Series(device, index=data.index).groupby(data["event"], sort=False)
-        out["device_total_ns"] = dg.sum(min_count=1)
-        out["device_mean_ns"] = dg.mean()
-        columns += ["device_total_ns", "device_mean_ns"]
-    labels = np.asarray(names, dtype=object)[out.index.to_numpy(dtype=np.int64)]
-    totals = out["total_ns"].to_numpy()
-    # largest total first, then by name; sorted in Python, since pandas would
-    # store the names as strings first (see _pandas)
-    order = sorted(range(len(out)), key=lambda i: (-totals[i], labels[i]))
-    out = out.iloc[order].reset_index(drop=True)
-    out.insert(0, "event", series(labels[order]))
-    return out[columns]
+    return out, g["in_step"].sum(), g["inside"].max() > 0
 
 
 def _throughput(steps: pd.DataFrame) -> Throughput:

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import exporters
 from exporters import (
@@ -22,6 +24,7 @@ from exporters import (
     spans_to_frame,
     step_report,
 )
+from exporters import report as report_module
 
 RunBuilder = Any  # the builder from conftest.py's run_builder fixture
 
@@ -340,3 +343,45 @@ def test_names_that_are_not_utf8_survive_the_report_and_compare(
     assert odd in comparison.regressions
     for fmt in ("table", "md", "json"):
         assert "user." in exporters.render_comparison(comparison, fmt)
+
+
+_ROWS = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(-10, 10**6), st.integers(-10, 10**6), st.booleans()),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=_ROWS)
+def test_event_sums_by_counting_match_pandas_groupby(
+    rows: list[tuple[int, int, int, bool]],
+) -> None:
+    """The event table's sums by ``np.bincount`` against pandas' groupby (its twin):
+    counts, totals, means, maxima and self times, exactly."""
+    codes = np.array([r[0] for r in rows], dtype=np.int64)
+    dur = np.array([r[1] for r in rows], dtype=np.int64)
+    self_ns = np.array([r[2] for r in rows], dtype=np.int64)
+    in_step = np.array([r[3] for r in rows])
+    step_self = np.where(in_step, self_ns, 0)
+    fast = report_module._sums_by_code(codes, 6, dur, self_ns, step_self, in_step)
+    assert fast is not None
+    slow = report_module._sums_by_pandas(codes, dur, self_ns, step_self, in_step)
+    for a, b in zip(fast, slow, strict=True):
+        if isinstance(a, pd.DataFrame):
+            pd.testing.assert_frame_equal(
+                a.sort_index(), b.sort_index(), check_index_type=False, check_names=False
+            )
+        else:
+            pd.testing.assert_series_equal(
+                a.sort_index(), b.sort_index(), check_index_type=False, check_names=False
+            )
+
+
+def test_event_sums_too_large_for_float64_or_without_a_name_go_to_pandas() -> None:
+    codes, one = np.array([0, 0, 1]), np.ones(3, dtype=bool)
+    big = np.array([2**52, 1, 5], dtype=np.int64)
+    small = np.array([1, 2, 3], dtype=np.int64)
+    assert report_module._sums_by_code(codes, 2, big, small, small, one) is None
+    assert report_module._sums_by_code(np.array([0, -1, 1]), 2, small, small, small, one) is None
+    assert report_module._sums_by_code(codes, 2, small, small, small, one) is not None
