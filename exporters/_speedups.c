@@ -5218,6 +5218,78 @@ done:
     return result;
 }
 
+/* depths(ppos, out) -> None
+ *
+ * out[i] = the number of ancestors of row i through the parent positions ppos (-1 for
+ * none), or n + 1 where the chain up meets a cycle: exporters/frame.py's _depth, whose
+ * numpy walk (a level at a time, at most n + 1 levels) is the twin. Each row's depth
+ * is found once: a walk up stops at the first row already known. */
+static PyObject *
+depths(PyObject *module, PyObject *args)
+{
+    PyObject *ppos_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OO:depths", &ppos_obj, &out_obj)) {
+        return NULL;
+    }
+    Py_buffer pv, ov;
+    if (get_words(ppos_obj, &pv, 0, "ppos") < 0) {
+        return NULL;
+    }
+    if (get_words(out_obj, &ov, 1, "out") < 0) {
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = pv.len / 8;
+    const int64_t *ppos = pv.buf;
+    int64_t *out = ov.buf, *path = NULL;
+    if (ov.len != pv.len) {
+        PyErr_SetString(PyExc_ValueError, "Expected ppos and out of one length, but they differ.");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ppos[i] < -1 || ppos[i] >= n) {
+            PyErr_Format(PyExc_ValueError,
+                         "Expected parent positions from -1 to %zd, but one is %lld.", n - 1,
+                         (long long)ppos[i]);
+            goto done;
+        }
+    }
+    path = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (path == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    enum { UNKNOWN = -1, WALKING = -2 };
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = UNKNOWN;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = 0;
+        int64_t a = (int64_t)i;
+        while (a >= 0 && out[a] == UNKNOWN) {
+            out[a] = WALKING;
+            path[len++] = a;
+            a = ppos[a];
+        }
+        /* a root passed (depth -1 above it), a known depth met, or a row of this walk
+         * again: a cycle, whose rows and every row below them get n + 1 */
+        int64_t above = a < 0 ? -1 : out[a] == WALKING ? (int64_t)n : out[a];
+        for (Py_ssize_t j = len - 1; j >= 0; j--) {
+            above = above >= (int64_t)n ? (int64_t)n + 1 : above + 1;
+            out[path[j]] = above;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_RawFree(path);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&ov);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"typed_column", typed_column, METH_VARARGS, "One attribute key across rows, typed."},
     {"attr_table", attr_table, METH_VARARGS,
@@ -5244,6 +5316,8 @@ static PyMethodDef module_methods[] = {
      "One thread's rows through the detail filter (DetailFilter._take_lane's C twin)."},
     {"parent_positions", parent_positions, METH_VARARGS,
      "Each row's parent position by span id (frame._parent_positions' C twin)."},
+    {"depths", depths, METH_VARARGS,
+     "Each row's number of ancestors (frame._depth's C twin)."},
     {"nearest_valued", nearest_valued, METH_VARARGS,
      "Each row's nearest ancestor-or-self with a value (frame._inherit_masked's C twin)."},
     {"enclosing_sorted", enclosing_sorted, METH_VARARGS,

@@ -327,6 +327,17 @@ def _parent_positions_py(
 
 
 def _depth(ppos: np.ndarray) -> np.ndarray:
+    """Each row's number of ancestors (n + 1 where the chain up meets a cycle); in C
+    where it is built (``_speedups.depths``), :func:`_depth_py` being its twin."""
+    if _speedups is not None and len(ppos):
+        out = np.empty(len(ppos), dtype=np.int64)
+        _speedups.depths(np.ascontiguousarray(ppos, dtype=np.int64), out)
+        return out
+    return _depth_py(ppos)
+
+
+def _depth_py(ppos: np.ndarray) -> np.ndarray:
+    """:func:`_depth` a level at a time in numpy (the C path's twin)."""
     n = len(ppos)
     depth = np.zeros(n, dtype=np.int64)
     cur = ppos.copy()

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 from exporters import _accel, spans_to_frame, step_report
 from exporters._nesting import _enclosing, _enclosing_py, effective_parents
-from exporters._steps import assign_steps
+from exporters._steps import assign_steps, name_codes
 from exporters.comparison import event_samples
 from exporters.frame import (
+    _depth,
+    _depth_py,
     _inherit_masked,
     _inherit_masked_py,
     _parent_positions,
@@ -313,8 +315,9 @@ def test_ids_that_collide_in_the_c_table_are_left_to_pandas() -> None:
 def test_c_inherited_values_match_the_numpy_twin(
     rows: list[tuple[int, bool, int]], forest: bool
 ) -> None:
-    """``_speedups.nearest_valued`` (each row's source found once) against the numpy
-    walk, level by level: in forests and in parent positions with cycles."""
+    """``_speedups.nearest_valued`` (each row's source found once) and
+    ``_speedups.depths`` against their numpy walks, level by level: in forests and in
+    parent positions with cycles."""
     n = len(rows)
     ppos = np.array(
         [p % (i if forest and i else n) if p >= 0 else -1 for i, (p, _, _) in enumerate(rows)]
@@ -328,6 +331,8 @@ def test_c_inherited_values_match_the_numpy_twin(
     expected, expected_missing = _inherit_masked_py(values, missing, ppos)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(got_missing, expected_missing)
+    # and the depths (n + 1 where a chain meets a cycle, as the numpy walk stops there)
+    np.testing.assert_array_equal(_depth(ppos), _depth_py(ppos))
 
 
 @_needs_c
@@ -342,3 +347,19 @@ def test_the_c_index_helpers_refuse_arrays_they_cannot_read() -> None:
         c.enclosing_sorted(np.array([0, 9, 1, 2]), ids, ids, np.empty(4, np.int64))
     with pytest.raises(ValueError, match="from -1 to 3"):
         c.nearest_valued(np.ones(4, np.bool_), np.array([-1, 0, 7, 1]), np.empty(4, np.int64))
+    with pytest.raises(ValueError, match="from -1 to 3"):
+        c.depths(np.array([-1, 0, -2, 1]), np.empty(4, np.int64))
+
+
+@pytest.mark.parametrize(
+    "names", [["a", "b", None, "a", "b"], ["x"], [], ["a", 1, "b", 1], ["é", "e", "é"]]
+)
+def test_name_codes_are_pandas_factorize(names: list[Any]) -> None:
+    """The report's name codes (``dict_encode`` in C for str and None) are what
+    ``pd.factorize`` gives, missing names included (-1)."""
+    frame = pd.DataFrame({"name": pd.array(names, dtype=object)})
+    codes, uniques = name_codes(frame)
+    expected_codes, expected_uniques = pd.factorize(np.asarray(names, dtype=object))
+    np.testing.assert_array_equal(codes, expected_codes)
+    assert codes.dtype == np.int64 and uniques.dtype == object
+    assert uniques.tolist() == list(expected_uniques)
