@@ -5133,6 +5133,26 @@ done:
     return result;
 }
 
+static int64_t *
+walk_path(const int64_t *ppos, Py_ssize_t n)
+{
+    /* room for a walk up through the parent positions ppos, once they are checked to
+     * lie in -1..n-1; NULL with ValueError or MemoryError set */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ppos[i] < -1 || ppos[i] >= n) {
+            PyErr_Format(PyExc_ValueError,
+                         "Expected parent positions from -1 to %zd, but one is %lld.", n - 1,
+                         (long long)ppos[i]);
+            return NULL;
+        }
+    }
+    int64_t *path = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (path == NULL) {
+        PyErr_NoMemory();
+    }
+    return path;
+}
+
 /* nearest_valued(missing, ppos, out) -> None
  *
  * out[i] = i where missing[i] is 0, else the position of the nearest ancestor (through
@@ -5172,17 +5192,8 @@ nearest_valued(PyObject *module, PyObject *args)
                         "they differ.");
         goto done;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (ppos[i] < -1 || ppos[i] >= n) {
-            PyErr_Format(PyExc_ValueError,
-                         "Expected parent positions from -1 to %zd, but one is %lld.", n - 1,
-                         (long long)ppos[i]);
-            goto done;
-        }
-    }
-    path = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    path = walk_path(ppos, n);
     if (path == NULL) {
-        PyErr_NoMemory();
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -5247,17 +5258,8 @@ depths(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "Expected ppos and out of one length, but they differ.");
         goto done;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (ppos[i] < -1 || ppos[i] >= n) {
-            PyErr_Format(PyExc_ValueError,
-                         "Expected parent positions from -1 to %zd, but one is %lld.", n - 1,
-                         (long long)ppos[i]);
-            goto done;
-        }
-    }
-    path = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    path = walk_path(ppos, n);
     if (path == NULL) {
-        PyErr_NoMemory();
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
