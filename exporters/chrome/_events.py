@@ -1,11 +1,12 @@
 """Chrome trace events as a span frame (the schema of :mod:`exporters.frame`).
 
 Takes in: events in chunks (:class:`~._parse.Event` structs from the reader,
-or plain dicts); hands on: the frame. :class:`SpanColumns` turns each chunk
-into columns at once (numbers in numpy arrays, names and statuses as codes,
-each span's raw ``attrs`` JSON as a code into the distinct ones), so no
-dict per event outlives its chunk; attributes are decoded and typed once per
-distinct value, at the end.
+or plain dicts, or the C line scanner's columns); hands on: the frame.
+:class:`SpanColumns` turns each chunk into columns at once (numbers in numpy
+arrays, names and statuses as codes, each span's raw ``attrs`` JSON as a code
+into the distinct ones, which the scanner hands over already taken apart by
+key), so no dict per event outlives its chunk; attributes are decoded and typed
+once per distinct value, at the end (:mod:`._attrs`).
 
 Spans are the ``X`` events (and ``B``/``E`` pairs) with a ``span_id``:
 ppetrace's own, whose ``span_id``, ``parent_id``, ``status`` and ``attrs`` sit
