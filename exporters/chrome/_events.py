@@ -454,7 +454,7 @@ class SpanColumns:
             span_ids, parent_ids = col["span_id"], col["parent_id"]
         else:
             span_ids, parent_ids = _infer_parents(start, dur, col["pid"], col["tid"])
-        ranks = pd.Series(col["pid"]).map(_rank_by_pid(self.meta, metadata)).to_numpy(dtype=float)
+        ranks = _ranks(col["pid"], _rank_by_pid(self.meta, metadata))
         trace_id = metadata.get("trace_id")
         trace_ids = (
             Coded(np.zeros(n, dtype=np.int32), [trace_id]) if type(trace_id) is str else [None] * n
@@ -528,6 +528,18 @@ def _event(d: Mapping[str, Any]) -> Event:
         attrs=d.get("attrs", msgspec.Raw()),
         args=d.get("args"),
     )
+
+
+def _ranks(pid: np.ndarray, by_pid: dict[int, int]) -> np.ndarray:
+    """Each row's rank by its pid (NaN where ``by_pid`` has none): ``Series.map`` of the
+    dict, but by one comparison pass per process when there are few (a trace has one
+    process per rank), rather than a lookup per row."""
+    if len(by_pid) > 16:
+        return pd.Series(pid).map(by_pid).to_numpy(dtype=float)
+    out = np.full(len(pid), np.nan)
+    for key, rank in by_pid.items():
+        out[pid == key] = rank
+    return out
 
 
 def _rank_by_pid(events: Sequence[Event], metadata: Mapping[str, Any]) -> dict[int, int]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -466,3 +467,14 @@ def test_numbers_are_read_as_msgspec_reads_them_without_the_gil() -> None:
     assert not cols[10]  # every line taken
     ts = struct.unpack(f"<{len(texts)}d", cols[2])
     assert [struct.pack("<d", t) for t in ts] == [struct.pack("<d", e.ts) for e in expected]
+
+
+@pytest.mark.parametrize("processes", [0, 3, 40])
+def test_ranks_by_pid_are_the_dicts_map(processes: int) -> None:
+    """Each row's rank by pid: a pass per process when there are few, ``Series.map``
+    past 16; both as ``Series.map`` gives them (NaN where a pid has no rank)."""
+    pid = np.arange(200, dtype=np.int64) % 50
+    by_pid = {p: 100 + p for p in range(0, 2 * processes, 2)}
+    by_pid[2**70] = 1  # a pid no row can have
+    expected = pd.Series(pid).map(by_pid).to_numpy(dtype=float)
+    np.testing.assert_array_equal(_events._ranks(pid, by_pid), expected)
