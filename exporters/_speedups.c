@@ -4960,6 +4960,21 @@ get_words(PyObject *obj, Py_buffer *view, int writable, const char *what)
     return 0;
 }
 
+static int
+separate(const Py_buffer *out, const Py_buffer *in)
+{
+    /* 0 with ValueError set when out shares memory with in: the loops read their inputs
+     * while they write out, and an input overwritten could send them out of bounds */
+    const char *a = out->buf, *b = in->buf;
+    if (out->len && in->len && a < b + in->len && b < a + out->len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "Expected out to be an array of its own, but it shares memory with "
+                        "an input; pass a new array (numpy.empty).");
+        return 0;
+    }
+    return 1;
+}
+
 /* parent_positions(span_ids, parent_ids, out) -> bool
  *
  * out[i] = the position of the row whose span id is parent_ids[i], or -1 where no row
@@ -5010,6 +5025,9 @@ parent_positions(PyObject *module, PyObject *args)
     if (pv.len != sv.len || ov.len != sv.len) {
         PyErr_SetString(PyExc_ValueError,
                         "Expected span_ids, parent_ids and out of one length, but they differ.");
+        goto done;
+    }
+    if (!separate(&ov, &sv) || !separate(&ov, &pv)) {
         goto done;
     }
     size_t size = 16;
@@ -5092,6 +5110,11 @@ enclosing_sorted(PyObject *module, PyObject *args)
         if (views[c].len != views[0].len) {
             PyErr_SetString(PyExc_ValueError,
                             "Expected order, end, thread and out of one length, but they differ.");
+            goto done;
+        }
+    }
+    for (int c = 0; c < 3; c++) {
+        if (!separate(&views[3], &views[c])) {
             goto done;
         }
     }
@@ -5192,6 +5215,9 @@ nearest_valued(PyObject *module, PyObject *args)
                         "they differ.");
         goto done;
     }
+    if (!separate(&ov, &mv) || !separate(&ov, &pv)) {
+        goto done;
+    }
     path = walk_path(ppos, n);
     if (path == NULL) {
         goto done;
@@ -5256,6 +5282,9 @@ depths(PyObject *module, PyObject *args)
     int64_t *out = ov.buf, *path = NULL;
     if (ov.len != pv.len) {
         PyErr_SetString(PyExc_ValueError, "Expected ppos and out of one length, but they differ.");
+        goto done;
+    }
+    if (!separate(&ov, &pv)) {
         goto done;
     }
     path = walk_path(ppos, n);

@@ -349,6 +349,20 @@ def test_the_c_index_helpers_refuse_arrays_they_cannot_read() -> None:
         c.nearest_valued(np.ones(4, np.bool_), np.array([-1, 0, 7, 1]), np.empty(4, np.int64))
     with pytest.raises(ValueError, match="from -1 to 3"):
         c.depths(np.array([-1, 0, -2, 1]), np.empty(4, np.int64))
+    # an out that is (part of) an input: refused, not read while it is written
+    ppos = np.array([-1, 0, 1, 2])
+    with pytest.raises(ValueError, match="array of its own"):
+        c.depths(ppos, ppos)
+    order = np.arange(4)
+    with pytest.raises(ValueError, match="array of its own"):
+        c.enclosing_sorted(order, ids, ids, order)
+    with pytest.raises(ValueError, match="array of its own"):
+        c.nearest_valued(np.ones(4, np.bool_), ppos, ppos)
+    with pytest.raises(ValueError, match="array of its own"):
+        c.parent_positions(ids, ids, ids.view(np.int64))
+    shared = np.zeros(6, dtype=np.int64)  # two views of one memory, overlapping
+    with pytest.raises(ValueError, match="array of its own"):
+        c.depths(shared[:4], shared[2:])
 
 
 @pytest.mark.parametrize(
