@@ -44,7 +44,7 @@ try:
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     from bench_trainer import REFERENCE, VARIANTS  # type: ignore[no-redef]
 
-__all__ = ["DEFAULT", "main", "per_step", "run_callgrind", "totals"]
+__all__ = ["DEFAULT", "find_valgrind", "main", "per_step", "run_callgrind", "totals"]
 
 #: every hand loop and every Trainer variant of bench_trainer
 DEFAULT: tuple[str, ...] = tuple(v for v in VARIANTS if v.startswith(("hand", "ppetrace")))
@@ -108,6 +108,17 @@ def per_step(order: list[list[Any]], counts: list[int]) -> dict[str, dict[str, f
     return out
 
 
+def find_valgrind(parser: argparse.ArgumentParser, steps: tuple[int, int]) -> str | None:
+    """valgrind's path, after checking ``--steps A B`` (0 < A < B, else a usage error);
+    None, having said so on stderr, when valgrind is not installed."""
+    if not 0 < steps[0] < steps[1]:
+        parser.error(f"expected 0 < A < B for --steps, but received {steps[0]} {steps[1]}")
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("valgrind is not installed: nothing to count.", file=sys.stderr)
+    return valgrind
+
+
 def run_callgrind(
     valgrind: str, collect: list[str], out: Path, script: Path, args: list[str], done: Path
 ) -> bool:
@@ -150,11 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in args.variants if v not in REFERENCE]
     if unknown:
         parser.error(f"unknown variant {unknown[0]!r}; expected some of {', '.join(REFERENCE)}")
-    if not 0 < steps[0] < steps[1]:
-        parser.error(f"expected 0 < A < B for --steps, but received {steps[0]} {steps[1]}")
-    valgrind = shutil.which("valgrind")
+    valgrind = find_valgrind(parser, steps)
     if valgrind is None:
-        print("valgrind is not installed: nothing to count.", file=sys.stderr)
         return 2
     variants = list(dict.fromkeys([REFERENCE[v] for v in args.variants] + args.variants))
     with tempfile.TemporaryDirectory() as tmp:

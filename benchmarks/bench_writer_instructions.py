@@ -33,15 +33,19 @@ import json
 import operator
 import pickle
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 try:
-    from benchmarks.bench_instructions import per_step, run_callgrind, totals
+    from benchmarks.bench_instructions import find_valgrind, per_step, run_callgrind, totals
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
-    from bench_instructions import per_step, run_callgrind, totals  # type: ignore[no-redef]
+    from bench_instructions import (  # type: ignore[no-redef]
+        find_valgrind,
+        per_step,
+        run_callgrind,
+        totals,
+    )
 
 __all__ = ["main", "per_row"]
 
@@ -109,11 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.child[0], steps, args.child[1])
         return 0
-    if not 0 < steps[0] < steps[1]:
-        parser.error(f"expected 0 < A < B for --steps, but received {steps[0]} {steps[1]}")
-    valgrind = shutil.which("valgrind")
+    valgrind = find_valgrind(parser, steps)
     if valgrind is None:
-        print("valgrind is not installed: nothing to count.", file=sys.stderr)
         return 2
     try:
         from benchmarks.bench_long_run import template_step

@@ -4010,7 +4010,7 @@ register_frozen_type(PyObject *module, PyObject *type)
  *   the aggregates, row_type the type of the rows made (SpanRow: a tuple subclass
  *   without a __dict__). Returns (rows, spots, popped, announce, nxt, folded, steps):
  *   the rows to write, in which each summarised step is the tuple (step row with
- *   {**attributes, hooks_key: hooks}, lane, hooks, count, announce), and spots their
+ *   {**attributes, hooks_key: hooks}, lane, count, announce), and spots their
  *   indices plus base; popped the published starts it used; nxt None or (start, rows, inner) of
  *   the interval left open; folded/steps the rows and steps folded. The new names of
  *   the steps' aggregates are appended to names and index (escaped in names) just
@@ -4576,7 +4576,7 @@ fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *s
         done = fold_step_row(rows[p].row, row_type, hooks_key, hooks);
     }
     if (done != NULL) {
-        summary = PyTuple_Pack(5, done, lane, hooks, count, announce ? Py_True : Py_False);
+        summary = PyTuple_Pack(4, done, lane, count, announce ? Py_True : Py_False);
     }
     int rc = -1;
     if (summary != NULL && PyList_Append(spots, spot) == 0 && PyList_Append(out, summary) == 0) {

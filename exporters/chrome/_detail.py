@@ -110,10 +110,11 @@ class _Lane:
 
 
 #: A summarised step, made into a row by :meth:`DetailFilter.finish`: its ``trainer.step``
-#: row, its lane, its ``ppetrace.hooks`` text, how many names of the lane's list that text
-#: refers to, and whether the names list must be written (the first summarised step of
-#: its thread, or the first after a detailed step). A plain tuple: the C fold makes them.
-Summary = tuple[SpanRow, _Lane, str, int, bool]
+#: row (its ``ppetrace.hooks`` text among the attributes), its lane, how many names of the
+#: lane's list that text refers to, and whether the names list must be written (the first
+#: summarised step of its thread, or the first after a detailed step). A plain tuple: the
+#: C fold makes them.
+Summary = tuple[SpanRow, _Lane, int, bool]
 
 
 def _entries(lane: _Lane, aggregates: dict[str, list[int]]) -> str:
@@ -389,7 +390,7 @@ class DetailFilter:
         announce, lane.announce = lane.announce, False
         hooks = _entries(lane, aggregates)
         done = _tuple_new(SpanRow, (*row[:7], {**row[7], HOOKS: hooks}, row[8], row[9]))
-        return (done, lane, hooks, len(lane.names), announce)
+        return (done, lane, len(lane.names), announce)
 
     def finish(self, out: list[Any], summaries: Iterable[int], part: int) -> None:
         """Replace the :data:`Summary` tuples at ``summaries`` (in order) by their step
@@ -397,7 +398,7 @@ class DetailFilter:
         summary asks for it, on the first step of a part, and when the step refers to
         names not written yet (a new name)."""
         for i in summaries:
-            row, lane, _hooks, count, announce = out[i]
+            row, lane, count, announce = out[i]
             if announce or lane.part != part or count > lane.listed:
                 lane.part, lane.listed = part, count
                 names = lane.names

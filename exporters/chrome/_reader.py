@@ -242,7 +242,8 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     decodes the lines it declines, and every line without it), so memory stays
     near the size of the frame. The scanner lets go of the GIL, so where the
     process may use two CPUs, the two halves of each large block are scanned at
-    once, the second on a short-lived thread of its own.
+    once (the second on one worker thread per file), and the next block is read
+    on a thread meanwhile.
     """
     from ._split import run_parts
 

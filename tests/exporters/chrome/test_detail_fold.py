@@ -291,7 +291,7 @@ def test_the_c_fold_survives_collections_that_change_the_lane() -> None:
             summaries: list[int] = []
             if _fold.take_lane_fast(f, lane, rows[lo : lo + 50], out, summaries):
                 taken += 1
-                assert all(type(out[i]) is tuple and len(out[i]) == 5 for i in summaries)
+                assert all(type(out[i]) is tuple and len(out[i]) == 4 for i in summaries)
                 f.finish(out, summaries, 0)
                 assert all(type(r) is SpanRow for r in out)
             else:  # the state it saw changed under it: start again from a sound one
