@@ -29,18 +29,18 @@ from .frame import _depth
 __all__ = ["effective_parents", "self_times"]
 
 
-def _enclosing(
-    order: np.ndarray, start: np.ndarray, end: np.ndarray, thread: np.ndarray
-) -> np.ndarray:
+def _enclosing(order: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:
     """For each row, the row of the innermost span on its thread that encloses it
     (starts no later and ends no earlier; the longer first at equal starts), or -1.
 
     The rows in ``order`` are sorted by thread, start and longest first; for each
     position the answer is the nearest earlier position on the same thread whose
-    end is not before this one's end (all nearest larger values, by pointer jumping).
+    end is not before this one's end (all nearest larger values): in one pass with a
+    stack in C where it is built (``_speedups.enclosing_sorted``), else by pointer
+    jumping in numpy (:func:`_enclosing_py`, its twin).
     """
     n = len(order)
-    if _speedups is not None and n:  # one pass with a stack, in C (this path is its twin)
+    if _speedups is not None and n:
         out = np.empty(n, dtype=np.int64)
         _speedups.enclosing_sorted(
             np.ascontiguousarray(order, dtype=np.int64),
@@ -133,7 +133,7 @@ def effective_parents(
         return ppos, False
     thread = _thread_codes(pid, tid)
     order = np.lexsort((-(end - start), start, thread))
-    enc = _enclosing(order, start, end, thread)
+    enc = _enclosing(order, end, thread)
     # a span whose parent is not in the trace (a summarised step's hook, folded, above a
     # span written in full; a foreign OpenTelemetry span) goes under the innermost span
     # that encloses it on its thread, if any
