@@ -322,6 +322,12 @@ class _SpanAPI:
     code starts there with the OpenTelemetry API are its children. An instance
     can be entered again after its block ends, not while it is open (that
     raises ``RuntimeError``); the decorator makes a new one per call.
+    ``span.again(arg)`` returns the span itself with ``arg`` as its new arg,
+    ready to be entered again, or a new span of the same name and ``arg``
+    while this one is open: a loop can keep one object per event instead of
+    making one per block (ppetrace's Trainer does, for the spans of each
+    step). The object then stands for its latest block only: its ids are
+    those of the block entered last.
     While tracing is disabled (``configure(enabled=False)``), entering and
     leaving it does nothing.
     """
@@ -348,6 +354,8 @@ class _SpanAPI:
             exc: BaseException | None,
             tb: TracebackType | None,
         ) -> None: ...
+
+        def again(self, arg: Any = None) -> _SpanAPI: ...
 
     # -- the OpenTelemetry side ------------------------------------------------
 
@@ -403,6 +411,14 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         self.name = event_name
         self.arg = arg
         self._token = None
+
+    def again(self, arg: Any = None) -> PySpan:
+        """This span with ``arg`` as its arg, to enter again; a new span of the same name
+        and ``arg`` while this one is open (the C twin: ``SpanBase.again``)."""
+        if self._token is not None:
+            return type(self)(self.name, arg)
+        self.arg = arg
+        return self
 
     # -- the hot path ------------------------------------------------------------
 

@@ -520,7 +520,33 @@ Span_dealloc(SpanBase *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *
+Span_again(SpanBase *self, PyObject *arg)
+{
+    /* this span with arg in place of its arg, to be entered again; a new span of the same
+     * type, name and arg while this one is open (see _SpanAPI.again) */
+    if (self->name == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Expected an initialised ppetrace.trace, but __init__ was not run. A "
+                        "subclass's __init__ must call super().__init__(event_name, arg).");
+        return NULL;
+    }
+    if (self->token != NULL) {
+        /* the call runs Python code (a subclass's __init__): name and arg are held */
+        PyObject *stack[2] = {Py_NewRef(self->name), Py_NewRef(arg)};
+        PyObject *res = PyObject_Vectorcall((PyObject *)Py_TYPE(self), stack, 2, NULL);
+        Py_DECREF(stack[0]);
+        Py_DECREF(stack[1]);
+        return res;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(self->arg, arg); /* releasing the old arg can run code: nothing is borrowed */
+    return Py_NewRef(self);
+}
+
 static PyMethodDef Span_methods[] = {
+    {"again", (PyCFunction)Span_again, METH_O,
+     "again(arg) -> this span with arg, to enter again (a new one while this is open)."},
     {"__enter__", (PyCFunction)Span_enter, METH_NOARGS, "Start the span."},
     {"__exit__", (PyCFunction)(void (*)(void))Span_exit, METH_FASTCALL, "End the span."},
     {NULL, NULL, 0, NULL},

@@ -13,6 +13,9 @@ loop are all the overhead there is:
   includes ``trainer.fetch_batch``, else the fetch gets its own;
 - the runtime hooks are resolved once per fit (``ppetrace.runtime._hooks``):
   a hook that is ``BaseRuntime``'s no-op gets its span and no call;
+- one span object per event, made when the epoch's batches start and entered
+  again each step (``trace.again``: no object made and freed per block)
+  wherever the span opener is ``ppetrace.trace`` itself;
 - the batch size comes from the loader, not from each batch, where it can;
 - counters, accumulation and the optional parts (profilers, progress bar,
   callbacks, step-based validation and checkpoints, the loss watch) cost a
@@ -32,13 +35,44 @@ from ..tracing._recorder import trace
 from ._run import TRAIN, Run, batch_size, describe, known_batch_sizes, len_or_none
 from ._setup import empty_loader
 
-__all__ = ["bad_loss", "train_batches"]
+__all__ = ["bad_loss", "reusable", "train_batches"]
 
 _END = object()
 _Tensor = torch.Tensor
 EPOCH, STEP, BATCH_IDX = "ppetrace.epoch", "ppetrace.step", "ppetrace.batch_idx"
 STAGE, DEVICE, RUNTIME = "ppetrace.stage", "ppetrace.device", "ppetrace.runtime"
 BATCH_SIZE = "ppetrace.batch_size"
+
+
+class _Opener:
+    """``again(arg)`` opens ``open(name, arg)``: a span opener that is not ``trace`` itself
+    (a profiler's span, a runtime's own ``trace``), in the shape of a reused span."""
+
+    __slots__ = ("name", "open")
+
+    def __init__(self, name: str, open: Any) -> None:
+        self.name, self.open = name, open
+
+    def again(self, arg: Any) -> Any:
+        return self.open(self.name, arg)
+
+
+def reusable(open: Any, name: str) -> Any:
+    """An object whose ``again(arg)`` opens ``open(name, arg)``: a ``trace(name)`` entered
+    again each time where ``open`` is ``trace``, else an :class:`_Opener`."""
+    return trace(name) if open is trace else _Opener(name, open)
+
+
+def _reusable_set(hooks: Any) -> Any:
+    """A :class:`~ppetrace.runtime._hooks.StepHooks` set with each span opener made
+    :func:`reusable` for its hook's event."""
+    pre, convert_open, convert, post = hooks
+    return (
+        tuple((reusable(o, "runtime.train_pre_step"), sub, fn) for o, sub, fn in pre),
+        reusable(convert_open, "runtime.convert_batch"),
+        convert,
+        tuple((reusable(o, "runtime.train_post_step"), sub, fn) for o, sub, fn in post),
+    )
 
 
 def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any]) -> None:
@@ -59,7 +93,17 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
     autocast = run.runtime.autocast_context if run.runtime.autocast_enabled else None
     profilers, bar, open_span = self.profilers, run.progress, run.open_span
     hooks, flags, group, detail = run.hooks, PROFILER_FLAGS, run.group, run.detail
-    plain = hooks.plain
+    plain, ranged = _reusable_set(hooks.plain), _reusable_set(hooks.ranged)
+    fetch_open = trace("trainer.fetch_batch")
+    step_open, train_open, backward_open, optimizer_open = (
+        reusable(open_span, name)
+        for name in (
+            "trainer.step",
+            "module.train_step",
+            "trainer.backward",
+            "trainer.optimizer_step",
+        )
+    )
     wants_end_backward, collect, every_step = run.wants_end_backward, run.collect, watch.every_step
     known = known_batch_sizes(loader)
     size, full, last = known if known is not None else (0, 0, 0)
@@ -86,7 +130,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
         if known is not None and i >= full:
             step_attrs[BATCH_SIZE] = last
         attrs = FrozenAttributes(step_attrs)
-        with trace("trainer.fetch_batch", attrs):
+        with fetch_open.again(attrs):
             batch = next(it, _END)
         if batch is _END:
             break
@@ -107,19 +151,19 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
             for prof in profilers:
                 prof.step_begin(seen)
         # the runtime hooks, each span through its runtime's trace while a torch profiler records
-        pre, convert_open, convert, post = hooks.ranged if flags._is_profiler_enabled else plain
-        with open_span("trainer.step", attrs) as step_span:
+        pre, convert_open, convert, post = ranged if flags._is_profiler_enabled else plain
+        with step_open.again(attrs) as step_span:
             if detail is not None and detail.due(seen):  # this step's hooks as aggregates
                 detail.summarise(step_span)
             for open_hook, sub, fn in pre:
-                with open_hook("runtime.train_pre_step", attrs):
+                with open_hook.again(attrs):
                     if fn is not None:
                         fn(self, sub, i, batch)
-            with convert_open("runtime.convert_batch", attrs):
+            with convert_open.again(attrs):
                 moved = convert(batch)
             run.attrs = attrs
             step = train_step if boundary else quiet_step
-            with open_span("module.train_step", attrs):
+            with train_open.again(attrs):
                 if autocast is None:
                     loss, outs, raw = step(gs, moved, device, attrs)
                 else:
@@ -128,7 +172,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
             if check_loss:
                 if (type(loss) is not _Tensor and not isinstance(loss, _Tensor)) or loss.ndim:
                     raise bad_loss(adapter, loss, gs, epoch, i)
-                with open_span("trainer.backward", attrs):
+                with backward_open.again(attrs):
                     divided = backward(loss, divisor)
                     if wants_end_backward:
                         callbacks.call("on_end_backward", attrs, gs, divided)
@@ -137,7 +181,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
             if collect:
                 run.add_outputs(outs)
             if boundary:
-                with open_span("trainer.optimizer_step", attrs):
+                with optimizer_open.again(attrs):
                     optimizer_step()
                     self.global_step = gs + 1
                     if group is not None:
@@ -145,7 +189,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
                         group.clear()
                         callbacks.call("on_end_train_step", attrs, gs + 1, *outputs)
             for open_hook, sub, fn in post:
-                with open_hook("runtime.train_post_step", attrs):
+                with open_hook.again(attrs):
                     if fn is not None:
                         fn(self, sub, i, batch, raw)
         if profilers:

@@ -243,6 +243,17 @@ class KeyStr(str):
     """A str subclass as a key: the C encoders hand its batch to Python."""
 
 
+class Rearm:
+    """An arg whose release re-arms the span that held it (``again`` from a finalizer)."""
+
+    span: ClassVar[Any] = None
+
+    def __del__(self) -> None:
+        span, Rearm.span = Rearm.span, None
+        if span is not None:
+            span.again({"rearmed": 1})
+
+
 def scenario_odd(seconds: float, tmp: Path) -> str:
     from opentelemetry import trace as otel_trace
 
@@ -282,6 +293,12 @@ def scenario_odd(seconds: float, tmp: Path) -> str:
                 raise KeyError("own")
         except KeyError:
             pass
+        # again(): the old arg's release re-arms the same span; an open span gives a new one
+        reused = ppetrace.trace("again", Rearm())
+        Rearm.span = reused
+        with reused.again({"n": rounds}) as entered:
+            fresh = entered.again(Rearm())
+        check(fresh is not reused and reused.arg == {"rearmed": 1}, "again on an odd span")
         if rounds % 50 == 0:
             ppetrace.flush()
             _recorder.RECORDER.discard_buffered()

@@ -1,0 +1,96 @@
+"""``trace.again(arg)``: one span object entered block after block (issue 17: no object
+made and freed per block on the Trainer's step path). Each test runs on the C hot path
+(where it is built) and on the pure-Python one, in this process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry import trace as otel_trace
+
+import ppetrace
+from exporters._spans import FrozenAttributes
+from ppetrace.tracing import _recorder
+
+IMPLEMENTATIONS = [pytest.param(_recorder.PySpan, id="python")]
+if _recorder.IMPLEMENTATION == "c":
+    IMPLEMENTATIONS.insert(0, pytest.param(_recorder.Span, id="c"))
+
+RowSink = Any  # conftest.py's row_sink fixture
+
+
+@pytest.mark.parametrize("trace", IMPLEMENTATIONS)
+def test_each_block_of_a_reused_span_is_its_own_span(trace: Any, row_sink: RowSink) -> None:
+    span = trace("step")
+    seen = []
+    for step in range(3):
+        attrs = FrozenAttributes({"ppetrace.step": step})
+        entered = span.again(attrs)
+        assert entered is span and span.arg is attrs
+        with entered, trace("inner", {"k": step}):
+            seen.append(span.span_id)
+    ppetrace.flush()
+    steps = [r for r in row_sink.rows if r.name == "step"]
+    inner = [r for r in row_sink.rows if r.name == "inner"]
+    assert [r.attributes["ppetrace.step"] for r in steps] == [0, 1, 2]
+    assert [r.span_id for r in steps] == seen and len(set(seen)) == 3
+    # each inner block is the child of the block it ran in, not of the object's last one
+    assert [r.parent_id for r in inner] == seen
+    assert [r.attributes["k"] for r in inner] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("trace", IMPLEMENTATIONS)
+def test_again_on_an_open_span_gives_a_new_one(trace: Any, row_sink: RowSink) -> None:
+    span = trace("outer", {"a": 1})
+    with span:
+        nested = span.again({"a": 2})
+        assert nested is not span and type(nested) is type(span)
+        assert nested.name == "outer" and nested.arg == {"a": 2}
+        assert span.arg == {"a": 1}  # the open block keeps its arg
+        with nested:
+            pass
+    ppetrace.flush()
+    rows = {r.attributes["a"]: r for r in row_sink.rows}
+    assert rows[2].parent_id == rows[1].span_id
+
+
+@pytest.mark.parametrize("trace", IMPLEMENTATIONS)
+def test_again_while_disabled_records_nothing(trace: Any, row_sink: RowSink) -> None:
+    span = trace("quiet")
+    ppetrace.configure(enabled=False, exporters=[row_sink])
+    try:
+        with span.again({"a": 1}):
+            assert span.again({"a": 2}) is span  # a disabled block is not open
+    finally:
+        ppetrace.configure(exporters=[row_sink])
+    with span.again({"a": 3}):
+        pass
+    ppetrace.flush()
+    assert [r.attributes for r in row_sink.rows] == [{"a": 3}]
+
+
+def test_the_trainer_enters_one_object_per_event_and_step(row_sink: RowSink) -> None:
+    currents: list[Any] = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            currents.append(otel_trace.get_current_span())  # module.train_step's span
+            return self.lin(x)
+
+    model = Probe()
+    data = [(torch.randn(2, 4), torch.tensor([0, 1])) for _ in range(3)]
+    trainer = ppetrace.Trainer(max_epochs=1, progress=False, val_every_n_epochs=None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer.fit(model, data, optimizer=opt, loss_fn=torch.nn.functional.cross_entropy)
+    ppetrace.flush()
+    assert len(currents) == 3 and all(c is currents[0] for c in currents)
+    train = [r for r in row_sink.rows if r.name == "module.train_step"]
+    steps = {r.span_id: r for r in row_sink.rows if r.name == "trainer.step"}
+    assert len(train) == 3 and len({r.span_id for r in train}) == 3
+    assert [steps[r.parent_id].attributes["ppetrace.batch_idx"] for r in train] == [0, 1, 2]
