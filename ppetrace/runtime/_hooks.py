@@ -35,7 +35,16 @@ from ..tracing._recorder import trace
 from . import _ranges
 from ._base import _BASE_TRACE, _RANGE_TRACE, LIFECYCLE_HOOKS, BaseRuntime
 
-__all__ = ["NO_OP_HOOKS", "PROFILER_FLAGS", "HookCall", "StepHooks", "bound_hook", "span_opener"]
+__all__ = [
+    "NO_OP_HOOKS",
+    "PROFILER_FLAGS",
+    "HookCall",
+    "Reopen",
+    "StepHooks",
+    "bound_hook",
+    "reusable",
+    "span_opener",
+]
 
 #: The hooks that ``BaseRuntime`` implements as documented no-ops: every lifecycle hook but
 #: those that move or run something.
@@ -80,6 +89,26 @@ def span_opener(runtime: BaseRuntime, *, profiling: bool) -> SpanOpener:
     return tracer
 
 
+class Reopen:
+    """``again(arg)`` opens ``open(name, arg)``: a span opener that is not ``trace`` itself
+    (a runtime's own ``trace``, a profiler's span) in the shape of a reused ``trace(name)``."""
+
+    __slots__ = ("name", "open")
+
+    def __init__(self, name: str, open: SpanOpener) -> None:
+        self.name, self.open = name, open
+
+    def again(self, arg: Any) -> contextlib.AbstractContextManager[Any]:
+        return self.open(self.name, arg)
+
+
+def reusable(open: SpanOpener, name: str) -> Any:
+    """An object whose ``again(arg)`` opens the span ``open(name, arg)`` would: one
+    ``trace(name)`` entered again each time (``trace.again``) where ``open`` is ``trace``,
+    else a :class:`Reopen`. A loop makes one per event and enters it batch after batch."""
+    return trace(name) if open is trace else Reopen(name, open)
+
+
 def bound_hook(runtime: BaseRuntime, name: str) -> Callable[..., Any] | None:
     """``runtime.<name>`` bound now, or None where it is ``BaseRuntime``'s no-op."""
     own = getattr(runtime, "__dict__", {}).get(name)
@@ -102,7 +131,8 @@ class StepHooks:
 
     :attr:`plain` and :attr:`ranged` are each ``(pre_calls, convert_open, convert,
     post_calls)``: tuples of :class:`HookCall` for the pre- and post-step hooks, the span
-    opener of ``convert_batch`` and the bound ``convert_batch``.
+    opener of ``convert_batch`` and the bound ``convert_batch``. :meth:`reused` gives the
+    same with each opener made :func:`reusable` for its event.
     """
 
     def __init__(
@@ -113,6 +143,7 @@ class StepHooks:
         post: str,
     ) -> None:
         convert = runtime.convert_batch
+        self._events = (f"runtime.{pre}", "runtime.convert_batch", f"runtime.{post}")
 
         def calls(name: str, profiling: bool) -> tuple[HookCall, ...]:
             return tuple(
@@ -132,4 +163,18 @@ class StepHooks:
             span_opener(runtime, profiling=True),
             convert,
             calls(post, True),
+        )
+
+    def reused(self, ranged: bool) -> tuple[Any, ...]:
+        """:attr:`ranged` (or :attr:`plain`) with every span opener made :func:`reusable`
+        for its hook's event: ``(pre, convert_open, convert, post)``, where ``pre`` and
+        ``post`` hold ``(opener, module, fn)`` and each opener's ``again(arg)`` opens the
+        span. Make them once per loop over the batches."""
+        pre, convert_open, convert, post = self.ranged if ranged else self.plain
+        pre_event, convert_event, post_event = self._events
+        return (
+            tuple((reusable(c.open, pre_event), c.module, c.fn) for c in pre),
+            reusable(convert_open, convert_event),
+            convert,
+            tuple((reusable(c.open, post_event), c.module, c.fn) for c in post),
         )

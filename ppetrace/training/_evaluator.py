@@ -31,7 +31,7 @@ import torch
 
 from ..interfaces.module_interface import Stage
 from ..runtime._base import BaseRuntime
-from ..runtime._hooks import PROFILER_FLAGS, StepHooks
+from ..runtime._hooks import PROFILER_FLAGS, StepHooks, reusable
 from ..runtime._registry import make_runtime
 from ..tracing import FrozenAttributes
 from ..tracing._recorder import trace
@@ -232,6 +232,9 @@ class Evaluator:
         open_span = self.open_span
         eval_step = adapter.eval_step
         hooks, flags = self._hooks, PROFILER_FLAGS
+        # one span object per event, entered again batch after batch (see training._loop)
+        plain, ranged = hooks.reused(False), hooks.reused(True)
+        step_open, eval_open = reusable(open_span, "evaluator.step"), trace(step_event)
         if self.max_batches is not None:
             loader = itertools.islice(loader, self.max_batches)
         # each step's mapping: a copy of this one with its batch index (see training._loop)
@@ -252,17 +255,15 @@ class Evaluator:
                 own = template.copy()
                 own["ppetrace.batch_idx"] = batch_idx
                 step_attrs = FrozenAttributes(own)
-                pre, convert_open, convert, post = (
-                    hooks.ranged if flags._is_profiler_enabled else hooks.plain
-                )
-                with open_span("evaluator.step", step_attrs):
+                pre, convert_open, convert, post = ranged if flags._is_profiler_enabled else plain
+                with step_open.again(step_attrs):
                     for open_hook, sub, fn in pre:
-                        with open_hook("runtime.eval_pre_step", step_attrs):
+                        with open_hook.again(step_attrs):
                             if fn is not None:
                                 fn(self, sub, batch_idx, batch)
-                    with convert_open("runtime.convert_batch", step_attrs):
+                    with convert_open.again(step_attrs):
                         moved = convert(batch)
-                    with trace(step_event, step_attrs):
+                    with eval_open.again(step_attrs):
                         if autocast is None:
                             outs, raw = eval_step(stage, global_step, moved, device, step_attrs)
                         else:
@@ -271,7 +272,7 @@ class Evaluator:
                     if collector is not None:
                         collector.add(outs)
                     for open_hook, sub, fn in post:
-                        with open_hook("runtime.eval_post_step", step_attrs):
+                        with open_hook.again(step_attrs):
                             if fn is not None:
                                 fn(self, sub, batch_idx, batch, raw)
         return collector.collated() if collector is not None else ()

@@ -29,50 +29,19 @@ from typing import Any
 
 import torch
 
-from ..runtime._hooks import PROFILER_FLAGS
+from ..runtime._hooks import PROFILER_FLAGS, reusable
 from ..tracing import FrozenAttributes
 from ..tracing._recorder import trace
 from ._run import TRAIN, Run, batch_size, describe, known_batch_sizes, len_or_none
 from ._setup import empty_loader
 
-__all__ = ["bad_loss", "reusable", "train_batches"]
+__all__ = ["bad_loss", "train_batches"]
 
 _END = object()
 _Tensor = torch.Tensor
 EPOCH, STEP, BATCH_IDX = "ppetrace.epoch", "ppetrace.step", "ppetrace.batch_idx"
 STAGE, DEVICE, RUNTIME = "ppetrace.stage", "ppetrace.device", "ppetrace.runtime"
 BATCH_SIZE = "ppetrace.batch_size"
-
-
-class _Opener:
-    """``again(arg)`` opens ``open(name, arg)``: a span opener that is not ``trace`` itself
-    (a profiler's span, a runtime's own ``trace``), in the shape of a reused span."""
-
-    __slots__ = ("name", "open")
-
-    def __init__(self, name: str, open: Any) -> None:
-        self.name, self.open = name, open
-
-    def again(self, arg: Any) -> Any:
-        return self.open(self.name, arg)
-
-
-def reusable(open: Any, name: str) -> Any:
-    """An object whose ``again(arg)`` opens ``open(name, arg)``: a ``trace(name)`` entered
-    again each time where ``open`` is ``trace``, else an :class:`_Opener`."""
-    return trace(name) if open is trace else _Opener(name, open)
-
-
-def _reusable_set(hooks: Any) -> Any:
-    """A :class:`~ppetrace.runtime._hooks.StepHooks` set with each span opener made
-    :func:`reusable` for its hook's event."""
-    pre, convert_open, convert, post = hooks
-    return (
-        tuple((reusable(o, "runtime.train_pre_step"), sub, fn) for o, sub, fn in pre),
-        reusable(convert_open, "runtime.convert_batch"),
-        convert,
-        tuple((reusable(o, "runtime.train_post_step"), sub, fn) for o, sub, fn in post),
-    )
 
 
 def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any]) -> None:
@@ -93,7 +62,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
     autocast = run.runtime.autocast_context if run.runtime.autocast_enabled else None
     profilers, bar, open_span = self.profilers, run.progress, run.open_span
     hooks, flags, group, detail = run.hooks, PROFILER_FLAGS, run.group, run.detail
-    plain, ranged = _reusable_set(hooks.plain), _reusable_set(hooks.ranged)
+    plain, ranged = hooks.reused(False), hooks.reused(True)
     fetch_open = trace("trainer.fetch_batch")
     step_open, train_open, backward_open, optimizer_open = (
         reusable(open_span, name)

@@ -4,7 +4,9 @@ runs on the C hot path (where it is built) and on the pure-Python one, in this p
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from opentelemetry import trace as otel_trace
 
 import ppetrace
 from exporters._spans import FrozenAttributes
+from ppetrace.runtime import PyTorchRuntime
 from ppetrace.tracing import _recorder
 
 IMPLEMENTATIONS = [pytest.param(_recorder.PySpan, id="python")]
@@ -109,3 +112,61 @@ def test_recorded_rows_are_left_out_of_the_cycle_collector(trace: Any, row_sink:
         # no young collection walks the rows waiting in the buffers (the Python twin's
         # rows are tracked: Python cannot untrack an object; the rows are the same)
         assert not gc.is_tracked(row)
+
+
+def _pairs(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.randn(2, 4), torch.tensor([0, 1])) for _ in range(n)]
+
+
+def test_validation_enters_one_object_per_event_and_batch(row_sink: RowSink) -> None:
+    currents: list[Any] = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if not torch.is_grad_enabled():
+                currents.append(otel_trace.get_current_span())  # the val step's own span
+            return self.lin(x)
+
+    model = Probe()
+    trainer = ppetrace.Trainer(max_epochs=1, progress=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = torch.nn.functional.cross_entropy
+    trainer.fit(model, _pairs(2), val_loaders=_pairs(3), optimizer=opt, loss_fn=loss_fn)
+    ppetrace.flush()
+    assert len(currents) == 3 and all(c is currents[0] for c in currents)
+    steps = {r.span_id: r for r in row_sink.rows if r.name == "evaluator.step"}
+    inner = [r for r in row_sink.rows if r.parent_id in steps and r.name.startswith("module.")]
+    assert len(steps) == 3 and len(inner) == 3
+    assert [steps[r.parent_id].attributes["ppetrace.batch_idx"] for r in inner] == [0, 1, 2]
+
+
+def test_a_runtime_with_its_own_trace_opens_every_step_hook_through_it(
+    row_sink: RowSink,
+) -> None:
+    opened: list[tuple[str, Any]] = []
+
+    class Own(PyTorchRuntime):
+        @classmethod
+        @contextlib.contextmanager
+        def trace(cls, event_name: str | None, arg: Any) -> Iterator[None]:
+            index = arg.get("ppetrace.batch_idx") if isinstance(arg, dict) else None
+            opened.append((str(event_name), index))
+            with super().trace(event_name, arg):
+                yield
+
+    model = torch.nn.Linear(4, 2)
+    trainer = ppetrace.Trainer(max_epochs=1, progress=False, device=Own("cpu", {}))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = torch.nn.functional.cross_entropy
+    trainer.fit(model, _pairs(2), val_loaders=_pairs(2), optimizer=opt, loss_fn=loss_fn)
+    ppetrace.flush()
+    for event in ("runtime.train_pre_step", "runtime.train_post_step"):
+        assert [i for e, i in opened if e == event] == [0, 1]
+    for event in ("runtime.eval_pre_step", "runtime.eval_post_step"):
+        assert [i for e, i in opened if e == event] == [0, 1]
+    recorded = [r.name for r in row_sink.rows]
+    assert recorded.count("runtime.train_pre_step") == recorded.count("runtime.eval_post_step") == 2
