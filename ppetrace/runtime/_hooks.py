@@ -101,11 +101,17 @@ class Reopen:
     def again(self, arg: Any) -> contextlib.AbstractContextManager[Any]:
         return self.open(self.name, arg)
 
+    def mark(self, arg: Any) -> None:
+        """The span of an empty block, through the opener."""
+        with self.open(self.name, arg):
+            pass
+
 
 def reusable(open: SpanOpener, name: str) -> Any:
-    """An object whose ``again(arg)`` opens the span ``open(name, arg)`` would: one
-    ``trace(name)`` entered again each time (``trace.again``) where ``open`` is ``trace``,
-    else a :class:`Reopen`. A loop makes one per event and enters it batch after batch."""
+    """An object whose ``again(arg)`` opens the span ``open(name, arg)`` would, and whose
+    ``mark(arg)`` records it around an empty block: one ``trace(name)`` entered again each
+    time (``trace.again``, ``trace.mark``) where ``open`` is ``trace``, else a
+    :class:`Reopen`. A loop makes one per event and enters it batch after batch."""
     return trace(name) if open is trace else Reopen(name, open)
 
 

@@ -327,7 +327,9 @@ class _SpanAPI:
     while this one is open: a loop can keep one object per event instead of
     making one per block (ppetrace's Trainer does, for the spans of each
     step). The object then stands for its latest block only: its ids are
-    those of the block entered last.
+    those of the block entered last. ``span.mark(arg)`` records an empty
+    block's span at once, as ``with span.again(arg): pass`` would, for a hook
+    that has nothing to run (the span is not made current: nothing runs in it).
     While tracing is disabled (``configure(enabled=False)``), entering and
     leaving it does nothing.
     """
@@ -356,6 +358,8 @@ class _SpanAPI:
         ) -> None: ...
 
         def again(self, arg: Any = None) -> _SpanAPI: ...
+
+        def mark(self, arg: Any = None) -> None: ...
 
     # -- the OpenTelemetry side ------------------------------------------------
 
@@ -419,6 +423,12 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
             return type(self)(self.name, arg)
         self.arg = arg
         return self
+
+    def mark(self, arg: Any = None) -> None:
+        """Record an empty block's span now, as ``with self.again(arg): pass`` does (the
+        C twin, ``SpanBase.mark``, does not make it the current span: nothing runs in it)."""
+        with self.again(arg):
+            pass
 
     # -- the hot path ------------------------------------------------------------
 

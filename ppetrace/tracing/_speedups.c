@@ -183,49 +183,32 @@ snapshot(PyObject *arg)
     return PyObject_CallOneArg(snapshot_cb, arg);
 }
 
-static PyObject *
-Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
+static int
+span_start(SpanBase *self, int current)
 {
+    /* the start of a recorded block: the attribute snapshot, the parent (the current
+     * span), the ids, with current the block made the current span, then the clock.
+     * 0, or -1 with an error set. */
     PyObject *ctx = NULL, *parent = NULL, *new_ctx, *token, *attrs;
-    if (check_installed() < 0) {
-        return NULL;
-    }
-    if (self->name == NULL) {
-        PyErr_SetString(PyExc_TypeError,
-                        "Expected an initialised ppetrace.trace, but __init__ was not run. A "
-                        "subclass's __init__ must call super().__init__(event_name, arg).");
-        return NULL;
-    }
-    if (self->token != NULL) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "Expected a ppetrace.trace instance that is not already entered, but "
-                        "this one is open. Create one per block: with ppetrace.trace(name): ...");
-        return NULL;
-    }
-    Py_CLEAR(self->error);
-    if (!enabled) {
-        Py_INCREF(self);
-        return (PyObject *)self;
-    }
     attrs = snapshot(self->arg != NULL ? self->arg : Py_None);
     if (attrs == NULL) {
-        return NULL;
+        return -1;
     }
     Py_XSETREF(self->attrs, attrs);
     if (PyContextVar_Get(ctxvar, NULL, &ctx) < 0) {
-        return NULL;
+        return -1;
     }
     if (ctx != NULL) {
         if (!PyDict_Check(ctx)) {
             Py_DECREF(ctx);
             PyErr_SetString(PyExc_TypeError,
                             "ppetrace expected the OpenTelemetry context to be a dict.");
-            return NULL;
+            return -1;
         }
         parent = PyDict_GetItemWithError(ctx, span_key);
         if (parent == NULL && PyErr_Occurred()) {
             Py_DECREF(ctx);
-            return NULL;
+            return -1;
         }
         Py_XINCREF(parent); /* strong: the callback below runs Python code */
     }
@@ -251,7 +234,7 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
         if (res == NULL) {
             Py_DECREF(parent);
             Py_DECREF(ctx);
-            return NULL;
+            return -1;
         }
         if (res == Py_None) {
             Py_INCREF(run_trace_id);
@@ -265,7 +248,7 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
                 Py_DECREF(res);
                 Py_DECREF(parent);
                 Py_DECREF(ctx);
-                return NULL;
+                return -1;
             }
             Py_INCREF(tid);
             Py_XSETREF(self->trace_id, tid);
@@ -278,30 +261,68 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
             PyErr_SetString(PyExc_TypeError,
                             "ppetrace expected (trace_id, parent_id) or None from the "
                             "foreign-parent callback.");
-            return NULL;
+            return -1;
         }
         Py_DECREF(res);
     }
     Py_XDECREF(parent);
     self->span_id = next_id++;
+    if (!current) { /* an empty block: nothing runs inside it that could see it */
+        Py_XDECREF(ctx);
+        self->start_ns = now_monotonic_ns();
+        return 0;
+    }
     new_ctx = ctx != NULL ? PyDict_Copy(ctx) : PyDict_New();
     Py_XDECREF(ctx);
     if (new_ctx == NULL) {
-        return NULL;
+        return -1;
     }
     if (PyDict_SetItem(new_ctx, span_key, (PyObject *)self) < 0) {
         Py_DECREF(new_ctx);
-        return NULL;
+        return -1;
     }
     token = PyContextVar_Set(ctxvar, new_ctx);
     Py_DECREF(new_ctx);
     if (token == NULL) {
-        return NULL;
+        return -1;
     }
     Py_XSETREF(self->token, token);
     self->start_ns = now_monotonic_ns();
-    Py_INCREF(self);
-    return (PyObject *)self;
+    return 0;
+}
+
+static int
+check_span(SpanBase *self)
+{
+    if (check_installed() < 0) {
+        return -1;
+    }
+    if (self->name == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Expected an initialised ppetrace.trace, but __init__ was not run. A "
+                        "subclass's __init__ must call super().__init__(event_name, arg).");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
+{
+    if (check_span(self) < 0) {
+        return NULL;
+    }
+    if (self->token != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Expected a ppetrace.trace instance that is not already entered, but "
+                        "this one is open. Create one per block: with ppetrace.trace(name): ...");
+        return NULL;
+    }
+    Py_CLEAR(self->error);
+    if (enabled && span_start(self, 1) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(self);
 }
 
 static PyObject *
@@ -416,11 +437,74 @@ done:
 }
 
 static PyObject *
+Span_again(SpanBase *self, PyObject *arg)
+{
+    /* this span with arg in place of its arg, to be entered again; a new span of the same
+     * type, name and arg while this one is open (see _SpanAPI.again) */
+    if (self->name == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Expected an initialised ppetrace.trace, but __init__ was not run. A "
+                        "subclass's __init__ must call super().__init__(event_name, arg).");
+        return NULL;
+    }
+    if (self->token != NULL) {
+        /* the call runs Python code (a subclass's __init__): name and arg are held */
+        PyObject *stack[2] = {Py_NewRef(self->name), Py_NewRef(arg)};
+        PyObject *res = PyObject_Vectorcall((PyObject *)Py_TYPE(self), stack, 2, NULL);
+        Py_DECREF(stack[0]);
+        Py_DECREF(stack[1]);
+        return res;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(self->arg, arg); /* releasing the old arg can run code: nothing is borrowed */
+    return Py_NewRef(self);
+}
+
+static void
+record(SpanBase *self)
+{
+    /* the finished span's row, appended to the calling thread's buffer; a failure is
+     * reported as unraisable (telemetry never breaks training) */
+    PyObject *records, *row;
+    int rc;
+    /* the row first: making it can run Python code (a finalizer, even a fork whose
+     * child drops this thread's list), so the list is fetched afterwards, and held */
+    row = make_row(self);
+    if (row == NULL) {
+        goto lost;
+    }
+    records = thread_records();
+    if (records == NULL) {
+        Py_DECREF(row);
+        goto lost;
+    }
+    rc = PyList_Append(records, row);
+    Py_DECREF(row);
+    if (rc < 0) {
+        Py_DECREF(records);
+        goto lost;
+    }
+    if (PyList_GET_SIZE(records) >= capacity) {
+        PyObject *res = PyObject_CallOneArg(on_full_cb, records);
+        Py_DECREF(records);
+        if (res == NULL) {
+            goto lost;
+        }
+        Py_DECREF(res);
+    }
+    else {
+        Py_DECREF(records);
+    }
+    return;
+lost:
+    PyErr_WriteUnraisable((PyObject *)self);
+}
+
+static PyObject *
 Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
 {
     long long end;
-    PyObject *records, *exc, *row;
-    int rc;
+    PyObject *exc;
     if (self->token == NULL) { /* disabled when the block started */
         Py_RETURN_NONE;
     }
@@ -459,38 +543,49 @@ Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_XSETREF(self->error, text);
     }
-    /* the row first: making it can run Python code (a finalizer, even a fork whose
-     * child drops this thread's list), so the list is fetched afterwards, and held */
-    row = make_row(self);
-    if (row == NULL) {
-        goto lost;
-    }
-    records = thread_records();
-    if (records == NULL) {
-        Py_DECREF(row);
-        goto lost;
-    }
-    rc = PyList_Append(records, row);
-    Py_DECREF(row);
-    if (rc < 0) {
-        Py_DECREF(records);
-        goto lost;
-    }
-    if (PyList_GET_SIZE(records) >= capacity) {
-        PyObject *res = PyObject_CallOneArg(on_full_cb, records);
-        Py_DECREF(records);
-        if (res == NULL) {
-            goto lost;
-        }
-        Py_DECREF(res);
-    }
-    else {
-        Py_DECREF(records);
-    }
+    record(self);
     Py_RETURN_NONE;
 lost:
     /* Telemetry never breaks training: report the failure, keep the block's outcome. */
     PyErr_WriteUnraisable((PyObject *)self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Span_mark(SpanBase *self, PyObject *arg)
+{
+    /* again(arg), then an empty block's span recorded at once: its start and end read
+     * back to back, under the current span, which it never becomes (nothing runs inside
+     * it). What "with span.again(arg): pass" records (see _SpanAPI.mark). */
+    PyObject *target;
+    SpanBase *span;
+    if (check_span(self) < 0) {
+        return NULL;
+    }
+    target = Span_again(self, arg); /* this span, or a new one while this one is open */
+    if (target == NULL) {
+        return NULL;
+    }
+    if (!enabled) { /* as an entered and left block: nothing is recorded */
+        Py_DECREF(target);
+        Py_RETURN_NONE;
+    }
+    if (!PyObject_TypeCheck(target, &SpanBaseType)) {
+        Py_DECREF(target);
+        PyErr_SetString(PyExc_TypeError,
+                        "Expected the span's type to make a ppetrace span, but it made another "
+                        "object.");
+        return NULL;
+    }
+    span = (SpanBase *)target;
+    Py_CLEAR(span->error);
+    if (span_start(span, 0) < 0) {
+        Py_DECREF(target);
+        return NULL;
+    }
+    span->end_ns = now_monotonic_ns();
+    record(span);
+    Py_DECREF(target);
     Py_RETURN_NONE;
 }
 
@@ -526,33 +621,11 @@ Span_dealloc(SpanBase *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *
-Span_again(SpanBase *self, PyObject *arg)
-{
-    /* this span with arg in place of its arg, to be entered again; a new span of the same
-     * type, name and arg while this one is open (see _SpanAPI.again) */
-    if (self->name == NULL) {
-        PyErr_SetString(PyExc_TypeError,
-                        "Expected an initialised ppetrace.trace, but __init__ was not run. A "
-                        "subclass's __init__ must call super().__init__(event_name, arg).");
-        return NULL;
-    }
-    if (self->token != NULL) {
-        /* the call runs Python code (a subclass's __init__): name and arg are held */
-        PyObject *stack[2] = {Py_NewRef(self->name), Py_NewRef(arg)};
-        PyObject *res = PyObject_Vectorcall((PyObject *)Py_TYPE(self), stack, 2, NULL);
-        Py_DECREF(stack[0]);
-        Py_DECREF(stack[1]);
-        return res;
-    }
-    Py_INCREF(arg);
-    Py_XSETREF(self->arg, arg); /* releasing the old arg can run code: nothing is borrowed */
-    return Py_NewRef(self);
-}
-
 static PyMethodDef Span_methods[] = {
     {"again", (PyCFunction)Span_again, METH_O,
      "again(arg) -> this span with arg, to enter again (a new one while this is open)."},
+    {"mark", (PyCFunction)Span_mark, METH_O,
+     "mark(arg) -> None: record an empty block's span now, as again(arg) entered and left."},
     {"__enter__", (PyCFunction)Span_enter, METH_NOARGS, "Start the span."},
     {"__exit__", (PyCFunction)(void (*)(void))Span_exit, METH_FASTCALL, "End the span."},
     {NULL, NULL, 0, NULL},

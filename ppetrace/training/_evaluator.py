@@ -258,8 +258,10 @@ class Evaluator:
                 pre, convert_open, convert, post = ranged if flags._is_profiler_enabled else plain
                 with step_open.again(step_attrs):
                     for open_hook, sub, fn in pre:
-                        with open_hook.again(step_attrs):
-                            if fn is not None:
+                        if fn is None:  # the span of a no-op hook: nothing to enter
+                            open_hook.mark(step_attrs)
+                        else:
+                            with open_hook.again(step_attrs):
                                 fn(self, sub, batch_idx, batch)
                     with convert_open.again(step_attrs):
                         moved = convert(batch)
@@ -272,8 +274,10 @@ class Evaluator:
                     if collector is not None:
                         collector.add(outs)
                     for open_hook, sub, fn in post:
-                        with open_hook.again(step_attrs):
-                            if fn is not None:
+                        if fn is None:  # the span of a no-op hook: nothing to enter
+                            open_hook.mark(step_attrs)
+                        else:
+                            with open_hook.again(step_attrs):
                                 fn(self, sub, batch_idx, batch, raw)
         return collector.collated() if collector is not None else ()
 

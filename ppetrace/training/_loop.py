@@ -12,7 +12,8 @@ loop are all the overhead there is:
   batch sizes are known in advance (:func:`~._run.known_batch_sizes`) that
   includes ``trainer.fetch_batch``, else the fetch gets its own;
 - the runtime hooks are resolved once per fit (``ppetrace.runtime._hooks``):
-  a hook that is ``BaseRuntime``'s no-op gets its span and no call;
+  a hook that is ``BaseRuntime``'s no-op gets its span and no call (the span
+  of an empty block, ``trace.mark``: nothing is entered);
 - one span object per event, made when the epoch's batches start and entered
   again each step (``trace.again``: no object made and freed per block)
   wherever the span opener is ``ppetrace.trace`` itself;
@@ -125,8 +126,10 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
             if detail is not None and detail.due(seen):  # this step's hooks as aggregates
                 detail.summarise(step_span)
             for open_hook, sub, fn in pre:
-                with open_hook.again(attrs):
-                    if fn is not None:
+                if fn is None:  # the span of a no-op hook: nothing to enter
+                    open_hook.mark(attrs)
+                else:
+                    with open_hook.again(attrs):
                         fn(self, sub, i, batch)
             with convert_open.again(attrs):
                 moved = convert(batch)
@@ -158,8 +161,10 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
                         group.clear()
                         callbacks.call("on_end_train_step", attrs, gs + 1, *outputs)
             for open_hook, sub, fn in post:
-                with open_hook.again(attrs):
-                    if fn is not None:
+                if fn is None:  # the span of a no-op hook: nothing to enter
+                    open_hook.mark(attrs)
+                else:
+                    with open_hook.again(attrs):
                         fn(self, sub, i, batch, raw)
         if profilers:
             for prof in profilers:

@@ -299,6 +299,10 @@ def scenario_odd(seconds: float, tmp: Path) -> str:
         with reused.again({"n": rounds}) as entered:
             fresh = entered.again(Rearm())
         check(fresh is not reused and reused.arg == {"rearmed": 1}, "again on an odd span")
+        reused.again(Rearm())
+        Rearm.span = reused
+        reused.mark({"m": rounds})  # releasing the Rearm re-arms the span mark records
+        check(reused.arg == {"rearmed": 1}, "mark on an odd span")
         if rounds % 50 == 0:
             ppetrace.flush()
             _recorder.RECORDER.discard_buffered()

@@ -1,5 +1,6 @@
-"""``trace.again(arg)``: one span object entered block after block, and rows the cycle
-collector does not walk (issue 17: the objects of the Trainer's step path). Each test
+"""``trace.again(arg)``: one span object entered block after block; ``trace.mark(arg)``:
+the span of an empty block; rows the cycle collector does not walk (issue 17: the
+objects of the Trainer's step path). Each test
 runs on the C hot path (where it is built) and on the pure-Python one, in this process."""
 
 from __future__ import annotations
@@ -73,6 +74,35 @@ def test_again_while_disabled_records_nothing(trace: Any, row_sink: RowSink) -> 
         pass
     ppetrace.flush()
     assert [r.attributes for r in row_sink.rows] == [{"a": 3}]
+
+
+@pytest.mark.parametrize("trace", IMPLEMENTATIONS)
+def test_mark_records_an_empty_block_under_the_current_span(
+    trace: Any, row_sink: RowSink
+) -> None:
+    hook = trace("hook")
+    with trace("step") as step:
+        hook.mark({"i": 0})
+        hook.mark({"i": 1})
+        assert otel_trace.get_current_span() is step
+        with hook.again({"i": 2}):
+            hook.mark({"i": 3})  # open: a new span, under the open one
+    ppetrace.configure(enabled=False, exporters=[row_sink])
+    try:
+        hook.mark({"i": 4})
+    finally:
+        ppetrace.configure(exporters=[row_sink])
+    ppetrace.flush()
+    rows = {r.attributes["i"]: r for r in row_sink.rows if r.name == "hook"}
+    (step_row,) = [r for r in row_sink.rows if r.name == "step"]
+    assert sorted(rows) == [0, 1, 2, 3]  # nothing while disabled
+    assert rows[0].parent_id == rows[1].parent_id == rows[2].parent_id == step_row.span_id
+    assert rows[3].parent_id == rows[2].span_id
+    assert len({r.span_id for r in rows.values()}) == 4
+    for r in (rows[0], rows[1]):
+        assert step_row.start_ns <= r.start_ns <= r.end_ns <= step_row.end_ns
+        assert r.status == "UNSET" and r.error == "" and r.trace_id == step_row.trace_id
+    assert rows[0].end_ns <= rows[1].start_ns
 
 
 def test_the_trainer_enters_one_object_per_event_and_step(row_sink: RowSink) -> None:
