@@ -441,10 +441,7 @@ Span_again(SpanBase *self, PyObject *arg)
 {
     /* this span with arg in place of its arg, to be entered again; a new span of the same
      * type, name and arg while this one is open (see _SpanAPI.again) */
-    if (self->name == NULL) {
-        PyErr_SetString(PyExc_TypeError,
-                        "Expected an initialised ppetrace.trace, but __init__ was not run. A "
-                        "subclass's __init__ must call super().__init__(event_name, arg).");
+    if (check_span(self) < 0) {
         return NULL;
     }
     if (self->token != NULL) {
@@ -557,12 +554,8 @@ Span_mark(SpanBase *self, PyObject *arg)
     /* again(arg), then an empty block's span recorded at once: its start and end read
      * back to back, under the current span, which it never becomes (nothing runs inside
      * it). What "with span.again(arg): pass" records (see _SpanAPI.mark). */
-    PyObject *target;
     SpanBase *span;
-    if (check_span(self) < 0) {
-        return NULL;
-    }
-    target = Span_again(self, arg); /* this span, or a new one while this one is open */
+    PyObject *target = Span_again(self, arg); /* this span, or a new one while it is open */
     if (target == NULL) {
         return NULL;
     }

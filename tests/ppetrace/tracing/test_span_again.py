@@ -77,9 +77,7 @@ def test_again_while_disabled_records_nothing(trace: Any, row_sink: RowSink) -> 
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
-def test_mark_records_an_empty_block_under_the_current_span(
-    trace: Any, row_sink: RowSink
-) -> None:
+def test_mark_records_an_empty_block_under_the_current_span(trace: Any, row_sink: RowSink) -> None:
     hook = trace("hook")
     with trace("step") as step:
         hook.mark({"i": 0})
@@ -200,3 +198,15 @@ def test_a_runtime_with_its_own_trace_opens_every_step_hook_through_it(
         assert [i for e, i in opened if e == event] == [0, 1]
     recorded = [r.name for r in row_sink.rows]
     assert recorded.count("runtime.train_pre_step") == recorded.count("runtime.eval_post_step") == 2
+
+
+@pytest.mark.skipif(_recorder.IMPLEMENTATION != "c", reason="the C hot path is not built here")
+def test_a_span_whose_init_never_ran_is_refused_in_a_sentence() -> None:
+    class Skips(_recorder.Span):  # type: ignore[misc,valid-type]
+        def __init__(self, event_name: str, arg: Any = None) -> None:
+            pass  # never calls super().__init__
+
+    span = Skips("never")
+    for call in (lambda: span.again(1), lambda: span.mark(1), span.__enter__):
+        with pytest.raises(TypeError, match="__init__ was not run"):
+            call()
