@@ -103,24 +103,33 @@ def test_mark_records_an_empty_block_under_the_current_span(trace: Any, row_sink
     assert rows[0].end_ns <= rows[1].start_ns
 
 
+class _Probe(torch.nn.Module):
+    """A Linear that keeps the current span of each forward run with grad on (``grad``)
+    or off: the span of ``module.train_step``, or of the evaluation step."""
+
+    def __init__(self, grad: bool) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+        self.grad = grad
+        self.currents: list[Any] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() == self.grad:
+            self.currents.append(otel_trace.get_current_span())
+        return self.lin(x)
+
+
+def _pairs(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.randn(2, 4), torch.tensor([0, 1])) for _ in range(n)]
+
+
 def test_the_trainer_enters_one_object_per_event_and_step(row_sink: RowSink) -> None:
-    currents: list[Any] = []
-
-    class Probe(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            currents.append(otel_trace.get_current_span())  # module.train_step's span
-            return self.lin(x)
-
-    model = Probe()
-    data = [(torch.randn(2, 4), torch.tensor([0, 1])) for _ in range(3)]
+    model = _Probe(grad=True)
     trainer = ppetrace.Trainer(max_epochs=1, progress=False, val_every_n_epochs=None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer.fit(model, data, optimizer=opt, loss_fn=torch.nn.functional.cross_entropy)
+    trainer.fit(model, _pairs(3), optimizer=opt, loss_fn=torch.nn.functional.cross_entropy)
     ppetrace.flush()
+    currents = model.currents
     assert len(currents) == 3 and all(c is currents[0] for c in currents)
     train = [r for r in row_sink.rows if r.name == "module.train_step"]
     steps = {r.span_id: r for r in row_sink.rows if r.name == "trainer.step"}
@@ -142,29 +151,14 @@ def test_recorded_rows_are_left_out_of_the_cycle_collector(trace: Any, row_sink:
         assert not gc.is_tracked(row)
 
 
-def _pairs(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(torch.randn(2, 4), torch.tensor([0, 1])) for _ in range(n)]
-
-
 def test_validation_enters_one_object_per_event_and_batch(row_sink: RowSink) -> None:
-    currents: list[Any] = []
-
-    class Probe(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if not torch.is_grad_enabled():
-                currents.append(otel_trace.get_current_span())  # the val step's own span
-            return self.lin(x)
-
-    model = Probe()
+    model = _Probe(grad=False)
     trainer = ppetrace.Trainer(max_epochs=1, progress=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = torch.nn.functional.cross_entropy
     trainer.fit(model, _pairs(2), val_loaders=_pairs(3), optimizer=opt, loss_fn=loss_fn)
     ppetrace.flush()
+    currents = model.currents
     assert len(currents) == 3 and all(c is currents[0] for c in currents)
     steps = {r.span_id: r for r in row_sink.rows if r.name == "evaluator.step"}
     inner = [r for r in row_sink.rows if r.parent_id in steps and r.name.startswith("module.")]
