@@ -38,7 +38,6 @@ time and data wait, are exact.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from ._aggregates import Aggregates
 from .frame import _inherit
@@ -90,13 +89,11 @@ def on_step_thread(step_row: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np
     return inside & (pid[at] == pid) & (tid[at] == tid)
 
 
-def part_codes(
-    names: np.ndarray, ppos: np.ndarray, coded: tuple[np.ndarray, np.ndarray] | None = None
-) -> np.ndarray:
+def part_codes(coded: tuple[np.ndarray, np.ndarray], ppos: np.ndarray) -> np.ndarray:
     """Each row's part as an index into :data:`PART_NAMES` (``other`` when no span
-    on its path up is named in :data:`STEP_PARTS`); ``coded`` is ``pd.factorize(names)``
-    when the caller has it."""
-    codes, uniques = pd.factorize(names) if coded is None else coded
+    on its path up is named in :data:`STEP_PARTS`); ``coded``: the rows' names as
+    ``pd.factorize`` gives them (``_steps.name_codes``)."""
+    codes, uniques = coded
     index = {name: float(i) for i, name in enumerate(PART_NAMES)}
     own = np.array([index[STEP_PARTS[u]] if u in STEP_PARTS else np.nan for u in uniques])
     values = own[codes] if len(codes) else np.zeros(0)
@@ -105,25 +102,24 @@ def part_codes(
 
 
 def part_sums(
-    names: np.ndarray,
+    coded: tuple[np.ndarray, np.ndarray],
     ppos: np.ndarray,
     step_row: np.ndarray,
     on_thread: np.ndarray,
     self_ns: np.ndarray,
     step_rows: np.ndarray,
-    coded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """An (steps, parts) int64 array: per step (in ``step_rows`` order) the self time
-    of its spans on its thread, summed per part of :data:`PART_NAMES` (``names``: the
-    rows' names, or any array of their length when ``coded``, see :func:`part_codes`,
-    is given)."""
+    of its spans on its thread, summed per part of :data:`PART_NAMES` (``coded``: see
+    :func:`part_codes`)."""
     out = np.zeros((len(step_rows), len(PART_NAMES)), dtype=np.int64)
-    if not len(step_rows) or not len(names):
+    n = len(coded[0])
+    if not len(step_rows) or not n:
         return out
     rows = np.flatnonzero(on_thread)
-    index_of = np.full(len(names), -1, dtype=np.int64)
+    index_of = np.full(n, -1, dtype=np.int64)
     index_of[step_rows] = np.arange(len(step_rows))
-    codes = part_codes(names, ppos, coded)[rows]
+    codes = part_codes(coded, ppos)[rows]
     np.add.at(out, (index_of[step_row[rows]], codes), self_ns[rows])
     return out
 

@@ -4975,6 +4975,50 @@ separate(const Py_buffer *out, const Py_buffer *in)
     return 1;
 }
 
+static void
+release_views(Py_buffer *views, int k)
+{
+    for (int c = 0; c < k; c++) {
+        PyBuffer_Release(&views[c]);
+    }
+}
+
+/* The k arrays of an index helper, objs (named what), into views: out, the last, is
+ * writable; each holds *n items (out's count) of sizes[c] bytes (8: integer words,
+ * checked by get_words; 1: one byte per row); out shares memory with no input.
+ * 0 with every view held (release_views), or -1 with an error set and none held. */
+static int
+take_views(PyObject *const *objs, const char *const *what, const int *sizes, int k,
+           Py_buffer *views, Py_ssize_t *n)
+{
+    int got = 0;
+    for (; got < k; got++) {
+        int rc = sizes[got] == 8
+                     ? get_words(objs[got], &views[got], got == k - 1, what[got])
+                     : PyObject_GetBuffer(objs[got], &views[got], PyBUF_C_CONTIGUOUS);
+        if (rc < 0) {
+            goto fail;
+        }
+    }
+    *n = views[k - 1].len / 8;
+    for (int c = 0; c < k - 1; c++) {
+        if (views[c].len != *n * sizes[c]) {
+            PyErr_Format(PyExc_ValueError,
+                         "Expected %s and out of one length (one item per row), but %s holds "
+                         "%zd items and out %zd.",
+                         what[c], what[c], views[c].len / sizes[c], *n);
+            goto fail;
+        }
+        if (!separate(&views[k - 1], &views[c])) {
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    release_views(views, got);
+    return -1;
+}
+
 /* parent_positions(span_ids, parent_ids, out) -> bool
  *
  * out[i] = the position of the row whose span id is parent_ids[i], or -1 where no row
@@ -5003,33 +5047,18 @@ id_hash(uint64_t key, size_t mask)
 static PyObject *
 parent_positions(PyObject *module, PyObject *args)
 {
-    PyObject *sid_obj, *par_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OOO:parent_positions", &sid_obj, &par_obj, &out_obj)) {
+    PyObject *objs[3];
+    if (!PyArg_ParseTuple(args, "OOO:parent_positions", &objs[0], &objs[1], &objs[2])) {
         return NULL;
     }
-    Py_buffer sv, pv, ov;
-    if (get_words(sid_obj, &sv, 0, "span_ids") < 0) {
-        return NULL;
-    }
-    if (get_words(par_obj, &pv, 0, "parent_ids") < 0) {
-        PyBuffer_Release(&sv);
-        return NULL;
-    }
-    if (get_words(out_obj, &ov, 1, "out") < 0) {
-        PyBuffer_Release(&sv);
-        PyBuffer_Release(&pv);
+    static const char *const what[3] = {"span_ids", "parent_ids", "out"};
+    static const int sizes[3] = {8, 8, 8};
+    Py_buffer v[3];
+    Py_ssize_t n;
+    if (take_views(objs, what, sizes, 3, v, &n) < 0) {
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t n = sv.len / 8;
-    if (pv.len != sv.len || ov.len != sv.len) {
-        PyErr_SetString(PyExc_ValueError,
-                        "Expected span_ids, parent_ids and out of one length, but they differ.");
-        goto done;
-    }
-    if (!separate(&ov, &sv) || !separate(&ov, &pv)) {
-        goto done;
-    }
     size_t size = 16;
     while (size < (size_t)n * 2) {
         size <<= 1;
@@ -5039,8 +5068,8 @@ parent_positions(PyObject *module, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    const uint64_t *sid = sv.buf, *par = pv.buf;
-    int64_t *out = ov.buf;
+    const uint64_t *sid = v[0].buf, *par = v[1].buf;
+    int64_t *out = v[2].buf;
     int unique = 1;
     size_t mask = size - 1;
     Py_BEGIN_ALLOW_THREADS
@@ -5075,9 +5104,7 @@ parent_positions(PyObject *module, PyObject *args)
     PyMem_RawFree(table);
     result = PyBool_FromLong(unique);
 done:
-    PyBuffer_Release(&sv);
-    PyBuffer_Release(&pv);
-    PyBuffer_Release(&ov);
+    release_views(v, 3);
     return result;
 }
 
@@ -5085,39 +5112,25 @@ done:
  *
  * For the rows in order (sorted by thread, start and longest first: _nesting's order),
  * out[order[j]] = order[k] for the nearest k < j on the same thread with
- * end[order[k]] >= end[order[j]], else -1: exporters/_nesting.py's _enclosing (all
- * nearest larger-or-equal values by pointer jumping), its twin, with a stack. */
+ * end[order[k]] >= end[order[j]], else -1, in one pass with a stack: all nearest
+ * larger-or-equal values, which exporters/_nesting.py's _enclosing_py, its twin, finds
+ * by pointer jumping in numpy. */
 static PyObject *
 enclosing_sorted(PyObject *module, PyObject *args)
 {
-    PyObject *order_obj, *end_obj, *thread_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OOOO:enclosing_sorted", &order_obj, &end_obj, &thread_obj,
-                          &out_obj)) {
+    PyObject *objs[4];
+    if (!PyArg_ParseTuple(args, "OOOO:enclosing_sorted", &objs[0], &objs[1], &objs[2],
+                          &objs[3])) {
         return NULL;
     }
+    static const char *const what[4] = {"order", "end", "thread", "out"};
+    static const int sizes[4] = {8, 8, 8, 8};
     Py_buffer views[4];
-    PyObject *objs[4] = {order_obj, end_obj, thread_obj, out_obj};
-    const char *what[4] = {"order", "end", "thread", "out"};
-    int got = 0;
+    Py_ssize_t n;
+    if (take_views(objs, what, sizes, 4, views, &n) < 0) {
+        return NULL;
+    }
     PyObject *result = NULL;
-    for (; got < 4; got++) {
-        if (get_words(objs[got], &views[got], got == 3, what[got]) < 0) {
-            goto done;
-        }
-    }
-    Py_ssize_t n = views[0].len / 8;
-    for (int c = 1; c < 4; c++) {
-        if (views[c].len != views[0].len) {
-            PyErr_SetString(PyExc_ValueError,
-                            "Expected order, end, thread and out of one length, but they differ.");
-            goto done;
-        }
-    }
-    for (int c = 0; c < 3; c++) {
-        if (!separate(&views[3], &views[c])) {
-            goto done;
-        }
-    }
     const int64_t *order = views[0].buf, *end = views[1].buf, *thread = views[2].buf;
     int64_t *out = views[3].buf;
     for (Py_ssize_t j = 0; j < n; j++) {
@@ -5150,9 +5163,7 @@ enclosing_sorted(PyObject *module, PyObject *args)
     PyMem_RawFree(stack);
     result = Py_NewRef(Py_None);
 done:
-    for (int c = 0; c < got; c++) {
-        PyBuffer_Release(&views[c]);
-    }
+    release_views(views, 4);
     return result;
 }
 
@@ -5187,38 +5198,22 @@ walk_path(const int64_t *ppos, Py_ssize_t n)
 static PyObject *
 nearest_valued(PyObject *module, PyObject *args)
 {
-    PyObject *missing_obj, *ppos_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OOO:nearest_valued", &missing_obj, &ppos_obj, &out_obj)) {
+    PyObject *objs[3];
+    if (!PyArg_ParseTuple(args, "OOO:nearest_valued", &objs[0], &objs[1], &objs[2])) {
         return NULL;
     }
-    Py_buffer mv, pv, ov;
-    if (PyObject_GetBuffer(missing_obj, &mv, PyBUF_C_CONTIGUOUS) < 0) {
-        return NULL;
-    }
-    if (get_words(ppos_obj, &pv, 0, "ppos") < 0) {
-        PyBuffer_Release(&mv);
-        return NULL;
-    }
-    if (get_words(out_obj, &ov, 1, "out") < 0) {
-        PyBuffer_Release(&mv);
-        PyBuffer_Release(&pv);
+    static const char *const what[3] = {"missing", "ppos", "out"};
+    static const int sizes[3] = {1, 8, 8}; /* missing: one byte per row */
+    Py_buffer v[3];
+    Py_ssize_t n;
+    if (take_views(objs, what, sizes, 3, v, &n) < 0) {
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t n = pv.len / 8;
-    const int64_t *ppos = pv.buf;
-    int64_t *out = ov.buf, *path = NULL;
-    const unsigned char *missing = mv.buf;
-    if (mv.len != n || ov.len != pv.len) {
-        PyErr_SetString(PyExc_ValueError,
-                        "Expected missing (one byte per row), ppos and out of one length, but "
-                        "they differ.");
-        goto done;
-    }
-    if (!separate(&ov, &mv) || !separate(&ov, &pv)) {
-        goto done;
-    }
-    path = walk_path(ppos, n);
+    const unsigned char *missing = v[0].buf;
+    const int64_t *ppos = v[1].buf;
+    int64_t *out = v[2].buf;
+    int64_t *path = walk_path(ppos, n);
     if (path == NULL) {
         goto done;
     }
@@ -5249,9 +5244,7 @@ nearest_valued(PyObject *module, PyObject *args)
     result = Py_NewRef(Py_None);
 done:
     PyMem_RawFree(path);
-    PyBuffer_Release(&mv);
-    PyBuffer_Release(&pv);
-    PyBuffer_Release(&ov);
+    release_views(v, 3);
     return result;
 }
 
@@ -5264,30 +5257,21 @@ done:
 static PyObject *
 depths(PyObject *module, PyObject *args)
 {
-    PyObject *ppos_obj, *out_obj;
-    if (!PyArg_ParseTuple(args, "OO:depths", &ppos_obj, &out_obj)) {
+    PyObject *objs[2];
+    if (!PyArg_ParseTuple(args, "OO:depths", &objs[0], &objs[1])) {
         return NULL;
     }
-    Py_buffer pv, ov;
-    if (get_words(ppos_obj, &pv, 0, "ppos") < 0) {
-        return NULL;
-    }
-    if (get_words(out_obj, &ov, 1, "out") < 0) {
-        PyBuffer_Release(&pv);
+    static const char *const what[2] = {"ppos", "out"};
+    static const int sizes[2] = {8, 8};
+    Py_buffer v[2];
+    Py_ssize_t n;
+    if (take_views(objs, what, sizes, 2, v, &n) < 0) {
         return NULL;
     }
     PyObject *result = NULL;
-    Py_ssize_t n = pv.len / 8;
-    const int64_t *ppos = pv.buf;
-    int64_t *out = ov.buf, *path = NULL;
-    if (ov.len != pv.len) {
-        PyErr_SetString(PyExc_ValueError, "Expected ppos and out of one length, but they differ.");
-        goto done;
-    }
-    if (!separate(&ov, &pv)) {
-        goto done;
-    }
-    path = walk_path(ppos, n);
+    const int64_t *ppos = v[0].buf;
+    int64_t *out = v[1].buf;
+    int64_t *path = walk_path(ppos, n);
     if (path == NULL) {
         goto done;
     }
@@ -5316,8 +5300,7 @@ depths(PyObject *module, PyObject *args)
     result = Py_NewRef(Py_None);
 done:
     PyMem_RawFree(path);
-    PyBuffer_Release(&pv);
-    PyBuffer_Release(&ov);
+    release_views(v, 2);
     return result;
 }
 

@@ -261,7 +261,7 @@ def assign_steps(
     own_self = self_times(end - start, ppos, pid, tid) if by_time else None
     self_all = own_self if own_self is not None else frame["self_ns"].to_numpy(np.int64)
     on_thread = on_step_thread(step_row, pid, tid)
-    sums = part_sums(codes, ppos, step_row, on_thread, self_all, step_rows, (codes, uniques))
+    sums = part_sums((codes, uniques), ppos, step_row, on_thread, self_all, step_rows)
     if aggregates is not None and len(aggregates.summarised):
         sums += summarised_part_sums(aggregates, step_rows, n)
         self_all = self_all - aggregates.per_step(n)  # a copy: the frame's stays as it is

@@ -141,14 +141,14 @@ def step_report(
     device = _device_times(frame)
     assert assignment.names is not None
     codes, uniques = assignment.names
-    events = _event_table(
-        dur[train],
-        None if device is None else device[train],
-        on_thread[train],
-        wall_total,
-        self_all[train],
-        (codes[train], uniques),
-    )
+
+    def table(rows: np.ndarray, in_step: np.ndarray, total: float) -> pd.DataFrame:
+        """The event table of the rows where ``rows`` is true."""
+        picked = None if device is None else device[rows]
+        coded = (codes[rows], uniques)
+        return _event_table(dur[rows], picked, in_step[rows], total, self_all[rows], coded)
+
+    events = table(train, on_thread, wall_total)
     detail = None
     if len(aggregates.summarised):
         kept = np.zeros(n, dtype=bool)
@@ -162,15 +162,8 @@ def step_report(
     between = kept_steps["between_ns"].to_numpy(np.int64)
     if len(between) and wall_total > 0 and between.sum() > 0:
         events = _with_between_row(events, between, wall_total)
-    val_total = float(frame["dur_ns"].to_numpy(np.int64)[val_root[val_root == np.arange(n)]].sum())
-    validation = _event_table(
-        dur[in_val],
-        None if device is None else device[in_val],
-        val_share[in_val],
-        val_total,
-        self_all[in_val],
-        (codes[in_val], uniques),
-    )
+    val_total = float(dur[val_root[val_root == np.arange(n)]].sum())
+    validation = table(in_val, val_share, val_total)
     return StepReport(
         events=events,
         steps=kept_steps.drop(columns=["warmup"]).reset_index(drop=True),
