@@ -64,6 +64,82 @@ is_plain_dict(PyObject *d)
     return PyDict_CheckExact(d) || (frozen_type != NULL && (PyObject *)Py_TYPE(d) == frozen_type);
 }
 
+static const char digit_pairs[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+static inline int
+digits_ull(unsigned long long v)
+{
+    /* the decimal digits of v (1 for 0) */
+#if defined(__GNUC__)
+    static const unsigned long long pow10[20] = {
+        1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
+        100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL,
+        10000000000000ULL, 100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
+        100000000000000000ULL, 1000000000000000000ULL, 10000000000000000000ULL};
+    unsigned long long w = v | 1ULL; /* as many digits as v: a power of ten above 1 is even */
+    int t = ((64 - __builtin_clzll(w)) * 1233) >> 12; /* log10(2) ~ 1233 / 4096 */
+    return t + 1 - (w < pow10[t]);
+#else
+    int n = 1;
+    while (v >= 10000) {
+        v /= 10000;
+        n += 4;
+    }
+    return n + (v >= 10) + (v >= 100) + (v >= 1000);
+#endif
+}
+
+/* The lengths of what put_ll and put_diff_us write: the exact size of each event is
+ * known before it is formatted, so each part is made at its size (no resize). */
+static inline Py_ssize_t
+len_ll(long long v)
+{
+    return v < 0 ? 1 + digits_ull((unsigned long long)(-(v + 1)) + 1ULL) : digits_ull(v);
+}
+
+static inline Py_ssize_t
+len_diff_us(long long hi, long long lo)
+{
+    int neg = hi < lo;
+    unsigned long long mag = neg ? (unsigned long long)lo - (unsigned long long)hi
+                                 : (unsigned long long)hi - (unsigned long long)lo;
+    return neg + digits_ull(mag / 1000ULL) + 4;
+}
+
+static inline char *
+put_ull(char *p, unsigned long long v)
+{
+    /* digits_ull(v) digits, written from the end two at a time */
+    int n = digits_ull(v);
+    char *t = p + n;
+    while (v >= 100) {
+        unsigned d = (unsigned)(v % 100);
+        v /= 100;
+        t -= 2;
+        memcpy(t, digit_pairs + 2 * d, 2);
+    }
+    if (v >= 10) {
+        memcpy(t - 2, digit_pairs + 2 * v, 2);
+    }
+    else {
+        t[-1] = (char)('0' + v);
+    }
+    return p + n;
+}
+
+static inline char *
+put_ll(char *p, long long v)
+{
+    if (v < 0) {
+        *p++ = '-';
+        return put_ull(p, (unsigned long long)(-(v + 1)) + 1ULL);
+    }
+    return put_ull(p, (unsigned long long)v);
+}
+
 typedef struct {
     char *data;
     Py_ssize_t len;
@@ -71,7 +147,7 @@ typedef struct {
 } Buf;
 
 static int
-buf_reserve(Buf *b, Py_ssize_t extra)
+buf_grow(Buf *b, Py_ssize_t extra)
 {
     if (extra < 0 || extra > PY_SSIZE_T_MAX - b->len) {
         PyErr_NoMemory();
@@ -93,6 +169,17 @@ buf_reserve(Buf *b, Py_ssize_t extra)
     b->data = data;
     b->cap = cap;
     return 0;
+}
+
+static inline int
+buf_reserve(Buf *b, Py_ssize_t extra)
+{
+    /* room for extra more bytes: 0, or -1 with MemoryError set (inline: the common case
+     * is one comparison; cap - len never overflows) */
+    if (extra >= 0 && extra <= b->cap - b->len) {
+        return 0;
+    }
+    return buf_grow(b, extra);
 }
 
 static int
@@ -117,6 +204,9 @@ buf_add_str(Buf *b, PyObject *s)
                      Py_TYPE(s)->tp_name);
         return -1;
     }
+    if (PyUnicode_IS_COMPACT_ASCII(s)) { /* its data is its UTF-8 */
+        return buf_add(b, (const char *)PyUnicode_DATA(s), PyUnicode_GET_LENGTH(s));
+    }
     p = PyUnicode_AsUTF8AndSize(s, &n);
     if (p == NULL) {
         return -1;
@@ -127,25 +217,21 @@ buf_add_str(Buf *b, PyObject *s)
 static int
 buf_add_ull(Buf *b, unsigned long long v)
 {
-    char tmp[24];
-    int i = 24;
-    do {
-        tmp[--i] = (char)('0' + (v % 10ULL));
-        v /= 10ULL;
-    } while (v);
-    return buf_add(b, tmp + i, 24 - i);
+    if (buf_reserve(b, 20) < 0) {
+        return -1;
+    }
+    b->len = put_ull(b->data + b->len, v) - b->data;
+    return 0;
 }
 
 static int
 buf_add_ll(Buf *b, long long v)
 {
-    if (v < 0) {
-        if (buf_add(b, "-", 1) < 0) {
-            return -1;
-        }
-        return buf_add_ull(b, (unsigned long long)(-(v + 1)) + 1ULL);
+    if (buf_reserve(b, 21) < 0) {
+        return -1;
     }
-    return buf_add_ull(b, (unsigned long long)v);
+    b->len = put_ll(b->data + b->len, v) - b->data;
+    return 0;
 }
 
 static PyObject *
@@ -170,6 +256,33 @@ buf_to_str(const Buf *b)
  * value, and an int whose str() fails (more digits than Python allows), goes
  * through encode_value, the Python encoder, which never raises for a bad value.
  * v is a strong reference the caller holds. */
+static inline Py_ssize_t
+plain_ascii_len(const unsigned char *s, Py_ssize_t n)
+{
+    /* how many bytes of the ASCII text s[0..n) JSON writes as they are (printable, not
+     * '"' or '\\'): eight at a time while none of them is another, then one by one */
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w, q, b, d;
+        memcpy(&w, s + i, 8);
+        q = w ^ (ones * '"');
+        b = w ^ (ones * '\\');
+        d = w ^ (ones * 0x7f);
+        /* a byte below 0x20, or one equal to '"', '\\' or DEL (each test: some byte is
+         * zero, or below 0x20): exact as to whether any byte is, which is all it asks */
+        if ((((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((b - ones) & ~b) |
+             ((d - ones) & ~d)) &
+            highs) {
+            break;
+        }
+    }
+    while (i < n && s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') {
+        i++;
+    }
+    return i;
+}
+
 static int
 add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
 {
@@ -199,11 +312,8 @@ add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
     else if (PyUnicode_CheckExact(v)) {
         if (PyUnicode_IS_ASCII(v)) { /* printable ASCII but '"' and '\\': itself, quoted */
             const unsigned char *s = PyUnicode_DATA(v);
-            Py_ssize_t n = PyUnicode_GET_LENGTH(v), i = 0;
-            while (i < n && s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\') {
-                i++;
-            }
-            if (i == n) { /* what encode_basestring_ascii gives it */
+            Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+            if (plain_ascii_len(s, n) == n) { /* what encode_basestring_ascii gives it */
                 if (buf_reserve(b, n + 2) < 0) {
                     return -1;
                 }
@@ -634,82 +744,6 @@ x_sort(XKey *keys, Py_ssize_t n)
             return;
         }
     }
-}
-
-static const char digit_pairs[201] =
-    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-    "8081828384858687888990919293949596979899";
-
-static inline int
-digits_ull(unsigned long long v)
-{
-    /* the decimal digits of v (1 for 0) */
-#if defined(__GNUC__)
-    static const unsigned long long pow10[20] = {
-        1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
-        100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL,
-        10000000000000ULL, 100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
-        100000000000000000ULL, 1000000000000000000ULL, 10000000000000000000ULL};
-    unsigned long long w = v | 1ULL; /* as many digits as v: a power of ten above 1 is even */
-    int t = ((64 - __builtin_clzll(w)) * 1233) >> 12; /* log10(2) ~ 1233 / 4096 */
-    return t + 1 - (w < pow10[t]);
-#else
-    int n = 1;
-    while (v >= 10000) {
-        v /= 10000;
-        n += 4;
-    }
-    return n + (v >= 10) + (v >= 100) + (v >= 1000);
-#endif
-}
-
-/* The lengths of what put_ll and put_diff_us write: the exact size of each event is
- * known before it is formatted, so each part is made at its size (no resize). */
-static inline Py_ssize_t
-len_ll(long long v)
-{
-    return v < 0 ? 1 + digits_ull((unsigned long long)(-(v + 1)) + 1ULL) : digits_ull(v);
-}
-
-static inline Py_ssize_t
-len_diff_us(long long hi, long long lo)
-{
-    int neg = hi < lo;
-    unsigned long long mag = neg ? (unsigned long long)lo - (unsigned long long)hi
-                                 : (unsigned long long)hi - (unsigned long long)lo;
-    return neg + digits_ull(mag / 1000ULL) + 4;
-}
-
-static inline char *
-put_ull(char *p, unsigned long long v)
-{
-    /* digits_ull(v) digits, written from the end two at a time */
-    int n = digits_ull(v);
-    char *t = p + n;
-    while (v >= 100) {
-        unsigned d = (unsigned)(v % 100);
-        v /= 100;
-        t -= 2;
-        memcpy(t, digit_pairs + 2 * d, 2);
-    }
-    if (v >= 10) {
-        memcpy(t - 2, digit_pairs + 2 * v, 2);
-    }
-    else {
-        t[-1] = (char)('0' + v);
-    }
-    return p + n;
-}
-
-static inline char *
-put_ll(char *p, long long v)
-{
-    if (v < 0) {
-        *p++ = '-';
-        return put_ull(p, (unsigned long long)(-(v + 1)) + 1ULL);
-    }
-    return put_ull(p, (unsigned long long)v);
 }
 
 static inline char *
@@ -4459,6 +4493,12 @@ fold_step_row(PyObject *row, PyObject *row_type, PyObject *hooks_key, PyObject *
     for (Py_ssize_t k = 0; k < 10; k++) {
         PyTuple_SET_ITEM(done, k, k == 7 ? attrs : Py_NewRef(PyTuple_GET_ITEM(row, k)));
     }
+    /* Neither is tracked by the cycle collector: both are new, and nothing they hold
+     * (the row's fields, made before them, and the hooks text) can lead back to them,
+     * so no cycle can run through either. Tracked, each summarised step added two
+     * objects that every young collection walked until the batch was written. */
+    PyObject_GC_UnTrack(attrs);
+    PyObject_GC_UnTrack(done);
     return done;
 }
 
@@ -4702,11 +4742,14 @@ fold_lane(PyObject *module, PyObject *args)
     int has_cur = cur != Py_None;
     long long cur_start = 0;
     Py_ssize_t names0 = PyList_GET_SIZE(names);
-    /* private copies of the lists walked */
+    /* private copies of the lists walked, not tracked by the cycle collector: nothing
+     * but this call refers to them, and each result object made below may start a young
+     * collection, which would walk every row of a tracked copy again */
     grp = PySequence_List(group);
     if (grp == NULL) {
         goto done;
     }
+    PyObject_GC_UnTrack(grp);
     if (has_cur) {
         if (!fold_ll(PyTuple_GET_ITEM(cur, 0), &cur_start)) {
             decline = 1;
@@ -4717,6 +4760,8 @@ fold_lane(PyObject *module, PyObject *args)
         if (inner0 == NULL) {
             goto done;
         }
+        PyObject_GC_UnTrack(held0);
+        PyObject_GC_UnTrack(inner0);
     }
     Py_ssize_t h = held0 ? PyList_GET_SIZE(held0) : 0, g = PyList_GET_SIZE(grp), n = h + g;
     Py_ssize_t m = PyList_GET_SIZE(starts_arg);

@@ -88,6 +88,31 @@ def test_c_and_python_attribute_encoders_agree(
     assert fast[1] == "" and fast[5] == ""
 
 
+def test_c_and_python_agree_on_every_byte_to_escape_at_every_place(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The C encoder tests ASCII values eight bytes at a time for a byte that JSON must
+    # escape: each such byte, at each place of values of 0 to 24 bytes (each side of a
+    # word boundary), and the ints at the edges of the digit writer.
+    values: list[Any] = []
+    for n in range(25):
+        values.append("a" * n)
+        for bad in ('"', "\\", "\x7f", "\x1f", "\x00", "\n", "~", " ", "\x80"):
+            values += ["a" * k + bad + "b" * (n - k - 1) for k in range(n)]
+    values += [0, 9, 10, 99, 100, 101, -1, -10, 2**63 - 1, -(2**63), 10**18, 10**19 - 1]
+    attrs = [{"v": v, "w": "x"} for v in values]
+    exporter = ChromeTraceExporter(str(tmp_path) + "/e.json")  # type: ignore[operator]
+    try:
+        fast = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
+        monkeypatch.setattr(chrome, "_speedups", None)
+        slow = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
+    finally:
+        exporter.shutdown()
+    assert fast == slow
+    assert fast[0] == ',"v":"","w":"x"'
+    assert ',"v":"aa\\"b","w":"x"' in fast and ',"v":-9223372036854775808,"w":"x"' in fast
+
+
 def test_c_and_python_frame_columns_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     import pandas as pd
 
