@@ -418,7 +418,10 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
 
     def again(self, arg: Any = None) -> PySpan:
         """This span with ``arg`` as its arg, to enter again; a new span of the same name
-        and ``arg`` while this one is open (the C twin: ``SpanBase.again``)."""
+        and ``arg`` while this one is open (the C twin: ``SpanBase.again``). The C twin
+        also keeps the context its last block made, and sets it again when the next block
+        is entered in the same context, instead of copying it again: the contexts seen
+        inside are the same, and such a span is freed by the cycle collector."""
         if self._token is not None:
             return type(self)(self.name, arg)
         self.arg = arg

@@ -51,6 +51,9 @@ typedef struct {
     PyObject *trace_id; /* NULL until the span was entered while tracing was enabled */
     PyObject *error;
     PyObject *token;
+    PyObject *ctx_from; /* a reused span: the context it was last entered in ... */
+    PyObject *ctx_made; /* ... and the one it made there (both NULL, or both set) */
+    int reused;         /* again() has handed this object back for another block */
     unsigned long long span_id;
     unsigned long long parent_id;
     long long start_ns;
@@ -272,14 +275,33 @@ span_start(SpanBase *self, int current)
         self->start_ns = now_monotonic_ns();
         return 0;
     }
-    new_ctx = ctx != NULL ? PyDict_Copy(ctx) : PyDict_New();
-    Py_XDECREF(ctx);
-    if (new_ctx == NULL) {
-        return -1;
+    if (ctx != NULL && ctx == self->ctx_from) {
+        /* a reused span entered again in the context it was last entered in: the one it
+         * made there is still right (contexts are not changed once made: OpenTelemetry's
+         * refuse it, and ppetrace's are never exposed to be changed but as the current
+         * context), so it is set again instead of copied again */
+        new_ctx = Py_NewRef(self->ctx_made);
+        Py_DECREF(ctx);
     }
-    if (PyDict_SetItem(new_ctx, span_key, (PyObject *)self) < 0) {
-        Py_DECREF(new_ctx);
-        return -1;
+    else {
+        new_ctx = ctx != NULL ? PyDict_Copy(ctx) : PyDict_New();
+        if (new_ctx == NULL || PyDict_SetItem(new_ctx, span_key, (PyObject *)self) < 0) {
+            Py_XDECREF(new_ctx);
+            Py_XDECREF(ctx);
+            return -1;
+        }
+        if (self->reused && ctx != NULL) {
+            /* kept for the next block (only for reused spans: the context holds the span,
+             * a cycle that the collector frees, and a span entered once needs no cache) */
+            PyObject *old_from = self->ctx_from, *old_made = self->ctx_made;
+            self->ctx_from = ctx; /* the reference taken above */
+            self->ctx_made = Py_NewRef(new_ctx);
+            Py_XDECREF(old_from); /* can run code: nothing is borrowed across it */
+            Py_XDECREF(old_made);
+        }
+        else {
+            Py_XDECREF(ctx);
+        }
     }
     token = PyContextVar_Set(ctxvar, new_ctx);
     Py_DECREF(new_ctx);
@@ -452,6 +474,7 @@ Span_again(SpanBase *self, PyObject *arg)
         Py_DECREF(stack[1]);
         return res;
     }
+    self->reused = 1;
     Py_INCREF(arg);
     Py_XSETREF(self->arg, arg); /* releasing the old arg can run code: nothing is borrowed */
     return Py_NewRef(self);
@@ -591,6 +614,8 @@ Span_traverse(SpanBase *self, visitproc visit, void *arg)
     Py_VISIT(self->trace_id);
     Py_VISIT(self->error);
     Py_VISIT(self->token);
+    Py_VISIT(self->ctx_from);
+    Py_VISIT(self->ctx_made);
     return 0;
 }
 
@@ -603,6 +628,8 @@ Span_clear(SpanBase *self)
     Py_CLEAR(self->trace_id);
     Py_CLEAR(self->error);
     Py_CLEAR(self->token);
+    Py_CLEAR(self->ctx_from);
+    Py_CLEAR(self->ctx_made);
     return 0;
 }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +45,35 @@ def test_each_block_of_a_reused_span_is_its_own_span(trace: Any, row_sink: RowSi
     # each inner block is the child of the block it ran in, not of the object's last one
     assert [r.parent_id for r in inner] == seen
     assert [r.attributes["k"] for r in inner] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("trace", IMPLEMENTATIONS)
+def test_a_reused_span_sees_the_context_of_each_block(trace: Any, row_sink: RowSink) -> None:
+    # The C span keeps the context it made for the next block entered in the same one:
+    # each block must still see its own context, whichever it was entered in.
+    from opentelemetry import context as otel_context
+
+    span, parents = trace("inner"), [trace("a"), trace("b")]
+    seen = []
+    for k in (0, 0, 1, 0, 1, 1):
+        parent = parents[k]
+        token = otel_context.attach(otel_context.set_value("which", k))
+        try:
+            with parent, span.again({"k": k}):
+                assert otel_trace.get_current_span() is span
+                assert otel_context.get_value("which") == k
+                seen.append((k, parent.span_id))
+            assert otel_trace.get_current_span() is not span
+        finally:
+            otel_context.detach(token)
+    ppetrace.flush()
+    inner = [r for r in row_sink.rows if r.name == "inner"]
+    assert [(r.attributes["k"], r.parent_id) for r in inner] == seen
+    # what it keeps holds the span itself: a cycle, which the collector frees
+    ref = weakref.ref(span)
+    del span
+    gc.collect()
+    assert ref() is None
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
