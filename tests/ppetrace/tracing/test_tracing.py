@@ -540,6 +540,60 @@ def test_a_forked_child_draws_fresh_span_ids() -> None:
     assert child_gap not in (1, 2)  # the child does not continue the parent's sequence
 
 
+def test_rows_carry_the_thread_id_of_their_thread_also_in_a_forked_child() -> None:
+    # The C hot path reads each thread's native id once: a thread must not get another
+    # thread's id, nor a forked child its parent's.
+    script = textwrap.dedent(
+        """
+        import os, sys, threading
+        import ppetrace
+
+        class Sink:
+            def __init__(self):
+                self.rows = []
+            def export_batch(self, batch):
+                self.rows += batch.rows
+            def shutdown(self):
+                pass
+
+        def spans(tag):
+            for _ in range(2):
+                with ppetrace.trace(tag):
+                    pass
+            return threading.get_native_id()
+
+        sink = Sink()
+        ppetrace.configure(exporters=[sink])
+        ids = {"main": spans("main")}
+        worker = threading.Thread(target=lambda: ids.update(worker=spans("worker")))
+        worker.start()
+        worker.join()
+        pid = os.fork()
+        if pid == 0:  # a forked child exports nothing until it configures its own sinks
+            sink = Sink()
+            ppetrace.configure(exporters=[sink])
+            ids = {"child": spans("child")}
+        else:
+            os.waitpid(pid, 0)
+            ids["after"] = spans("after")
+        ppetrace.flush()
+        got = sorted({(r.name, r.tid == ids[r.name]) for r in sink.rows})
+        sys.stdout.write(f"{'child' if pid == 0 else 'parent'} {got}\\n")
+        sys.stdout.flush()
+        if pid == 0:
+            os._exit(0)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(), check=True
+    )
+    lines = sorted(out.stdout.splitlines())
+    assert lines == [
+        "child [('child', True)]",
+        "parent [('after', True), ('main', True), ('worker', True)]",
+    ]
+
+
 def test_a_retired_buffer_is_drained_once_more_and_then_forgotten() -> None:
     from ppetrace.integrations._record import RowBuffer
     from ppetrace.tracing._recorder import RECORDER
