@@ -405,6 +405,49 @@ thread_records(void)
     return records;
 }
 
+/* The ints of the last two parent ids and the last thread id that rows carried (a
+ * step's hook spans share their parent, the step and the fetch theirs, and a buffer its
+ * thread): a row takes the int object again instead of a new one. Read and replaced
+ * with the GIL held; releasing an int runs no Python code. */
+static PyObject *parent_ints[2] = {NULL, NULL};
+static unsigned long long parent_vals[2];
+static int parent_next = 0;
+static PyObject *tid_int = NULL;
+static unsigned long tid_val;
+
+static PyObject *
+parent_int(unsigned long long v)
+{
+    for (int k = 0; k < 2; k++) {
+        if (parent_ints[k] != NULL && parent_vals[k] == v) {
+            return Py_NewRef(parent_ints[k]);
+        }
+    }
+    PyObject *made = PyLong_FromUnsignedLongLong(v);
+    if (made != NULL) {
+        int k = parent_next;
+        parent_next = 1 - k;
+        parent_vals[k] = v;
+        Py_XSETREF(parent_ints[k], Py_NewRef(made));
+    }
+    return made;
+}
+
+static PyObject *
+thread_int(void)
+{
+    unsigned long v = current_native_tid();
+    if (tid_int != NULL && tid_val == v) {
+        return Py_NewRef(tid_int);
+    }
+    PyObject *made = PyLong_FromUnsignedLong(v);
+    if (made != NULL) {
+        tid_val = v;
+        Py_XSETREF(tid_int, Py_NewRef(made));
+    }
+    return made;
+}
+
 static PyObject *
 epoch_ns(long long monotonic)
 {
@@ -448,10 +491,10 @@ make_row(SpanBase *self)
         fields[9] = Py_NewRef(str_empty);
     }
     fields[1] = PyLong_FromUnsignedLongLong(self->span_id);
-    fields[2] = PyLong_FromUnsignedLongLong(self->parent_id);
+    fields[2] = parent_int(self->parent_id);
     fields[4] = epoch_ns(self->start_ns);
     fields[5] = epoch_ns(self->end_ns);
-    fields[6] = PyLong_FromUnsignedLong(current_native_tid());
+    fields[6] = thread_int();
     row = NULL;
     for (int i = 0; i < 10; i++) {
         if (fields[i] == NULL) {
