@@ -59,6 +59,23 @@ def test_c_and_python_encoders_agree(
     assert any('"error":"E: x\\ny"' in e for e in events)
 
 
+def _attribute_strings_both_ways(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, attrs: list[Any]
+) -> list[str]:
+    """The attribute strings of ``attrs`` from the C encoder, checked equal to the
+    pure-Python encoder's."""
+    exporter = ChromeTraceExporter(str(tmp_path) + "/attrs.json")
+    try:
+        fast = chrome._attribute_strings(exporter, attrs)
+        with monkeypatch.context() as m:
+            m.setattr(chrome, "_speedups", None)
+            slow = chrome._attribute_strings(exporter, attrs)
+    finally:
+        exporter.shutdown()
+    assert fast == slow
+    return fast
+
+
 def test_c_and_python_attribute_encoders_agree(
     tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,14 +93,7 @@ def test_c_and_python_attribute_encoders_agree(
         {"bool": True, "false": False, "uni": 'ünïcode \u2028 "q" \\'},
         {},
     ]
-    exporter = ChromeTraceExporter(str(tmp_path) + "/b.json")  # type: ignore[operator]
-    try:
-        fast = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
-        monkeypatch.setattr(chrome, "_speedups", None)
-        slow = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
-    finally:
-        exporter.shutdown()
-    assert fast == slow
+    fast = _attribute_strings_both_ways(tmp_path, monkeypatch, attrs)
     assert fast[0] == ',"a":"x","b":1,"status":"clash"'  # attrs is its own object
     assert fast[1] == "" and fast[5] == ""
 
@@ -101,14 +111,7 @@ def test_c_and_python_agree_on_every_byte_to_escape_at_every_place(
             values += ["a" * k + bad + "b" * (n - k - 1) for k in range(n)]
     values += [0, 9, 10, 99, 100, 101, -1, -10, 2**63 - 1, -(2**63), 10**18, 10**19 - 1]
     attrs = [{"v": v, "w": "x"} for v in values]
-    exporter = ChromeTraceExporter(str(tmp_path) + "/e.json")  # type: ignore[operator]
-    try:
-        fast = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
-        monkeypatch.setattr(chrome, "_speedups", None)
-        slow = chrome._attribute_strings(exporter, attrs)  # type: ignore[arg-type]
-    finally:
-        exporter.shutdown()
-    assert fast == slow
+    fast = _attribute_strings_both_ways(tmp_path, monkeypatch, attrs)
     assert fast[0] == ',"v":"","w":"x"'
     assert ',"v":"aa\\"b","w":"x"' in fast and ',"v":-9223372036854775808,"w":"x"' in fast
 
