@@ -254,7 +254,22 @@ class Rearm:
             span.again({"rearmed": 1})
 
 
+class Reenter:
+    """A context value whose release enters the span that kept its context (the reused
+    span's context cache lets the old context go while the span is being entered)."""
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    def __del__(self) -> None:
+        span, self.span = self.span, None
+        if span is not None:
+            with span.again({"reentered": 1}):
+                pass
+
+
 def scenario_odd(seconds: float, tmp: Path) -> str:
+    from opentelemetry import context as otel_context
     from opentelemetry import trace as otel_trace
 
     end = time.monotonic() + seconds
@@ -303,6 +318,15 @@ def scenario_odd(seconds: float, tmp: Path) -> str:
         Rearm.span = reused
         reused.mark({"m": rounds})  # releasing the Rearm re-arms the span mark records
         check(reused.arg == {"rearmed": 1}, "mark on an odd span")
+        # a reused span keeps the context it was last entered in: entered in a new one, it
+        # releases the old one, whose value then enters the same span again
+        kept = ppetrace.trace("kept")
+        for k in range(4):
+            token = otel_context.attach(otel_context.set_value("k", Reenter(kept)))
+            with kept.again({"k": k}):
+                check(otel_context.get_value("k") is not None, "the kept span's context")
+            otel_context.detach(token)
+        del kept
         if rounds % 50 == 0:
             ppetrace.flush()
             _recorder.RECORDER.discard_buffered()
