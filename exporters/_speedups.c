@@ -249,13 +249,6 @@ buf_to_str(const Buf *b)
     return s;
 }
 
-/* One attribute value as JSON, appended to b. Exact bool/int/float/str are done
- * here (a str of printable ASCII but '"' and '\\' is itself in quotes, as
- * json.encoder.encode_basestring_ascii writes it; another str goes through the
- * strings cache: str value -> JSON literal); any other
- * value, and an int whose str() fails (more digits than Python allows), goes
- * through encode_value, the Python encoder, which never raises for a bad value.
- * v is a strong reference the caller holds. */
 static inline Py_ssize_t
 plain_ascii_len(const unsigned char *s, Py_ssize_t n)
 {
@@ -283,6 +276,13 @@ plain_ascii_len(const unsigned char *s, Py_ssize_t n)
     return i;
 }
 
+/* One attribute value as JSON, appended to b. Exact bool/int/float/str are done
+ * here (a str of printable ASCII but '"' and '\\' is itself in quotes, as
+ * json.encoder.encode_basestring_ascii writes it; another str goes through the
+ * strings cache: str value -> JSON literal); any other
+ * value, and an int whose str() fails (more digits than Python allows), goes
+ * through encode_value, the Python encoder, which never raises for a bad value.
+ * v is a strong reference the caller holds. */
 static int
 add_value(Buf *b, PyObject *v, PyObject *strings, PyObject *encode_value)
 {
