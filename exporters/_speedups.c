@@ -215,16 +215,6 @@ buf_add_str(Buf *b, PyObject *s)
 }
 
 static int
-buf_add_ull(Buf *b, unsigned long long v)
-{
-    if (buf_reserve(b, 20) < 0) {
-        return -1;
-    }
-    b->len = put_ull(b->data + b->len, v) - b->data;
-    return 0;
-}
-
-static int
 buf_add_ll(Buf *b, long long v)
 {
     if (buf_reserve(b, 21) < 0) {
