@@ -688,6 +688,23 @@ typedef struct {
 
 #define X_NAME_SLOTS 32
 
+/* the slot of name: where it is, else the first empty one of its four probes, else its
+ * home slot, to replace (a step's ten or so names: without the probes, two that shared a
+ * slot, as some did in most calls, replaced each other on every row) */
+static inline XName *
+x_name_slot(XName *names, PyObject *name)
+{
+    size_t home = (size_t)(((uintptr_t)name * 0x9E3779B97F4A7C15ULL) >> 40);
+    home &= X_NAME_SLOTS - 1;
+    for (size_t k = 0; k < 4; k++) {
+        XName *at = &names[(home + k) & (X_NAME_SLOTS - 1)];
+        if (at->name == name || at->name == NULL) {
+            return at;
+        }
+    }
+    return &names[home];
+}
+
 /* an event's keys, ids and braces: ',"ts":' ',"dur":' ',"span_id":"' 16 hex
  * '","parent_id":"' 16 hex '","status":' and the closing '}' */
 #define X_FIXED (6 + 7 + 12 + 16 + 15 + 16 + 11 + 1)
@@ -831,10 +848,52 @@ x_format(char *out, const XRow *rows, const XKey *keys, Py_ssize_t lo, Py_ssize_
     return p;
 }
 
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h>
+#endif
+#define FOLD_DIGITS 1
+#endif
+
+/* an exact int whose magnitude is below 2**64 (at most three 30-bit digits), read from
+ * its digits (CPython before 3.12): 1 with its magnitude and sign, else 0 */
+static inline int
+fold_digits(PyObject *v, unsigned long long *mag, int *neg)
+{
+#ifdef FOLD_DIGITS
+    Py_ssize_t size = Py_SIZE(v);
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    Py_ssize_t n = size < 0 ? -size : size;
+    if (n > 3 || (n == 3 && d[2] >= 16)) { /* 16 * 2**60 = 2**64 */
+        return 0;
+    }
+    unsigned long long m = 0;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        m = (m << 30) | d[i];
+    }
+    *mag = m;
+    *neg = size < 0;
+    return 1;
+#else
+    (void)v;
+    (void)mag;
+    (void)neg;
+    return 0;
+#endif
+}
+
 static int
 x_read_ll(PyObject *v, long long *out)
 {
-    /* an int64 (an object with __index__ runs Python code: its row holds v) */
+    /* an int64 (an object with __index__ runs Python code: its row holds v); an exact
+     * int is read from its digits where it can be (fold_digits) */
+    unsigned long long mag;
+    int neg;
+    if (PyLong_CheckExact(v) && fold_digits(v, &mag, &neg) &&
+        (neg ? mag <= (1ULL << 63) : mag <= (unsigned long long)LLONG_MAX)) {
+        *out = neg ? (long long)(0ULL - mag) : (long long)mag;
+        return 0;
+    }
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow) {
@@ -855,6 +914,12 @@ static int
 x_read_ull(PyObject *v, unsigned long long *out)
 {
     /* a uint64 id; PyLong_AsUnsignedLongLong (slow in some versions) only past int64 */
+    unsigned long long mag;
+    int neg;
+    if (PyLong_CheckExact(v) && fold_digits(v, &mag, &neg) && !(neg && mag)) {
+        *out = mag;
+        return 0;
+    }
     PyObject *i = PyLong_CheckExact(v) ? Py_NewRef(v) : PyNumber_Index(v);
     if (i == NULL) {
         return -1;
@@ -1008,7 +1073,7 @@ encode_x_events(PyObject *module, PyObject *args)
         x->status = NULL;
         x->attrs_n = x->error_n = 0;
         name = PyTuple_GET_ITEM(row, 0);
-        slot = &names[((uintptr_t)name >> 4) % X_NAME_SLOTS];
+        slot = x_name_slot(names, name);
         if (slot->name == name) {
             x->prefix = Py_NewRef(slot->prefix);
             x->prefix_s = slot->s;
@@ -4127,40 +4192,6 @@ fold_state_free(FoldState *s)
     PyMem_Free(s->hooks.data);
 }
 
-#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
-#if PY_VERSION_HEX < 0x030B0000
-#include <longintrepr.h>
-#endif
-#define FOLD_DIGITS 1
-#endif
-
-/* an exact int of at most three 30-bit digits (|v| < 2**90) read from its digits
- * (CPython before 3.12): 1 with its magnitude and sign, else 0 */
-static inline int
-fold_digits(PyObject *v, unsigned long long *mag, int *neg)
-{
-#ifdef FOLD_DIGITS
-    Py_ssize_t size = Py_SIZE(v);
-    const digit *d = ((PyLongObject *)v)->ob_digit;
-    Py_ssize_t n = size < 0 ? -size : size;
-    if (n > 3 || (n == 3 && d[2] >= 16)) { /* 16 * 2**60 = 2**64 */
-        return 0;
-    }
-    unsigned long long m = 0;
-    for (Py_ssize_t i = n - 1; i >= 0; i--) {
-        m = (m << 30) | d[i];
-    }
-    *mag = m;
-    *neg = size < 0;
-    return 1;
-#else
-    (void)v;
-    (void)mag;
-    (void)neg;
-    return 0;
-#endif
-}
-
 /* an exact int within int64 / within [0, 2**64): 1, else 0 (no error left set) */
 static int
 fold_ll(PyObject *v, long long *out)
@@ -4256,6 +4287,23 @@ fold_exact_set(PyObject *s)
 /* the kinds of the names seen in one call, by address (the names are owned by the rows
  * of the private copies, alive for the whole call) */
 #define FOLD_KIND_CACHE 64
+
+/* the slot of name in an identity cache of cap slots (a power of two, zeroed at the start
+ * of the call, never emptied during it): where name is, else the first empty slot of its
+ * four probes, else its home slot, to overwrite. Without the probes, two of a step's few
+ * names that shared a slot (about one call in three) evicted each other on every row. */
+static inline size_t
+fold_cache_slot(PyObject *name, PyObject *const *names, size_t cap)
+{
+    size_t home = (size_t)(((uintptr_t)name * 0x9E3779B97F4A7C15ULL) >> 40) & (cap - 1);
+    for (size_t k = 0; k < 4; k++) {
+        size_t at = (home + k) & (cap - 1);
+        if (names[at] == name || names[at] == NULL) {
+            return at;
+        }
+    }
+    return home;
+}
 typedef struct {
     PyObject *name[FOLD_KIND_CACHE];
     int kind[FOLD_KIND_CACHE];
@@ -4296,7 +4344,7 @@ fold_read(PyObject *row, FoldRow *r, PyObject *step_name, PyObject *step_level,
     }
     r->row = row;
     r->name = name;
-    size_t slot = ((uintptr_t)name >> 4) % FOLD_KIND_CACHE;
+    size_t slot = fold_cache_slot(name, kinds->name, FOLD_KIND_CACHE);
     if (kinds->name[slot] == name) {
         r->kind = kinds->kind[slot];
     }
@@ -4333,7 +4381,12 @@ fold_read(PyObject *row, FoldRow *r, PyObject *step_name, PyObject *step_level,
         if (!PyUnicode_CheckExact(status)) {
             return 0;
         }
-        r->error = PyUnicode_CompareWithASCIIString(status, "ERROR") == 0;
+        /* most rows are "UNSET": a compact ASCII status not starting with 'E' is not
+         * "ERROR", without the comparison */
+        r->error = !(PyUnicode_IS_COMPACT_ASCII(status) &&
+                     (PyUnicode_GET_LENGTH(status) != 5 ||
+                      PyUnicode_1BYTE_DATA(status)[0] != 'E')) &&
+                   PyUnicode_CompareWithASCIIString(status, "ERROR") == 0;
     }
     return 1;
 }
@@ -4539,7 +4592,7 @@ fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *s
             dur = 0;
         }
         long long own = dur - fold_child_get(s, r->span); /* both >= 0: no overflow */
-        size_t slot = ((uintptr_t)r->name >> 4) % 64;
+        size_t slot = fold_cache_slot(r->name, s->iname, 64);
         Py_ssize_t at;
         if (s->iname[slot] == r->name) {
             at = s->iat[slot];

@@ -59,6 +59,53 @@ def test_c_and_python_encoders_agree(
     assert any('"error":"E: x\\ny"' in e for e in events)
 
 
+#: ints around the places where the C reader changes how it reads them: one, two and
+#: three 30-bit digits, the int64 and uint64 ends
+_DIGIT_EDGES = [0, 1, 2**30 - 1, 2**30, 2**60 - 1, 2**60, 2**62, 2**63 - 1]
+
+
+@pytest.mark.parametrize("edge", _DIGIT_EDGES)
+def test_c_and_python_write_the_same_ints_at_the_digit_boundaries(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, edge: int
+) -> None:
+    rows = [
+        SpanRow("a", edge, edge, 7, edge, edge, edge, {}),
+        SpanRow("b", 2**64 - 1 - edge, 2**63 + edge, 7, -edge, -edge, -edge, {}),
+        SpanRow("c", 3, 0, 7, -(2**63), 2**63 - 1, -(2**31), {}, "ERROR", "x"),
+    ]
+    exporter = ChromeTraceExporter(tmp_path / "edges.json")
+    try:
+        fast = _encode(exporter, rows, 1, 0, True)
+        with monkeypatch.context() as m:
+            m.setattr(chrome, "_speedups", None)
+            slow = _encode(exporter, rows, 1, 0, True)
+    finally:
+        exporter.shutdown()
+    assert fast == slow
+    assert f'"span_id":"{edge:016x}"'.encode() in fast
+
+
+@pytest.mark.parametrize(
+    "field,value", [(4, 2**63), (5, -(2**63) - 1), (1, 2**64), (2, -1), (6, 2**63)]
+)
+def test_c_and_python_refuse_the_same_ints_past_the_ends(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, field: int, value: int
+) -> None:
+    fields: list[Any] = ["a", 5, 0, 7, 10, 20, 3, {}, "UNSET", ""]
+    fields[field] = value
+    rows = [SpanRow(*fields)]
+    exporter = ChromeTraceExporter(tmp_path / "past.json")
+    try:
+        with pytest.raises(OverflowError):
+            _encode(exporter, rows, 1, 0, True)
+        with monkeypatch.context() as m:
+            m.setattr(chrome, "_speedups", None)
+            with pytest.raises(OverflowError):
+                _encode(exporter, rows, 1, 0, True)
+    finally:
+        exporter.shutdown()
+
+
 def _attribute_strings_both_ways(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, attrs: list[Any]
 ) -> list[str]:
