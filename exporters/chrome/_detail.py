@@ -152,6 +152,15 @@ class DetailFilter:
         self.active = False
         self.spans_summarised = 0
         self.steps_summarised = 0
+        #: the exporter's alarm (``ChromeTraceExporter.on_bytes``): its byte count, its callback
+        self.alarm_bytes: float = float("inf")
+        self.alarm: Callable[[], None] | None = None
+
+    def ring(self) -> None:
+        """The alarm's byte count was reached: call its callback once."""
+        alarm, self.alarm, self.alarm_bytes = self.alarm, None, float("inf")
+        if alarm is not None:
+            alarm()
 
     def publish(self, pid: int, tid: int, start_ns: int) -> None:
         """Summarise the step that starts at ``start_ns`` on thread ``tid`` (thread-safe)."""

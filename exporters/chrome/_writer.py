@@ -253,6 +253,16 @@ class ChromeTraceExporter(SpanExporter):
         training loop that calls it on every summarised step."""
         return self._detail.publisher(self._pid if pid is None else pid, tid)
 
+    def on_bytes(self, limit: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, when :attr:`bytes_written` reaches ``limit`` (at once if
+        it has): on the writing thread with the exporter's lock held, so it must only set a
+        flag. One alarm at a time: a new one replaces the last."""
+        with self._lock:
+            if self._bytes < limit:
+                self._detail.alarm_bytes, self._detail.alarm = limit, callback
+                return
+        callback()
+
     def add_final_metadata(self, **values: Any) -> None:
         """Add entries to the closing ``ppetrace.final`` event (see "Final counts")."""
         with self._lock:
@@ -372,6 +382,8 @@ class ChromeTraceExporter(SpanExporter):
             size = len(head) + len(body)
             self._part_bytes += size
             self._bytes += size
+            if self._bytes >= self._detail.alarm_bytes:
+                self._detail.ring()
             self._events_written += len(events) + (encoded[1] if encoded is not None else 0)
         except Exception as exc:
             self._fail(exc, spans)

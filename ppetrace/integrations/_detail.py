@@ -121,6 +121,13 @@ class StepDetail:
         self._summarise = exporter.summarise_step
         self._tid = threading.get_native_id()
         self._publish = exporter.step_summariser(self._tid)
+        #: False while no step can be due: "auto" before the trace reaches the budget, as
+        #: the exporter's byte alarm tells (``on_bytes``). The loops test it before
+        #: :meth:`due`, an attribute read instead of a call per step.
+        self.armed = True
+        if not self._switched and hasattr(exporter, "on_bytes"):
+            self.armed = False
+            exporter.on_bytes(max_trace_bytes, self._arm)
 
     @classmethod
     def create(
@@ -138,8 +145,12 @@ class StepDetail:
         exporter.add_final_metadata(switched_at_step=None)  # "auto": set when it switches
         return cls(exporter, trace_detail, max_trace_bytes, notify)
 
+    def _arm(self) -> None:
+        self.armed = True
+
     def due(self, step: int) -> bool:
-        """True when ``step`` is to be summarised (it switches "auto" when due)."""
+        """True when ``step`` is to be summarised (it switches "auto" when due). Always
+        False while :attr:`armed` is False."""
         if not self._switched:
             if self.exporter.bytes_written < self.max_trace_bytes:
                 return False

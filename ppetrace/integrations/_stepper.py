@@ -295,7 +295,7 @@ class StepTracker:
         :meth:`summarise` with its start."""
         st.cand = cand
         detail = self.detail
-        return detail is not None and detail.due(self.steps) and _grad_enabled()
+        return detail is not None and detail.armed and detail.due(self.steps) and _grad_enabled()
 
     def summarise(self, st: ThreadState, start: int) -> None:
         """Publish the start of a step to summarise (see :meth:`open_untimed`)."""
@@ -314,7 +314,7 @@ class StepTracker:
         attrs = cand.attrs
         detail = self.detail
         # a batch handed over under no_grad is evaluation: no step row will come
-        if detail is not None and detail.due(self.steps) and _grad_enabled():
+        if detail is not None and detail.armed and detail.due(self.steps) and _grad_enabled():
             detail.summarise_at(start + RECORDER.offset_ns, st.rows.tid)
         if st.profiled and (self.profilers or self.timer is not None) and _grad_enabled():
             cand.profiled = self._profiled_batches

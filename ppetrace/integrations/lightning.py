@@ -336,7 +336,7 @@ class LightningProfiler(Profiler):
         """The training batch that starts at ``start`` (perf_counter ns): publish it to the
         trace exporter when the detail policy summarises it."""
         detail, rows = self._step_detail, self._rows
-        if detail is not None and rows is not None and detail.due(self.batches):
+        if detail is not None and detail.armed and rows is not None and detail.due(self.batches):
             detail.summarise_at(start + RECORDER.offset_ns, rows.tid)
 
     def stop(self, action_name: str) -> None:

@@ -521,3 +521,22 @@ def test_a_merged_trace_keeps_the_common_detail_policy(tmp_path: Path) -> None:
         paths.append(path)
     merge_traces(tmp_path / "merged.json", paths)
     assert load_chrome_trace(tmp_path / "merged.json").metadata["ppetrace.detail"] == policy
+
+
+def test_on_bytes_calls_back_once_when_the_trace_reaches_the_limit(tmp_path: Path) -> None:
+    run = Run()
+    for i in range(3):
+        run.step(i)
+    exporter = ChromeTraceExporter(tmp_path / "alarm.json")
+    rang: list[int] = []
+    exporter.on_bytes(1 << 60, lambda: rang.append(-1))  # replaced by the next alarm
+    exporter.on_bytes(1, lambda: rang.append(exporter.bytes_written))
+    assert rang == []  # nothing written yet
+    exporter.export_batch(SpanBatch(run.rows[:4], {"service.name": "t"}, pid=PID))
+    assert len(rang) == 1 and rang[0] >= 1
+    exporter.export_batch(SpanBatch(run.rows[4:], {"service.name": "t"}, pid=PID))
+    assert len(rang) == 1  # once
+    later: list[str] = []
+    exporter.on_bytes(exporter.bytes_written, lambda: later.append("now"))
+    assert later == ["now"]  # reached already: at once
+    exporter.shutdown()

@@ -221,3 +221,19 @@ def test_stats_count_the_summarised_spans(tmp_path: Path, quiet_flusher: None) -
 def test_bad_options_are_refused_in_full_sentences(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ppetrace.Trainer(**options)
+
+
+def test_auto_asks_no_step_before_the_exporter_reaches_the_budget(tmp_path: Path) -> None:
+    from exporters import ChromeTraceExporter, SpanBatch, SpanRow
+    from ppetrace.integrations._detail import StepDetail
+
+    exporter = ChromeTraceExporter(tmp_path / "armed.json")
+    notices: list[str] = []
+    detail = StepDetail.create(exporter, "auto", 100, notices.append)
+    assert detail is not None and not detail.armed  # the loops skip due() until the alarm
+    row = SpanRow("trainer.fetch_batch", 1, 0, 7, 10, 20, 3, {"pad": "x" * 200})
+    exporter.export_batch(SpanBatch([row], {"service.name": "t"}))
+    assert exporter.bytes_written >= 100 and detail.armed
+    assert detail.due(5) and detail.switched_at == 5 and len(notices) == 1
+    exporter.shutdown()
+    assert StepDetail.create(exporter, ppetrace.Schedule(wait=1, active=1), 100, print).armed
