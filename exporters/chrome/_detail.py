@@ -96,10 +96,22 @@ class _Interval:
 class _Lane:
     """One thread's published starts, open interval and names list."""
 
-    __slots__ = ("starts", "cur", "names", "index", "exact", "announce", "part", "listed")
+    __slots__ = (
+        "starts",
+        "light",
+        "cur",
+        "names",
+        "index",
+        "exact",
+        "announce",
+        "part",
+        "listed",
+    )
 
     def __init__(self) -> None:
         self.starts: deque[int] = deque()
+        #: light steps (published when they end): (start, aggregates), see publish_light
+        self.light: deque[tuple[int, tuple[Any, ...]]] = deque()
         self.cur: _Interval | None = None
         self.names: list[str] = []  # as written (escaped), in the order they came
         self.index: dict[str, int] = {}  # name -> its place in names
@@ -152,6 +164,8 @@ class DetailFilter:
         self.active = False
         self.spans_summarised = 0
         self.steps_summarised = 0
+        #: spans of light steps whose step row never came (their aggregates are not written)
+        self.light_lost = 0
         #: the exporter's alarm (``ChromeTraceExporter.on_bytes``): its byte count, its callback
         self.alarm_bytes: float = float("inf")
         self.alarm: Callable[[], None] | None = None
@@ -171,10 +185,30 @@ class DetailFilter:
         lane.starts.append(start_ns)  # deque.append is atomic
         self.active = True
 
+    def light_publisher(self, pid: int, tid: int) -> Callable[[int, tuple[Any, ...]], None]:
+        """For one thread: a callable ``(start_ns, aggregates)`` that publishes a *light*
+        step, one whose spans the recorder took as aggregates only (``begin_light`` in
+        ``ppetrace.tracing._light``): ``aggregates`` is ``(name, total, self, count,
+        ...)``. Call it when the step ends, before its row is made: the step row that
+        starts at ``start_ns`` is then written with these aggregates."""
+        lane = self._lanes.get((pid, tid))
+        if lane is None:
+            with self._create:
+                lane = self._lanes.setdefault((pid, tid), _Lane())
+        push = lane.light.append
+
+        def publish_light(start_ns: int, aggregates: tuple[Any, ...]) -> None:
+            push((start_ns, aggregates))  # deque.append is atomic
+            self.active = True
+
+        return publish_light
+
     def pending(self) -> bool:
         """Whether a published step is still waiting for its rows (else :meth:`take` has
         nothing to do: :meth:`idle` instead)."""
-        return any(lane.starts or lane.cur is not None for lane in list(self._lanes.values()))
+        return any(
+            lane.starts or lane.light or lane.cur is not None for lane in list(self._lanes.values())
+        )
 
     def idle(self) -> None:
         """A batch went by without :meth:`take`: its steps were detailed, so the next
@@ -206,6 +240,7 @@ class DetailFilter:
             lane = lanes.get((pid, tid)) if tid is not None else None
             if (
                 lane is not None
+                and not lane.light
                 and (lane.cur is not None or lane.starts)
                 and take_lane_fast(self, lane, rows, out, summaries)
             ):
@@ -214,6 +249,8 @@ class DetailFilter:
             lane = lanes.get((pid, tid))
             if lane is None:
                 out.extend(group)
+            elif lane.light:
+                self._take_lane(lane, group, out, summaries)
             elif lane.cur is None and not lane.starts:
                 if _STEP in map(_name, group):
                     lane.announce = True  # a detailed step
@@ -278,6 +315,7 @@ class DetailFilter:
         """The rows of one thread with published steps, in end order (the module doc)."""
         kinds = self._kinds
         starts = lane.starts
+        light = lane.light
         cur = lane.cur
         emit = out.append
         start = 0
@@ -285,6 +323,8 @@ class DetailFilter:
             kind = kinds.get(row[0])
             if kind is None:
                 kind = self._kind(row[0])
+            if light and kind == _K_STEP and self._light_step(lane, row, out, summaries):
+                continue
             while True:
                 if cur is not None:
                     start = cur.start
@@ -349,6 +389,23 @@ class DetailFilter:
                     cur = lane.cur
         lane.cur = cur
 
+    def _light_step(self, lane: _Lane, row: SpanRow, out: list[Any], summaries: list[int]) -> bool:
+        """``row`` (a step row) as the summary of the light step that starts where it does:
+        True; False when no light step starts there. Published light steps that start
+        before it can no longer get their row: their spans are counted lost."""
+        light, start = lane.light, row[4]
+        while light and light[0][0] < start:
+            self.light_lost += sum(light.popleft()[1][3::4])
+        if not light or light[0][0] != start:
+            return False
+        flat = light.popleft()[1]
+        aggregates = {
+            flat[k]: [flat[k + 1], flat[k + 2], flat[k + 3]] for k in range(0, len(flat), 4)
+        }
+        summaries.append(len(out))
+        out.append(self._summary(row, lane, aggregates, sum(flat[3::4])))
+        return True
+
     @staticmethod
     def _give_back(lane: _Lane, cur: _Interval, out: list[Any]) -> None:
         """Write an orphaned interval's rows, but move those that start at or after the
@@ -394,7 +451,14 @@ class DetailFilter:
                 agg[0] += dur
                 agg[1] += own
                 agg[2] += 1
-        self.spans_summarised += len(folded)
+        return self._summary(row, lane, aggregates, len(folded))
+
+    def _summary(
+        self, row: SpanRow, lane: _Lane, aggregates: dict[str, list[int]], spans: int
+    ) -> Summary:
+        """The :data:`Summary` of the step row ``row`` with ``aggregates`` (of ``spans``
+        spans)."""
+        self.spans_summarised += spans
         self.steps_summarised += 1
         announce, lane.announce = lane.announce, False
         hooks = _entries(lane, aggregates)
@@ -425,6 +489,8 @@ class DetailFilter:
                 held.setdefault(pid, []).extend(cur.rows)
             lane.cur = None
             lane.starts.clear()
+            while lane.light:  # light steps whose row never came
+                self.light_lost += sum(lane.light.popleft()[1][3::4])
         return held
 
     def held(self) -> int:
@@ -485,6 +551,7 @@ def final_event(exporter: Any, name: str) -> str | None:
         "steps_summarised": detail.steps_summarised,
         "spans_summarised": detail.spans_summarised,
         "parts": len(exporter._paths) + exporter._switching(),
+        **({"light_spans_lost": detail.light_lost} if detail.light_lost else {}),
         **exporter._final,
     }
     pid = int(exporter._other["pid"] or exporter._pid)

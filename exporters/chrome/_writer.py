@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ._encode import (
     owner_of,
 )
 from ._split import _NAMING, MIN_PART_BYTES, _check_part_bytes, part_path
+from ._summary_api import SummaryAPI
 
 __all__ = ["FINAL_EVENT", "ChromeTraceExporter"]
 
@@ -40,7 +41,7 @@ FINAL_EVENT = "ppetrace.final"
 _log = logging.getLogger("exporters")
 
 
-class ChromeTraceExporter(SpanExporter):
+class ChromeTraceExporter(SummaryAPI, SpanExporter):
     """Write spans to a Chrome trace file at ``path`` as they arrive (see the module doc).
 
     It is an OpenTelemetry ``SpanExporter`` (``export``/``shutdown``/
@@ -112,6 +113,16 @@ class ChromeTraceExporter(SpanExporter):
     held row at ``shutdown``, are written in full (see ``_detail``). A killed
     process loses the open step's rows, as it loses that step's own row.
     :attr:`spans_summarised`/:attr:`steps_summarised` count what was folded.
+
+    **Light steps.** A loop whose recorder takes a summarised step's spans as
+    aggregates itself, without rows (``ppetrace.tracing._light``: the Trainer,
+    while this exporter is its only sink), publishes them with the callable that
+    :meth:`light_summariser` returns, when the step ends and before its row is
+    made. The ``trainer.step`` row that starts at the published start is then
+    written with those aggregates, in the same attributes. Their spans count in
+    :attr:`spans_summarised`; those of a step whose row never comes (dropped, or
+    after ``shutdown``) in :attr:`light_spans_lost` and in the final counts'
+    ``light_spans_lost`` (present when not 0).
 
     **Final counts.** ``otherData`` is written first, so the counts known only
     at the end go in the last event that :meth:`shutdown` writes, in the part
@@ -227,41 +238,6 @@ class ChromeTraceExporter(SpanExporter):
     def bytes_written(self) -> int:
         """Bytes of JSON written so far, over every part (counted before gzip)."""
         return self._bytes
-
-    @property
-    def spans_summarised(self) -> int:
-        """Spans folded into the aggregates of summarised steps (not written as rows)."""
-        return self._detail.spans_summarised
-
-    @property
-    def steps_summarised(self) -> int:
-        """``trainer.step`` rows written with aggregates (``ppetrace.hooks``)."""
-        return self._detail.steps_summarised
-
-    def summarise_step(self, tid: int, start_ns: int, *, pid: int | None = None) -> None:
-        """Summarise the step that starts at ``start_ns`` (epoch ns, exactly the start its
-        ``trainer.step`` row will have) on thread ``tid`` (the rows' ``tid``) of process
-        ``pid`` (default: this one): see "Summarised steps" in the class doc.
-
-        Call it once the step has started, before any of its hook-level spans ends.
-        Thread-safe, and cheap: it queues the start, the writer does the rest.
-        """
-        self._detail.publish(self._pid if pid is None else pid, tid, start_ns)
-
-    def step_summariser(self, tid: int, *, pid: int | None = None) -> Callable[[int], None]:
-        """``summarise_step`` bound to one thread: a callable of ``start_ns`` alone, for a
-        training loop that calls it on every summarised step."""
-        return self._detail.publisher(self._pid if pid is None else pid, tid)
-
-    def on_bytes(self, limit: int, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once, when :attr:`bytes_written` reaches ``limit`` (at once if
-        it has): on the writing thread with the exporter's lock held, so it must only set a
-        flag. One alarm at a time: a new one replaces the last."""
-        with self._lock:
-            if self._bytes < limit:
-                self._detail.alarm_bytes, self._detail.alarm = limit, callback
-                return
-        callback()
 
     def add_final_metadata(self, **values: Any) -> None:
         """Add entries to the closing ``ppetrace.final`` event (see "Final counts")."""

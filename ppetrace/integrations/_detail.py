@@ -27,8 +27,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from exporters import STEP_LEVEL_EVENTS
+
 from ..profilers._schedule import Schedule
+from ..tracing._fold import begin_light
 from ..tracing._recorder import RECORDER
+from ..tracing._setup import FLUSHER
 from ._ranks import rank_info
 
 __all__ = [
@@ -121,6 +125,12 @@ class StepDetail:
         self._summarise = exporter.summarise_step
         self._tid = threading.get_native_id()
         self._publish = exporter.step_summariser(self._tid)
+        #: light steps (summarise(light=True)): their spans become aggregates in the
+        #: recorder, without rows, while this exporter is the only sink
+        maker = getattr(exporter, "light_summariser", None)
+        self._publish_light = None if maker is None else maker(self._tid)
+        self._sinks: Any = None  # the sink list last seen, and whether it was this alone
+        self._alone = False
         #: False while no step can be due: "auto" before the trace reaches the budget, as
         #: the exporter's byte alarm tells (``on_bytes``). The loops test it before
         #: :meth:`due`, an attribute read instead of a call per step.
@@ -176,16 +186,39 @@ class StepDetail:
             "(ppetrace run: --detail all) to keep every span, or a larger max_trace_bytes."
         )
 
-    def summarise(self, span: Any) -> None:
+    def summarise(self, span: Any, light: bool = False) -> None:
         """Publish the start of the entered ``trainer.step`` span ``span`` (a ppetrace span;
-        anything else, or a span that recorded nothing, leaves the step in full)."""
+        anything else, or a span that recorded nothing, leaves the step in full).
+
+        With ``light`` (the caller's spans of the step are plain ppetrace spans: no
+        profiler, no CudaTimer), and while the exporter is the only sink, the step is a
+        *light* step instead: the recorder takes the spans of this thread until ``span``
+        ends as aggregates, without rows (``ppetrace.tracing._light``), and publishes
+        them when it ends."""
         rec = RECORDER
         if rec.enabled:  # else no step row comes
+            publish = self._publish_light
+            if (
+                light
+                and publish is not None
+                and self._only_sink()
+                and begin_light(span, publish, STEP_LEVEL_EVENTS)
+            ):
+                return
             try:  # (a plain try: contextlib.suppress costs ~1 µs per step)
                 start = span.start_ns + rec.offset_ns
             except (AttributeError, TypeError):
                 return  # not a ppetrace span (no start_ns): the step stays in full
             self._publish(start)
+
+    def _only_sink(self) -> bool:
+        """Whether the exporter is the recorder's only sink (others would lose the rows
+        of light steps)."""
+        sinks = FLUSHER.sinks
+        if sinks is not self._sinks:  # a new list when a sink is added or removed
+            self._sinks = sinks
+            self._alone = len(sinks) == 1 and sinks[0].target is self.exporter
+        return self._alone
 
     def summarise_at(self, start_ns: int, tid: int) -> None:
         """Publish a step that starts at ``start_ns`` (epoch ns) on thread ``tid``."""

@@ -10,6 +10,7 @@ nothing else.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -104,3 +105,17 @@ def _snapshot(arg: Any) -> Mapping[Any, Any]:
         return {"ppetrace.arg": _reduce(arg)}
     except Exception:
         return {"ppetrace.arg": _unencodable(arg)}
+
+
+def _error_text(exc: BaseException) -> str:
+    """``"Type: message"`` and the traceback; never raises."""
+    name = type(exc).__qualname__
+    try:
+        head = f"{name}: {exc}"
+    except Exception:
+        head = f"{name}: <unprintable>"
+    try:
+        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        stack = ""
+    return head + "\n" + stack

@@ -18,7 +18,6 @@ import random
 import sys
 import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
@@ -32,7 +31,8 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 
 from exporters._spans import FrozenAttributes, SpanRow
 
-from ._attributes import _EMPTY, _snapshot
+from . import _light
+from ._attributes import _EMPTY, _error_text, _snapshot
 
 
 def _load_speedups() -> Any:
@@ -282,20 +282,6 @@ class Recorder:
             )
 
 
-def _error_text(exc: BaseException) -> str:
-    """``"Type: message"`` and the traceback; never raises."""
-    name = type(exc).__qualname__
-    try:
-        head = f"{name}: {exc}"
-    except Exception:
-        head = f"{name}: <unprintable>"
-    try:
-        stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    except Exception:
-        stack = ""
-    return head + "\n" + stack
-
-
 RECORDER = Recorder()
 
 
@@ -401,9 +387,13 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         "end_ns",
         "error",
         "_token",
+        "_lmode",
+        "_lslot",
     )
     _token: Any
     _attrs: Mapping[Any, Any]
+    _lmode: int  # light steps (._light): 1 an open light span, 2 a full span in a fold
+    _lslot: int
 
     def __init__(self, event_name: str, arg: Any = None) -> None:  # no super(): lazy context
         if type(event_name) is not str and not isinstance(event_name, str):
@@ -415,6 +405,7 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         self.name = event_name
         self.arg = arg
         self._token = None
+        self._lmode = 0
 
     def again(self, arg: Any = None) -> PySpan:
         """This span with ``arg`` as its arg, to enter again; a new span of the same name
@@ -445,6 +436,17 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         rec = RECORDER
         if not rec.enabled:
             return self
+        light = getattr(_tls, "light", None)
+        if light is not None and light.enter(self):
+            return self
+        self._begin(rec, True)
+        if light is not None:
+            light.enter_full(self)
+        return self
+
+    def _begin(self, rec: Recorder, current: bool) -> None:
+        """The attribute snapshot, the parent, the ids, the context (when ``current``: the
+        block becomes the current span), then the clock."""
         # the attributes as they are now (the C path does the same, see _speedups.c)
         arg = self.arg
         if type(arg) is dict:
@@ -473,13 +475,13 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
             ids = _foreign_parent(parent)
             self.trace_id, self.parent_id = (rec.trace_id, 0) if ids is None else ids
         self.span_id = next(rec._ids)
-        # The new context is the parent's plus this span. It is a plain dict
-        # (what Context.copy() returns): the OpenTelemetry API only reads it.
-        new = ctx.copy()
-        new[_SPAN_KEY] = self
-        self._token = _set_ctx(new)
+        if current:
+            # The new context is the parent's plus this span. It is a plain dict
+            # (what Context.copy() returns): the OpenTelemetry API only reads it.
+            new = ctx.copy()
+            new[_SPAN_KEY] = self
+            self._token = _set_ctx(new)
         self.start_ns = _perf_ns()
-        return self
 
     def __exit__(
         self,
@@ -491,6 +493,20 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
         if token is None:  # tracing was disabled when the block started
             return
         end = _perf_ns()
+        light = getattr(_tls, "light", None)
+        if token is _light.LIGHT:
+            if not _light.exit_light(light, self, end, exc):  # raised, or its fold is gone
+                start = self.start_ns
+                self._begin(RECORDER, False)
+                self.start_ns = start
+                self._record(end, exc)
+            return
+        if light is not None:
+            if self._lmode == 2:
+                _light.exit_full(light, self, end)
+            if light.owner is self:
+                _tls.light = None
+                light.finish(self.start_ns + RECORDER.offset_ns)
         self._token = None
         try:  # noqa: SIM105 - contextlib.suppress costs more on this hot path
             _reset_ctx(token)
@@ -499,6 +515,10 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
             # resumed elsewhere), or the token was used already; the span is
             # still recorded, and the block's own exception goes on unchanged.
             pass
+        self._record(end, exc)
+
+    def _record(self, end: int, exc: BaseException | None) -> None:
+        """The finished span's row, appended to this thread's buffer."""
         self.end_ns = end
         try:
             if exc is None:

@@ -57,9 +57,13 @@ class SinkStats:
     after ``export_timeout``). ``buffered`` counts spans still on their way:
     in thread buffers, in this sink's queue or in a call. ``errors`` counts
     failed calls (force_flush and shutdown included); ``last_error`` is the
-    text of the last one, or None. ``summarised`` counts the delivered spans
-    that the exporter folded into the aggregates of summarised steps
-    (``ChromeTraceExporter.spans_summarised``) instead of writing them.
+    text of the last one, or None. ``summarised`` counts the spans that the
+    exporter folded into the aggregates of summarised steps
+    (``ChromeTraceExporter.spans_summarised``) instead of writing them: delivered
+    spans it folded, and the spans of *light* steps, which the recorder took as
+    aggregates without making rows (``ppetrace.tracing._light``: the Trainer's
+    summarised steps while the exporter is the only sink). Those are in no other
+    count: never recorded as rows, they are not in ``recorded`` or ``delivered``.
     """
 
     name: str

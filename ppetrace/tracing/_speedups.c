@@ -55,6 +55,8 @@ typedef struct {
     PyObject *ctx_from; /* a reused span: the context it was last entered in ... */
     PyObject *ctx_made; /* ... and the one it made there (both NULL, or both set) */
     int reused;         /* again() has handed this object back for another block */
+    int lmode;          /* light steps: 1 an open light span, 2 a full span in a fold */
+    int lslot;          /* a light span's place in its fold's names */
     unsigned long long span_id;
     unsigned long long parent_id;
     long long start_ns;
@@ -104,10 +106,19 @@ now_monotonic_ns(void)
  * has a new id: the fork handler forgets the copy it inherited. */
 static __thread unsigned long native_tid = 0;
 
+/* Light steps (see "light steps" below): the calling thread's fold, or NULL. */
+typedef struct Light Light;
+static __thread Light *light = NULL;
+static int light_enter(SpanBase *self);
+static void light_enter_full(SpanBase *self);
+
 static void
-forget_native_tid(void)
+forget_thread_state(void)
 {
+    /* in a forked child: the parent's thread id, and its fold (its step ends in the
+     * parent; the copy is left, not freed: freeing would release objects here) */
     native_tid = 0;
+    light = NULL;
 }
 
 static inline unsigned long
@@ -362,8 +373,19 @@ Span_enter(SpanBase *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     Py_CLEAR(self->error);
-    if (enabled && span_start(self, 1) < 0) {
-        return NULL;
+    if (enabled) {
+        if (light != NULL) {
+            int taken = light_enter(self);
+            if (taken != 0) {
+                return taken < 0 ? NULL : Py_NewRef(self);
+            }
+        }
+        if (span_start(self, 1) < 0) {
+            return NULL;
+        }
+        if (light != NULL) {
+            light_enter_full(self);
+        }
     }
     return Py_NewRef(self);
 }
@@ -584,6 +606,347 @@ lost:
     PyErr_WriteUnraisable((PyObject *)self);
 }
 
+/* ---- light steps: a step's spans as aggregates, without rows -------------------------
+ *
+ * light_begin(owner, publish, full) starts a fold on the calling thread: until the span
+ * owner (an entered span: a summarised trainer.step) ends, every span entered on this
+ * thread whose name is not in the frozenset full is *light*. A light span reads the
+ * clock when it starts and ends, and nothing else: no attribute snapshot, no ids, no
+ * context (spans inside it see the span around it as their parent), no row. Its
+ * duration goes into the fold's count, total and self time for its name; its self time
+ * is its duration less those of the spans that ran directly inside it (light or not:
+ * each open span of the fold has a frame on the fold's stack). When owner ends, before
+ * its own row is made, publish(start_ns, aggregates) is called: the epoch start of
+ * owner, and a tuple (name, total, self, count, name, ...) with one entry per name, in
+ * the order they came.
+ *
+ * A light span whose block raises, or that ends after its fold (a generator left open),
+ * is recorded in full instead, as a span that started then: ids, attributes and parent
+ * (the current span) are taken when it ends. A span too deep for the stack, or with a
+ * name past the table, is recorded in full. The pure-Python twin is ppetrace.tracing._light.
+ * ------------------------------------------------------------------------------------- */
+
+#define LIGHT_DEPTH 64
+#define LIGHT_NAMES 64
+
+struct Light {
+    PyObject *owner;   /* strong */
+    PyObject *publish; /* strong */
+    PyObject *full;    /* strong: a frozenset of exact str */
+    Py_ssize_t depth;
+    struct {
+        uintptr_t span; /* compared, never followed */
+        long long child;
+    } frames[LIGHT_DEPTH];
+    int nnames;
+    PyObject *names[LIGHT_NAMES]; /* strong */
+    long long total[LIGHT_NAMES], own[LIGHT_NAMES], count[LIGHT_NAMES];
+};
+
+static void
+light_free(Light *L)
+{
+    /* releasing can run code: the fold is unlinked from the thread first (by the caller) */
+    PyObject *owner = L->owner, *publish = L->publish, *full = L->full;
+    int n = L->nnames;
+    PyObject *names[LIGHT_NAMES];
+    memcpy(names, L->names, sizeof(PyObject *) * (size_t)n);
+    PyMem_Free(L);
+    Py_XDECREF(owner);
+    Py_XDECREF(publish);
+    Py_XDECREF(full);
+    for (int i = 0; i < n; i++) {
+        Py_DECREF(names[i]);
+    }
+}
+
+/* the slot of the span's name in L (added when new): >= 0; -1 when the span is to be
+ * recorded in full (a name that is not an exact str, one in L->full, a full table);
+ * -2 with an error set. No call here runs Python code (exact str only). */
+static int
+light_slot(Light *L, PyObject *name)
+{
+    if (!PyUnicode_CheckExact(name)) {
+        return -1;
+    }
+    for (int i = 0; i < L->nnames; i++) {
+        if (L->names[i] == name) {
+            return i;
+        }
+    }
+    for (int i = 0; i < L->nnames; i++) {
+        int eq = PyUnicode_Compare(L->names[i], name);
+        if (eq == 0) {
+            return i;
+        }
+        if (eq == -1 && PyErr_Occurred()) {
+            return -2;
+        }
+    }
+    int in = PySet_Contains(L->full, name);
+    if (in != 0) {
+        return in < 0 ? -2 : -1;
+    }
+    if (L->nnames == LIGHT_NAMES) {
+        return -1;
+    }
+    int at = L->nnames++;
+    L->names[at] = Py_NewRef(name);
+    L->total[at] = L->own[at] = L->count[at] = 0;
+    return at;
+}
+
+/* the frame of span in L, or -1 */
+static Py_ssize_t
+light_frame(Light *L, SpanBase *span)
+{
+    for (Py_ssize_t d = L->depth - 1; d >= 0; d--) {
+        if (L->frames[d].span == (uintptr_t)span) {
+            return d;
+        }
+    }
+    return -1;
+}
+
+/* pop the frame of span (and any left open above it): its direct children's time, or -1
+ * when it has none */
+static long long
+light_pop(Light *L, SpanBase *span, long long dur)
+{
+    Py_ssize_t d = light_frame(L, span);
+    if (d < 0) {
+        return -1;
+    }
+    long long child = L->frames[d].child;
+    L->depth = d;
+    if (d > 0) {
+        long long *up = &L->frames[d - 1].child;
+        if (__builtin_add_overflow(*up, dur, up)) {
+            *up = LLONG_MAX;
+        }
+    }
+    return child;
+}
+
+static inline long long
+light_dur(long long start, long long end)
+{
+    long long dur;
+    if (__builtin_sub_overflow(end, start, &dur) || dur < 0) {
+        return 0;
+    }
+    return dur;
+}
+
+static void
+light_add(Light *L, int at, long long dur, long long child)
+{
+    long long own = dur - (child < dur ? child : dur);
+    if (__builtin_add_overflow(L->total[at], dur, &L->total[at])) {
+        L->total[at] = LLONG_MAX;
+    }
+    if (__builtin_add_overflow(L->own[at], own, &L->own[at])) {
+        L->own[at] = LLONG_MAX;
+    }
+    L->count[at]++;
+}
+
+/* 1: span entered as a light span of the thread's fold; 0: record it as usual; -1 error */
+static int
+light_enter(SpanBase *self)
+{
+    Light *L = light;
+    if (L == NULL || (PyObject *)self == L->owner || L->depth == LIGHT_DEPTH) {
+        return 0;
+    }
+    int at = light_slot(L, self->name);
+    if (at < 0) {
+        return at == -2 ? -1 : 0;
+    }
+    self->lmode = 1;
+    self->lslot = at;
+    Py_XSETREF(self->token, Py_NewRef(Py_None)); /* open; None: no context was set */
+    Py_CLEAR(self->trace_id); /* no ids: its span context is invalid, as when disabled */
+    L->frames[L->depth].span = (uintptr_t)self;
+    L->frames[L->depth].child = 0;
+    L->depth++;
+    self->start_ns = now_monotonic_ns();
+    return 1;
+}
+
+/* after a span entered in full: its frame, when the thread has a fold */
+static void
+light_enter_full(SpanBase *self)
+{
+    Light *L = light;
+    if (L != NULL && (PyObject *)self != L->owner && L->depth < LIGHT_DEPTH) {
+        self->lmode = 2;
+        L->frames[L->depth].span = (uintptr_t)self;
+        L->frames[L->depth].child = 0;
+        L->depth++;
+    }
+}
+
+/* a light span recorded in full: started at self->start_ns, ended at end, in the
+ * current context (its parent is the current span). 0, or -1 with an error set. */
+static int
+light_record_full(SpanBase *self, long long end, PyObject *exc)
+{
+    long long start = self->start_ns;
+    if (span_start(self, 0) < 0) {
+        return -1;
+    }
+    self->start_ns = start;
+    self->end_ns = end;
+    if (exc != Py_None) {
+        PyObject *text = PyObject_CallOneArg(error_text_cb, exc);
+        if (text == NULL) {
+            PyErr_Clear();
+            text = PyUnicode_FromFormat("%.200s: <unprintable>", Py_TYPE(exc)->tp_name);
+            if (text == NULL) {
+                return -1;
+            }
+        }
+        Py_XSETREF(self->error, text);
+    }
+    record(self);
+    return 0;
+}
+
+/* the end of a light span (self->lmode == 1): into the fold, or in full */
+static void
+light_exit(SpanBase *self, long long end, PyObject *exc)
+{
+    Light *L = light;
+    long long dur = light_dur(self->start_ns, end);
+    self->lmode = 0;
+    Py_CLEAR(self->token);
+    long long child = L != NULL ? light_pop(L, self, dur) : -1;
+    if (child >= 0 && exc == Py_None && self->lslot < L->nnames) {
+        light_add(L, self->lslot, dur, child);
+        return;
+    }
+    if (light_record_full(self, end, exc) < 0) {
+        PyErr_WriteUnraisable((PyObject *)self);
+    }
+}
+
+/* the end of a full span entered in a fold (self->lmode == 2) */
+static void
+light_exit_full(SpanBase *self, long long end)
+{
+    Light *L = light;
+    self->lmode = 0;
+    if (L != NULL) {
+        light_pop(L, self, light_dur(self->start_ns, end));
+    }
+}
+
+/* an empty block's span (mark) in the fold: 1, 0 to record it as usual, -1 error */
+static int
+light_mark(SpanBase *span)
+{
+    Light *L = light;
+    if ((PyObject *)span == L->owner) {
+        return 0;
+    }
+    int at = light_slot(L, span->name);
+    if (at < 0) {
+        return at == -2 ? -1 : 0;
+    }
+    long long t0 = now_monotonic_ns(), dur = light_dur(t0, now_monotonic_ns());
+    if (L->depth > 0 && __builtin_add_overflow(L->frames[L->depth - 1].child, dur,
+                                               &L->frames[L->depth - 1].child)) {
+        L->frames[L->depth - 1].child = LLONG_MAX;
+    }
+    light_add(L, at, dur, 0);
+    return 1;
+}
+
+/* the fold's owner ends: publish the aggregates, free the fold. 0, or -1 with an error. */
+static int
+light_finish(void)
+{
+    Light *L = light;
+    light = NULL;
+    PyObject *start = epoch_ns(((SpanBase *)L->owner)->start_ns);
+    int n = 0;
+    for (int i = 0; i < L->nnames; i++) {
+        n += L->count[i] > 0;
+    }
+    PyObject *agg = start != NULL ? PyTuple_New(4 * (Py_ssize_t)n) : NULL;
+    int rc = agg != NULL ? 0 : -1;
+    for (int i = 0, k = 0; rc == 0 && i < L->nnames; i++) {
+        if (L->count[i] == 0) {
+            continue;
+        }
+        PyObject *v[3] = {PyLong_FromLongLong(L->total[i]), PyLong_FromLongLong(L->own[i]),
+                          PyLong_FromLongLong(L->count[i])};
+        PyTuple_SET_ITEM(agg, k, Py_NewRef(L->names[i]));
+        for (int j = 0; j < 3; j++) {
+            if (v[j] == NULL) {
+                rc = -1;
+                Py_INCREF(Py_None);
+                v[j] = Py_None;
+            }
+            PyTuple_SET_ITEM(agg, k + 1 + j, v[j]);
+        }
+        k += 4;
+    }
+    PyObject *publish = Py_NewRef(L->publish);
+    light_free(L); /* can run code: the fold is unlinked, nothing is borrowed */
+    if (rc == 0) {
+        PyObject *res = PyObject_CallFunctionObjArgs(publish, start, agg, NULL);
+        rc = res != NULL ? 0 : -1;
+        Py_XDECREF(res);
+    }
+    Py_DECREF(publish);
+    Py_XDECREF(agg);
+    Py_XDECREF(start);
+    return rc;
+}
+
+static PyObject *
+light_begin(PyObject *module, PyObject *args)
+{
+    PyObject *owner, *publish, *full;
+    if (!PyArg_ParseTuple(args, "O!OO!:light_begin", &SpanBaseType, &owner, &publish,
+                          &PyFrozenSet_Type, &full)) {
+        return NULL;
+    }
+    SpanBase *o = (SpanBase *)owner;
+    if (!enabled || o->token == NULL || o->lmode != 0 || light != NULL ||
+        !PyCallable_Check(publish)) {
+        Py_RETURN_FALSE; /* not recorded, not a full span, or a fold already open */
+    }
+    PyObject *it = PyObject_GetIter(full), *key;
+    if (it == NULL) {
+        return NULL;
+    }
+    while ((key = PyIter_Next(it)) != NULL) { /* iterating a frozenset runs no code */
+        int exact = PyUnicode_CheckExact(key);
+        Py_DECREF(key);
+        if (!exact) {
+            Py_DECREF(it);
+            PyErr_SetString(PyExc_TypeError, "light_begin() expected a frozenset of str.");
+            return NULL;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Light *L = PyMem_Calloc(1, sizeof(Light));
+    if (L == NULL) {
+        return PyErr_NoMemory();
+    }
+    L->owner = Py_NewRef(owner);
+    L->publish = Py_NewRef(publish);
+    L->full = Py_NewRef(full);
+    light = L;
+    Py_RETURN_TRUE;
+}
+
 static PyObject *
 Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -599,6 +962,16 @@ Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
                      "%zd.",
                      nargs);
         return NULL;
+    }
+    if (self->lmode == 1) { /* a light span */
+        light_exit(self, end, args[1]);
+        Py_RETURN_NONE;
+    }
+    if (self->lmode == 2) {
+        light_exit_full(self, end);
+    }
+    if (light != NULL && light->owner == (PyObject *)self && light_finish() < 0) {
+        PyErr_WriteUnraisable((PyObject *)self); /* the step's own row still comes */
     }
     if (PyContextVar_Reset(ctxvar, self->token) < 0) {
         /* Left in another context than it was entered in (ValueError), or the token was
@@ -659,6 +1032,14 @@ Span_mark(SpanBase *self, PyObject *arg)
     }
     span = (SpanBase *)target;
     Py_CLEAR(span->error);
+    int taken = light != NULL ? light_mark(span) : 0;
+    if (taken != 0) {
+        Py_DECREF(target);
+        if (taken < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
     if (span_start(span, 0) < 0) {
         Py_DECREF(target);
         return NULL;
@@ -837,6 +1218,9 @@ static PyMethodDef module_methods[] = {
     {"forget_thread_buffer", forget_thread_buffer, METH_NOARGS,
      "Drop the calling thread's record list (after a fork)."},
     {"now_ns", now_ns, METH_NOARGS, "The clock of the spans (CLOCK_MONOTONIC), in ns."},
+    {"light_begin", light_begin, METH_VARARGS,
+     "light_begin(owner, publish, full) -> bool: the thread's spans as aggregates until owner "
+     "ends (see 'light steps')."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -866,7 +1250,7 @@ speedups_exec(PyObject *m)
     }
     static int atfork_done = 0;
     if (!atfork_done) {
-        int rc = pthread_atfork(NULL, NULL, forget_native_tid);
+        int rc = pthread_atfork(NULL, NULL, forget_thread_state);
         if (rc != 0) {
             PyErr_Format(PyExc_ImportError,
                          "ppetrace.tracing._speedups could not register its fork handler "

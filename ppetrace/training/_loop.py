@@ -64,6 +64,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
     profilers, bar, open_span = self.profilers, run.progress, run.open_span
     hooks, flags, group, detail = run.hooks, PROFILER_FLAGS, run.group, run.detail
     plain, ranged = hooks.reused(False), hooks.reused(True)
+    light = not profilers and open_span is trace  # summarised steps may be light steps
     fetch_open = trace("trainer.fetch_batch")
     step_open, train_open, backward_open, optimizer_open = (
         reusable(open_span, name)
@@ -124,7 +125,7 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
         pre, convert_open, convert, post = ranged if flags._is_profiler_enabled else plain
         with step_open.again(attrs) as step_span:
             if detail is not None and detail.armed and detail.due(seen):  # as aggregates
-                detail.summarise(step_span)
+                detail.summarise(step_span, light and not flags._is_profiler_enabled)
             for open_hook, sub, fn in pre:
                 if fn is None:  # the span of a no-op hook: nothing to enter
                     open_hook.mark(attrs)

@@ -27,7 +27,9 @@ BENCH = textwrap.dedent(
         return sum(range(n))
 
     def test_bench(ppetrace_benchmark):
-        assert ppetrace_benchmark(work, 100, steps=12, warmup=1) == 4950
+        # about 0.2 ms a step: far above compare's minimum effect of 1 µs (sum(range(100)),
+        # about 1 µs on a slow machine, sometimes fell under it)
+        assert ppetrace_benchmark(work, 20_000, steps=12, warmup=1) == 199_990_000
         frame = ppetrace_benchmark.frame
         assert (frame["name"] == "trainer.step").sum() == 13
         assert list(frame.loc[frame["name"] == "trainer.step", "step"]) == list(range(13))

@@ -44,6 +44,7 @@ from exporters import frame as frame_module
 from exporters._accel import SPEEDUPS
 from exporters.chrome import _detail, _encode
 from ppetrace.tracing import _recorder
+from ppetrace.tracing._fold import begin_light
 
 I64 = (-(2**63), 2**63 - 1)
 
@@ -268,6 +269,45 @@ class Reenter:
                 pass
 
 
+class Publish:
+    """A light step's publish callback that traces while it runs and when it is released
+    (the fold holds its last reference, which light_finish releases)."""
+
+    def __call__(self, start: int, agg: tuple[Any, ...]) -> None:
+        check(len(agg) % 4 == 0, "light aggregates")
+        with ppetrace.trace("in-publish", {"n": len(agg)}):
+            pass
+
+    def __del__(self) -> None:
+        with ppetrace.trace("publish-released"):
+            pass
+
+
+def light_step(rounds: int) -> None:
+    """A light step with odd args, an error, a span freed while open, a mark whose arg
+    re-arms its span, and a span left open past the step."""
+    step = ppetrace.trace("trainer.step", {"r": rounds})
+    late = ppetrace.trace("late")
+    with step:
+        check(begin_light(step, Publish(), frozenset({"trainer.step"})), "begin_light")
+        with ppetrace.trace("h", NoStr()):
+            dropped = ppetrace.trace("dropped")
+            dropped.__enter__()
+            del dropped  # freed while open: its frame's address is only compared
+            with ppetrace.trace("trainer.step"):  # in full, inside a light span
+                pass
+        try:
+            with ppetrace.trace("err", NoStr()):
+                raise KeyError("x")
+        except KeyError:
+            pass
+        marked = ppetrace.trace("m", Rearm())
+        Rearm.span = marked
+        marked.mark({"m": 1})
+        late.__enter__()
+    late.__exit__(None, None, None)  # after its fold: recorded in full
+
+
 def scenario_odd(seconds: float, tmp: Path) -> str:
     from opentelemetry import context as otel_context
     from opentelemetry import trace as otel_trace
@@ -327,6 +367,7 @@ def scenario_odd(seconds: float, tmp: Path) -> str:
                 check(otel_context.get_value("k") is not None, "the kept span's context")
             otel_context.detach(token)
         del kept
+        light_step(rounds)
         if rounds % 50 == 0:
             ppetrace.flush()
             _recorder.RECORDER.discard_buffered()

@@ -1,0 +1,36 @@
+"""``begin_light``: start a light step's fold on the calling thread (see :mod:`._light`),
+on the C hot path or the pure-Python one, whichever records the owner span."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import _recorder as rec
+from ._light import Light
+
+__all__ = ["begin_light"]
+
+
+def begin_light(owner: Any, publish: Callable[[int, tuple[Any, ...]], Any], full: Any) -> bool:
+    """Record the spans of this thread as aggregates until the entered span ``owner``
+    ends (a *fold*, see the module doc): True; False when it cannot (tracing disabled,
+    ``owner`` not a recorded span open in full, a fold already open on this thread).
+    ``full``: a frozenset of the names to record in full."""
+    if type(full) is not frozenset or not all(type(n) is str for n in full):
+        raise TypeError(f"Expected a frozenset of str for full, but received {full!r}.")
+    speedups = rec._speedups
+    if speedups is not None and isinstance(owner, speedups.SpanBase):
+        return bool(speedups.light_begin(owner, publish, full))
+    tls = rec._tls
+    if (
+        not isinstance(owner, rec.PySpan)
+        or not rec.RECORDER.enabled
+        or owner._token is None
+        or owner._lmode != 0
+        or getattr(tls, "light", None) is not None
+        or not callable(publish)
+    ):
+        return False
+    tls.light = Light(owner, publish, full)
+    return True
