@@ -4545,6 +4545,11 @@ fold_step_row(PyObject *row, PyObject *row_type, PyObject *hooks_key, PyObject *
     return done;
 }
 
+static int fold_emit(FoldState *s, PyObject *step_row, unsigned int stamp, Py_ssize_t top,
+                     PyObject *out, PyObject *spots, Py_ssize_t base, PyObject *lane,
+                     PyObject *added, Py_ssize_t names0, int announce, PyObject *row_type,
+                     PyObject *hooks_key);
+
 static int
 fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *spots,
            Py_ssize_t base, PyObject *lane, PyObject *index, PyObject *added,
@@ -4632,6 +4637,17 @@ fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *s
         }
     }
     *folded += nfold;
+    return fold_emit(s, rows[p].row, stamp, top, out, spots, base, lane, added, names0,
+                     announce, row_type, hooks_key);
+}
+
+/* the summary of step_row from the aggregates of s stamped stamp (names up to top),
+ * appended to out (its index plus base to spots) */
+static int
+fold_emit(FoldState *s, PyObject *step_row, unsigned int stamp, Py_ssize_t top, PyObject *out,
+          PyObject *spots, Py_ssize_t base, PyObject *lane, PyObject *added, Py_ssize_t names0,
+          int announce, PyObject *row_type, PyObject *hooks_key)
+{
     /* the hooks text: one entry per name up to the last present one */
     Buf *b = &s->hooks;
     PyObject *hooks = NULL;
@@ -4656,7 +4672,7 @@ fold_close(FoldState *s, FoldRow *rows, Py_ssize_t p, PyObject *out, PyObject *s
     PyObject *spot = PyLong_FromSsize_t(base + PyList_GET_SIZE(out));
     PyObject *done = NULL, *summary = NULL;
     if (count != NULL && spot != NULL) {
-        done = fold_step_row(rows[p].row, row_type, hooks_key, hooks);
+        done = fold_step_row(step_row, row_type, hooks_key, hooks);
     }
     if (done != NULL) {
         summary = PyTuple_Pack(4, done, lane, count, announce ? Py_True : Py_False);
@@ -4746,6 +4762,216 @@ fold_commit_names(PyObject *names, PyObject *index, PyObject *added)
     }
     Py_DECREF(items);
     return rc;
+}
+
+/* light_lane(group, light, announce, lane, names, index, step_name, hooks_key, row_type,
+ *            base) -> (rows, spots, popped, announce, spans, steps, lost) | None
+ *
+ * The C twin of DetailFilter._take_lane for a lane with only light steps published
+ * (no start published, no open interval): group one thread's rows, light the list of
+ * published (start, aggregates) pairs, aggregates (name, total, self, count, ...) with
+ * exact str names and exact ints. A trainer.step row (exactly step_name) whose start is
+ * the first pair's becomes the summary (step row with {**attributes, hooks_key: hooks},
+ * lane, count, announce) of that pair's aggregates; pairs that start before it are
+ * dropped (their spans counted in lost); every other row is taken as it is, a step row
+ * that matches no pair as a detailed step. Returns None, having changed nothing, for
+ * anything else. Objects walked are owned by private copies of the lists.
+ */
+static PyObject *
+light_lane(PyObject *module, PyObject *args)
+{
+    PyObject *group, *light_arg, *lane, *names, *index, *step_name, *hooks_key, *row_type;
+    int announce;
+    Py_ssize_t base;
+    if (!PyArg_ParseTuple(args, "OOpOOOOOOn:light_lane", &group, &light_arg, &announce, &lane,
+                          &names, &index, &step_name, &hooks_key, &row_type, &base)) {
+        return NULL;
+    }
+    PyTypeObject *rt = PyType_Check(row_type) ? (PyTypeObject *)row_type : NULL;
+    if (rt == NULL || !PyType_IsSubtype(rt, &PyTuple_Type) ||
+        rt->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        rt->tp_itemsize != PyTuple_Type.tp_itemsize || rt->tp_dictoffset != 0 ||
+        !PyUnicode_CheckExact(hooks_key) || !PyList_Check(group) || !PyList_Check(light_arg) ||
+        !PyList_CheckExact(names) || !PyDict_CheckExact(index) ||
+        !PyUnicode_CheckExact(step_name)) {
+        Py_RETURN_NONE;
+    }
+    FoldState s;
+    memset(&s, 0, sizeof(s));
+    PyObject *grp = NULL, *pairs = NULL, *out = NULL, *spots = NULL, *added = NULL;
+    PyObject *result = NULL;
+    int decline = 0;
+    Py_ssize_t names0 = PyList_GET_SIZE(names), c = 0, spans = 0, steps = 0, lost = 0;
+    grp = PySequence_List(group);
+    pairs = grp != NULL ? PySequence_List(light_arg) : NULL;
+    out = PyList_New(0);
+    spots = PyList_New(0);
+    added = PyDict_New();
+    if (pairs == NULL || out == NULL || spots == NULL || added == NULL) {
+        goto done;
+    }
+    PyObject_GC_UnTrack(grp);
+    PyObject_GC_UnTrack(pairs);
+    /* check every pair first: its start and its aggregates' types */
+    Py_ssize_t m = PyList_GET_SIZE(pairs);
+    for (Py_ssize_t k = 0; k < m; k++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, k), *agg;
+        long long v;
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            !fold_ll(PyTuple_GET_ITEM(pair, 0), &v) ||
+            !PyTuple_CheckExact(agg = PyTuple_GET_ITEM(pair, 1)) ||
+            PyTuple_GET_SIZE(agg) % 4 != 0) {
+            decline = 1;
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(agg); j += 4) {
+            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(agg, j)) ||
+                !fold_ll(PyTuple_GET_ITEM(agg, j + 1), &v) || v < 0 ||
+                !fold_ll(PyTuple_GET_ITEM(agg, j + 2), &v) || v < 0 ||
+                !fold_ll(PyTuple_GET_ITEM(agg, j + 3), &v) || v < 1) {
+                decline = 1;
+                goto done;
+            }
+        }
+    }
+    Py_ssize_t g = PyList_GET_SIZE(grp);
+    long long prev_end = LLONG_MIN, prev_start = LLONG_MIN;
+    for (Py_ssize_t i = 0; i < g; i++) {
+        PyObject *row = PyList_GET_ITEM(grp, i);
+        long long r_start, r_end;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 10 ||
+            !fold_ll(PyTuple_GET_ITEM(row, 4), &r_start) ||
+            !fold_ll(PyTuple_GET_ITEM(row, 5), &r_end) || r_end < prev_end ||
+            (r_end == prev_end && r_start > prev_start)) {
+            decline = 1; /* not in end order (the later start first at equal ends) */
+            goto done;
+        }
+        prev_end = r_end;
+        prev_start = r_start;
+        PyObject *name = PyTuple_GET_ITEM(row, 0);
+        int is_step = name == step_name;
+        if (!is_step && PyUnicode_CheckExact(name)) {
+            is_step = PyUnicode_Compare(name, step_name) == 0; /* exact str: no code */
+        }
+        else if (!is_step) {
+            decline = 1; /* a name that is not an exact str: the loop */
+            goto done;
+        }
+        if (!is_step || c == m) {
+            announce = announce || is_step; /* a detailed step */
+            if (PyList_Append(out, row) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        long long start = r_start;
+        if (!fold_plain_attrs(PyTuple_GET_ITEM(row, 7))) {
+            decline = 1;
+            goto done;
+        }
+        long long at0;
+        PyObject *agg = NULL;
+        while (c < m) {
+            PyObject *pair = PyList_GET_ITEM(pairs, c);
+            fold_ll(PyTuple_GET_ITEM(pair, 0), &at0); /* checked above */
+            if (at0 >= start) {
+                break;
+            }
+            PyObject *old = PyTuple_GET_ITEM(pair, 1); /* a step whose row never came */
+            for (Py_ssize_t j = 3; j < PyTuple_GET_SIZE(old); j += 4) {
+                long long n;
+                fold_ll(PyTuple_GET_ITEM(old, j), &n);
+                lost += (Py_ssize_t)n;
+            }
+            c++;
+        }
+        if (c < m && at0 == start) {
+            agg = PyTuple_GET_ITEM(PyList_GET_ITEM(pairs, c), 1);
+        }
+        if (agg == NULL) {
+            announce = 1; /* a detailed step */
+            if (PyList_Append(out, row) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        c++;
+        if (s.astamp == UINT_MAX) {
+            decline = 1;
+            goto done;
+        }
+        unsigned int stamp = ++s.astamp;
+        Py_ssize_t top = -1;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(agg); j += 4) {
+            PyObject *nm = PyTuple_GET_ITEM(agg, j);
+            long long total, own, count;
+            fold_ll(PyTuple_GET_ITEM(agg, j + 1), &total); /* checked above */
+            fold_ll(PyTuple_GET_ITEM(agg, j + 2), &own);
+            fold_ll(PyTuple_GET_ITEM(agg, j + 3), &count);
+            size_t slot = fold_cache_slot(nm, s.iname, 64);
+            Py_ssize_t ix;
+            if (s.iname[slot] == nm) {
+                ix = s.iat[slot];
+            }
+            else {
+                ix = fold_name_index(index, added, names0, nm, &decline);
+                if (ix < 0) {
+                    goto done;
+                }
+                s.iname[slot] = nm;
+                s.iat[slot] = ix;
+            }
+            if (ix >= s.capagg) {
+                Py_ssize_t was = s.capagg;
+                if (fold_grow((void **)&s.agg, &s.capagg, ix + 1, sizeof(FoldAgg)) < 0) {
+                    goto done;
+                }
+                memset(s.agg + was, 0, (size_t)(s.capagg - was) * sizeof(FoldAgg));
+            }
+            FoldAgg *a = &s.agg[ix];
+            if (a->stamp == stamp) { /* a name twice in one step's aggregates: the loop */
+                decline = 1;
+                goto done;
+            }
+            a->stamp = stamp;
+            a->total = total;
+            a->own = own;
+            a->count = count;
+            if (ix > top) {
+                top = ix;
+            }
+            spans += (Py_ssize_t)count;
+        }
+        if (fold_emit(&s, row, stamp, top, out, spots, base, lane, added, names0, announce,
+                      row_type, hooks_key) < 0) {
+            goto done;
+        }
+        announce = 0;
+        steps++;
+    }
+    if (PyList_GET_SIZE(names) != names0) { /* changed meanwhile (a finalizer): the loop */
+        decline = 1;
+        goto done;
+    }
+    result = Py_BuildValue("(OOnOnnn)", out, spots, c, announce ? Py_True : Py_False, spans,
+                           steps, lost);
+    if (result != NULL && PyDict_GET_SIZE(added) && fold_commit_names(names, index, added) < 0) {
+        Py_CLEAR(result);
+    }
+done:
+    fold_state_free(&s);
+    Py_XDECREF(grp);
+    Py_XDECREF(pairs);
+    Py_XDECREF(out);
+    Py_XDECREF(spots);
+    Py_XDECREF(added);
+    if (result == NULL && decline) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    return result;
 }
 
 static PyObject *
@@ -5414,6 +5640,8 @@ static PyMethodDef module_methods[] = {
      "The distinct ints of one field of the rows, in the order they first occur."},
     {"one_thread", one_thread, METH_O,
      "The thread id of a batch of one thread's rows in the detail filter's order, or None."},
+    {"light_lane", light_lane, METH_VARARGS,
+     "The light steps of one thread's rows (see the C comment)."},
     {"fold_lane", fold_lane, METH_VARARGS,
      "One thread's rows through the detail filter (DetailFilter._take_lane's C twin)."},
     {"parent_positions", parent_positions, METH_VARARGS,

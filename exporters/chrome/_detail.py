@@ -43,7 +43,7 @@ import numpy as np
 from .._accel import SPEEDUPS as _speedups
 from .._spans import SpanRow
 from ._encode import _PART_ROWS, _dumps
-from ._fold import take_lane_fast
+from ._fold import light_lane_fast, take_lane_fast
 
 __all__ = ["HOOKS", "HOOK_NAMES", "MAX_HELD", "STEP_LEVEL_EVENTS", "DetailFilter"]
 
@@ -238,10 +238,10 @@ class DetailFilter:
             # the common case: one thread's rows, in end order already (else it declines)
             tid = _speedups.one_thread(rows)
             lane = lanes.get((pid, tid)) if tid is not None else None
-            if (
-                lane is not None
-                and not lane.light
-                and (lane.cur is not None or lane.starts)
+            if lane is not None and (
+                light_lane_fast(self, lane, rows, out, summaries)
+                if lane.light
+                else (lane.cur is not None or lane.starts)
                 and take_lane_fast(self, lane, rows, out, summaries)
             ):
                 return out, summaries
@@ -250,7 +250,8 @@ class DetailFilter:
             if lane is None:
                 out.extend(group)
             elif lane.light:
-                self._take_lane(lane, group, out, summaries)
+                if not (FAST and light_lane_fast(self, lane, group, out, summaries)):
+                    self._take_lane(lane, group, out, summaries)
             elif lane.cur is None and not lane.starts:
                 if _STEP in map(_name, group):
                     lane.announce = True  # a detailed step

@@ -11,8 +11,10 @@ Its self time is its duration less the durations of the spans that ran directly
 inside it, light or not: each open span of the fold has a frame on the fold's
 stack. When ``owner`` ends, before its own row is made, ``publish(start_ns,
 aggregates)`` is called, with the epoch start of ``owner`` and a tuple
-``(name, total, self, count, name, ...)``: one entry per name, in the order the
-names came.
+``(name, total, self, count, name, ...)``: one entry per name that occurred, in
+the order the thread's folds first met them (a fold keeps the names of the
+thread's last fold that had the same set ``full``: found again by address, they
+need no comparison).
 
 A light span whose block raises, or that ends after its fold (a generator left
 open), is recorded in full instead, as a span that started when it did. Its ids,
@@ -54,6 +56,13 @@ class Light:
         self.names: list[str] = []
         self.index: dict[str, int] = {}
         self.sums: list[list[int]] = []  # per name: [total, self, count]
+
+    def again(self, owner: Any, publish: Any) -> None:
+        """Begin the next fold with this one's names (none seen yet)."""
+        self.owner, self.publish = owner, publish
+        self.frames = []
+        for sums in self.sums:
+            sums[0] = sums[1] = sums[2] = 0
 
     def slot(self, name: Any) -> int:
         """The place of ``name`` (added when new), or -1: record the span in full."""
@@ -118,10 +127,12 @@ class Light:
     def finish(self, start_ns: int) -> None:
         """The owner ends (it starts at ``start_ns``, epoch): publish the aggregates,
         before the owner's own row is made. The caller has unlinked the fold."""
+        owner, publish = self.owner, self.publish
+        self.owner = self.publish = None
         try:
-            self.publish(start_ns, self.aggregates())
+            publish(start_ns, self.aggregates())
         except Exception:  # as in C (reported, never raised): the step's own row still comes
-            _log.exception("ppetrace: publishing the aggregates of %r failed", self.owner.name)
+            _log.exception("ppetrace: publishing the aggregates of %r failed", owner.name)
 
 
 def exit_light(light: Light | None, span: Any, end: int, exc: BaseException | None) -> bool:

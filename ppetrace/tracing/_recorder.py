@@ -507,6 +507,7 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
             if light.owner is self:
                 _tls.light = None
                 light.finish(self.start_ns + RECORDER.offset_ns)
+                _tls.light_spare = light  # the thread's next fold starts from its names
         self._token = None
         try:  # noqa: SIM105 - contextlib.suppress costs more on this hot path
             _reset_ctx(token)

@@ -617,8 +617,9 @@ lost:
  * is its duration less those of the spans that ran directly inside it (light or not:
  * each open span of the fold has a frame on the fold's stack). When owner ends, before
  * its own row is made, publish(start_ns, aggregates) is called: the epoch start of
- * owner, and a tuple (name, total, self, count, name, ...) with one entry per name, in
- * the order they came.
+ * owner, and a tuple (name, total, self, count, name, ...) with one entry per name that
+ * occurred, in the order the thread's folds first met them (a fold keeps the names of
+ * the thread's last fold that had the same set full).
  *
  * A light span whose block raises, or that ends after its fold (a generator left open),
  * is recorded in full instead, as a span that started then: ids, attributes and parent
@@ -643,21 +644,40 @@ struct Light {
     long long total[LIGHT_NAMES], own[LIGHT_NAMES], count[LIGHT_NAMES];
 };
 
+/* The last fold of the thread, kept for its next one with its names and its set of full
+ * names (a step each: no allocation, and the names are found by address). A thread that
+ * ends leaves its one block and the references it holds. */
+static __thread Light *light_spare = NULL;
+
 static void
-light_free(Light *L)
+release_names(PyObject *full, PyObject **names, int n)
 {
-    /* releasing can run code: the fold is unlinked from the thread first (by the caller) */
-    PyObject *owner = L->owner, *publish = L->publish, *full = L->full;
-    int n = L->nnames;
-    PyObject *names[LIGHT_NAMES];
-    memcpy(names, L->names, sizeof(PyObject *) * (size_t)n);
-    PyMem_Free(L);
-    Py_XDECREF(owner);
-    Py_XDECREF(publish);
     Py_XDECREF(full);
     for (int i = 0; i < n; i++) {
         Py_DECREF(names[i]);
     }
+}
+
+static void
+light_free(Light *L)
+{
+    /* releasing can run code: the fold is unlinked from the thread first (by the caller),
+     * and each object is taken out of it before any is released */
+    PyObject *owner = L->owner, *publish = L->publish;
+    L->owner = L->publish = NULL;
+    if (light_spare == NULL) {
+        light_spare = L; /* consistent as it is: a fold begun meanwhile may take it */
+        Py_XDECREF(owner);
+        Py_XDECREF(publish);
+        return;
+    }
+    PyObject *full = L->full, *names[LIGHT_NAMES];
+    int n = L->nnames;
+    memcpy(names, L->names, sizeof(PyObject *) * (size_t)n);
+    PyMem_Free(L);
+    Py_XDECREF(owner);
+    Py_XDECREF(publish);
+    release_names(full, names, n);
 }
 
 /* the slot of the span's name in L (added when new): >= 0; -1 when the span is to be
@@ -936,14 +956,36 @@ light_begin(PyObject *module, PyObject *args)
     if (PyErr_Occurred()) {
         return NULL;
     }
-    Light *L = PyMem_Calloc(1, sizeof(Light));
-    if (L == NULL) {
-        return PyErr_NoMemory();
+    Light *L = light_spare;
+    light_spare = NULL;
+    PyObject *old_full = NULL, *old_names[LIGHT_NAMES];
+    int old_n = 0;
+    if (L != NULL && L->full != full) { /* other full names: the names start anew */
+        old_full = L->full;
+        old_n = L->nnames;
+        memcpy(old_names, L->names, sizeof(PyObject *) * (size_t)old_n);
+        L->full = NULL;
+        L->nnames = 0;
     }
+    if (L == NULL) {
+        L = PyMem_Malloc(sizeof(Light));
+        if (L == NULL) {
+            return PyErr_NoMemory();
+        }
+        L->full = NULL;
+        L->nnames = 0; /* the arrays are written as they fill */
+    }
+    for (int i = 0; i < L->nnames; i++) { /* the names of the last fold, none seen yet */
+        L->total[i] = L->own[i] = L->count[i] = 0;
+    }
+    L->depth = 0;
     L->owner = Py_NewRef(owner);
     L->publish = Py_NewRef(publish);
-    L->full = Py_NewRef(full);
+    if (L->full == NULL) {
+        L->full = Py_NewRef(full);
+    }
     light = L;
+    release_names(old_full, old_names, old_n); /* can run code: the fold is complete */
     Py_RETURN_TRUE;
 }
 

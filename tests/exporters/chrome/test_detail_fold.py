@@ -104,9 +104,10 @@ def _state(f: _detail.DetailFilter) -> list[Any]:
                 lane.announce,
                 lane.part,
                 lane.listed,
+                list(lane.light),
             )
         )
-    return [out, f.spans_summarised, f.steps_summarised]
+    return [out, f.spans_summarised, f.steps_summarised, f.light_lost]
 
 
 def _through(
@@ -162,6 +163,95 @@ def test_the_c_fold_equals_the_loop_on_generated_runs(monkeypatch: pytest.Monkey
     assert summarised > 2_000
     # the C fold took most lanes, and declined some (the loop's cases)
     assert results.count(True) > 600 and results.count(False) > 300
+
+
+def _light_run(rng: random.Random) -> tuple[list[SpanRow], list[tuple[int, tuple[Any, ...]]]]:
+    """Rows of random light steps on MAIN (the step level, a few ERROR rows and rows on
+    OTHER), in end order, and each light step's (start, aggregates); some steps are
+    detailed (hooks as rows, nothing published), some lose their step row."""
+    rows: list[SpanRow] = []
+    light: list[tuple[int, tuple[Any, ...]]] = []
+    ids = iter(range(1_000, 10**9))
+    t = T0
+    for k in range(rng.randint(2, 25)):
+        rows.append(SpanRow("trainer.fetch_batch", next(ids), 1, 9, t, t + 20, MAIN, {"f": k}))
+        s = t + 30
+        step_id = next(ids)
+        end = s + rng.randint(50, 500)
+        detailed = rng.random() < 0.2
+        if detailed:
+            name = rng.choice(NAMES)
+            rows.append(SpanRow(name, next(ids), step_id, 9, s + 1, s + 20, MAIN, {}))
+        else:
+            picked = rng.sample(NAMES, rng.randint(0, len(NAMES)))
+            agg: list[Any] = []
+            for name in picked:
+                count = rng.randint(1, 3)
+                total = rng.randint(0, 200)
+                agg += (name, total, rng.randint(0, total), count)
+            light.append((s, tuple(agg)))
+        if rng.random() < 0.1:  # an ERROR row in the step: written in full
+            rows.append(SpanRow("user.e", next(ids), step_id, 9, s + 2, s + 9, MAIN, {}, "ERROR"))
+        if rng.random() < 0.1:
+            rows.append(SpanRow("data.load", next(ids), 0, 9, s, s + 3, OTHER, {}))
+        if rng.random() < 0.92:  # else the step row never comes
+            attrs: Any = {"ppetrace.step": k} if rng.random() < 0.95 else FrozenAttributes({})
+            rows.append(SpanRow("trainer.step", step_id, 1, 9, s, end, MAIN, attrs))
+        t = end + rng.choice((0, 10))
+    rows.sort(key=lambda r: (r.tid, r.end_ns, -r.start_ns))
+    if rng.random() < 0.2:  # several buffers: the batch is not in that order
+        rng.shuffle(rows)
+    return rows, light
+
+
+def _light_through(
+    monkeypatch: pytest.MonkeyPatch,
+    fast: bool,
+    rows: list[SpanRow],
+    light: list[tuple[int, tuple[Any, ...]]],
+    cuts: list[int],
+    parts: list[int],
+) -> list[Any]:
+    monkeypatch.setattr(_detail, "FAST", fast)
+    f = _detail.DetailFilter()
+    publish = f.light_publisher(PID, MAIN)
+    for start, agg in light:
+        publish(start, agg)
+    trail: list[Any] = []
+    for b, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, len(rows)], strict=True)):
+        out, summaries = f.take(PID, rows[lo:hi])
+        f.finish(out, summaries, parts[b % len(parts)])
+        trail.append((out, summaries, _state(f)))
+    trail.append(sorted(f.flush_held().items()))
+    trail.append(_state(f))
+    return trail
+
+
+def test_the_c_light_lane_equals_the_loop_on_generated_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = random.Random(2026)
+    results: list[bool] = []
+    real = _fold.light_lane_fast
+
+    def counted(*args: Any) -> bool:
+        results.append(real(*args))
+        return results[-1]
+
+    monkeypatch.setattr(_detail, "light_lane_fast", counted)
+    summarised = lost = 0
+    for trial in range(300):
+        rows, light = _light_run(rng)
+        k = rng.randint(0, min(6, len(rows) - 1))
+        cuts = sorted(rng.sample(range(1, len(rows)), k=k))
+        parts = [0] if rng.random() < 0.7 else [0, 0, 1]
+        fast = _light_through(monkeypatch, True, rows, light, cuts, parts)
+        loop = _light_through(monkeypatch, False, rows, light, cuts, parts)
+        assert fast == loop, f"trial {trial}"
+        summarised += loop[-1][2]
+        lost += loop[-1][3]
+    assert summarised > 1_000 and lost > 0
+    assert results.count(True) > 300 and results.count(False) > 20  # it declined some
 
 
 def _lane_rows(n_steps: int) -> tuple[list[SpanRow], list[int]]:

@@ -28,11 +28,13 @@ def _fold(agg: tuple[Any, ...]) -> dict[str, tuple[int, int, int]]:
     return {agg[k]: (agg[k + 1], agg[k + 2], agg[k + 3]) for k in range(0, len(agg), 4)}
 
 
-def _step(trace: Any, body: Any) -> tuple[Any, list[tuple[int, tuple[Any, ...]]]]:
+def _step(
+    trace: Any, body: Any, full: frozenset[str] = FULL
+) -> tuple[Any, list[tuple[int, tuple[Any, ...]]]]:
     """Run ``body(trace)`` in a light step; the step span and what it published."""
     published: list[tuple[int, tuple[Any, ...]]] = []
     with trace("trainer.step") as step:
-        assert begin_light(step, lambda s, a: published.append((s, a)), FULL)
+        assert begin_light(step, lambda s, a: published.append((s, a)), full)
         body(trace)
     return step, published
 
@@ -69,6 +71,30 @@ def test_a_light_step_publishes_counts_totals_and_self_times(trace: Any, row_sin
     assert all(total >= own >= 0 for total, own, _ in folded.values())
     step_row = rows["trainer.step"]
     assert step_row.end_ns - step_row.start_ns >= a_total + folded["d"][0]
+
+
+@pytest.mark.parametrize("trace", IMPLEMENTATIONS)
+def test_the_next_fold_keeps_the_names_in_the_order_first_met(
+    trace: Any, row_sink: RowSink
+) -> None:
+    full = frozenset({"trainer.step", "order"})
+
+    def first(t: Any) -> None:
+        for name in ("x", "y", "z"):
+            with t(name):
+                pass
+
+    def second(t: Any) -> None:
+        for name in ("w", "z", "x"):
+            with t(name):
+                pass
+
+    _, one = _step(trace, first, full)
+    _, two = _step(trace, second, full)
+    assert list(_fold(one[0][1])) == ["x", "y", "z"]
+    folded = _fold(two[0][1])
+    assert list(folded) == ["x", "z", "w"]  # y did not occur; w is new
+    assert [v[2] for v in folded.values()] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("trace", IMPLEMENTATIONS)
@@ -133,7 +159,8 @@ def test_a_fold_takes_no_more_names_or_depth_than_it_holds(trace: Any, row_sink:
         for s in reversed(spans):
             s.__exit__(None, None, None)
 
-    _, published = _step(trace, body)
+    fresh = frozenset({"trainer.step", "fresh"})  # another set: the fold's names start anew
+    _, published = _step(trace, body, fresh)
     ppetrace.flush()
     ((_, agg),) = published
     folded = _fold(agg)
