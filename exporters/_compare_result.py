@@ -140,6 +140,12 @@ class Comparison:
         return self._with(Verdict.IMPROVEMENT)
 
     @property
+    def decided(self) -> bool:
+        """Whether a gated event got a verdict (else the comparison cannot fail: no gated
+        event in both runs, or too few steps for each)."""
+        return any(r["gated"] and r["verdict"] != Verdict.INSUFFICIENT for r in self.records)
+
+    @property
     def has_regression(self) -> bool:
         """Whether a gated event regressed (the CLI then exits with 1)."""
         return bool(self.regressions)

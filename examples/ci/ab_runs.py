@@ -97,6 +97,34 @@ def run_interleaved(
     return traces
 
 
+#: the file that marks a folder ab_runs made (and may delete again)
+MARKER = ".ab-runs"
+
+
+def _unsafe_out(out: Path, repo: Path, base_runs: str | None) -> str | None:
+    """Why ``--out`` must not be deleted and rewritten, or None: it must be new, or a
+    folder that an earlier ab_runs made, and hold neither the repository, the working
+    folder nor the stored base runs."""
+    if not out.exists():
+        return None
+    where = out.resolve()
+    guarded = [Path.cwd().resolve(), repo]
+    if base_runs is not None:
+        guarded.append(Path(base_runs).resolve())
+    for keep in guarded:
+        if where == keep or where in keep.parents:
+            return (
+                f"expected --out to be a folder of its own, but {out} holds {keep}, which "
+                "ab_runs would delete; pass another --out"
+            )
+    if not (out / MARKER).is_file():
+        return (
+            f"expected --out to be a new folder or one that ab_runs made (it holds {MARKER}), "
+            f"but {out} exists without it; pass another --out, or delete it yourself"
+        )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Check out, set up, run interleaved and compare; return ``ppetrace compare``'s code
     (or 3 when a revision cannot run)."""
@@ -126,9 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1:
         parser.error("expected --runs >= 1")
     out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
     repo = Path(args.repo).resolve()
+    problem = _unsafe_out(out, repo, args.base_runs)
+    if problem:
+        parser.error(problem)
+    if out.exists():
+        shutil.rmtree(out)  # one that an earlier ab_runs made: it holds the marker
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("made by examples/ci/ab_runs.py: it deletes this folder\n")
     work = Path(tempfile.mkdtemp(prefix="ab-runs-"))
     made: list[Path] = []
     try:

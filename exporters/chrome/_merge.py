@@ -27,14 +27,14 @@ from typing import Any
 
 from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
-from ._ranks import TraceHeader, _open_read, read_header, trace_files
+from ._ranks import TraceHeader, _open_read, read_header
 from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
 from ._split import (
     _NAMING,
     MIN_PART_BYTES,
     _check_part_bytes,
     _other,
-    first_parts,
+    expand_inputs,
     part_path,
     run_parts,
 )
@@ -150,23 +150,6 @@ class _Input:
                     break
                 left -= len(part)
                 yield part
-
-
-def _expand(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    out: list[Path] = []
-    for item in inputs:
-        p = Path(item)
-        if p.is_dir():
-            found = trace_files(p)
-            if not found:
-                raise TraceError(
-                    f"Expected trace files (*.json or *.json.gz) in the folder {p} to merge, "
-                    "but it has none."
-                )
-            out.extend(found)
-        else:
-            out.append(p)
-    return first_parts(out)  # a run in parts is one input: its part 0
 
 
 def _load_run(path: Path) -> _Input:
@@ -504,7 +487,7 @@ def merge_traces(
     max_part = _check_part_bytes(max_part_bytes, _min_part_bytes)  # the minimum: tests
     if not inputs:
         raise ValueError("Expected at least one trace file to merge, but received none.")
-    items = [_load_run(p) for p in _expand(inputs)]
+    items = [_load_run(p) for p in expand_inputs(inputs, Path(out))]
     order = sorted(range(len(items)), key=lambda i: (items[i].rank is None, items[i].rank or 0, i))
     items = [items[i] for i in order]
     bases = [t.origin_ns + t.clock_offset_ns for t in items]

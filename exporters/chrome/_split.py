@@ -14,15 +14,18 @@ missing (the count is not known when part 0 is closed, so no part records it).
 from __future__ import annotations
 
 import os
+import re
 import warnings
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._ranks import read_header, update_other_data
+from .._errors import TraceError
+from ._ranks import read_header, trace_files, update_other_data
 
 __all__ = [
+    "expand_inputs",
     "StaleTracePartWarning",
     "first_parts",
     "part_path",
@@ -151,3 +154,65 @@ def first_parts(paths: Sequence[str | Path]) -> list[Path]:
 
 class StaleTracePartWarning(UserWarning):
     """A folder or glob holds a later part of a trace that its part 0 does not lead to."""
+
+
+def _is_output(p: Path, target: Path) -> bool:
+    """Whether ``p`` is the merge's output ``target`` (resolved) or one of its later parts."""
+    r = p.resolve()
+    if r == target:
+        return True
+    if r.parent != target.parent:
+        return False
+    name = target.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            stem = re.escape(name[: -len(suffix)])
+            return re.fullmatch(stem + r"\.[1-9][0-9]*" + re.escape(suffix), r.name) is not None
+    return re.fullmatch(re.escape(name) + r"\.[1-9][0-9]*", r.name) is not None
+
+
+def expand_inputs(inputs: Sequence[str | os.PathLike[str]], out_path: Path) -> list[Path]:
+    """The inputs of a merge into ``out_path``, folders expanded (leaving out the output
+    and its parts when an earlier merge wrote them there), one path per run; refuses the
+    output itself, a run's own trace as the output, or one run given twice."""
+    target = out_path.resolve()
+    found_all: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = []
+            for f in trace_files(p):
+                if not _is_output(f, target):
+                    found.append(f)
+                elif "merged_from" not in (_other(f) or {}):  # a run's own trace: kept
+                    raise ValueError(
+                        f"Expected OUT to be a file that is not among the inputs, but "
+                        f"{out_path} would overwrite the trace {f} of the folder {p} while "
+                        "it is read. Write the merged trace to another path."
+                    )
+            if not found:
+                raise TraceError(
+                    f"Expected trace files (*.json or *.json.gz) in the folder {p} to merge, "
+                    "but it has none."
+                )
+            found_all.extend(found)
+        elif _is_output(p, target):
+            raise ValueError(
+                f"Expected OUT to be a file that is not among the inputs, but {out_path} "
+                f"would overwrite the input {p} while it is read. Write the merged trace to "
+                "another path."
+            )
+        else:
+            found_all.append(p)
+    runs = first_parts(found_all)  # a run in parts is one input: its part 0
+    seen: dict[Path, Path] = {}
+    for p in runs:
+        key = p.resolve()
+        if key in seen:
+            raise ValueError(
+                f"Expected each trace once, but {p} is given more than once (also as "
+                f"{seen[key]}, or through its folder): its spans would be counted twice. "
+                "Drop the repeat."
+            )
+        seen[key] = p
+    return runs

@@ -42,9 +42,11 @@ side the change is judged against the noise floor (the run-to-run CV of the
 median step); with three runs or more in all, against the runs' own scatter
 where that is larger. A verdict needs a significant change (Holm over the
 gated events) beyond the threshold and beyond the minimum effect. Only gated
-events (default: trainer.step) can fail: exit code 1. Each field of the
-recorded environment that differs is named in a warning (exit code 2 with
---strict-env).
+events (default: trainer.step) can fail: exit code 1. A comparison in which no
+gated event has enough steps on both sides to decide (a candidate that ended
+early, a cut-off trace, a warmup as long as the run) cannot fail, so it exits
+with 2 unless --allow-no-verdict. Each field of the recorded environment that
+differs is named in a warning (exit code 2 with --strict-env).
 
 Examples:
   ppetrace compare base.json cand.json
@@ -114,6 +116,12 @@ def add_compare(sub: Any) -> None:
         "--strict-env",
         action="store_true",
         help="exit with 2 when the runs' environments differ (default: warn)",
+    )
+    comp.add_argument(
+        "--allow-no-verdict",
+        action="store_true",
+        help="exit with 0 when no gated event can be decided (default: 2, as such a "
+        "comparison cannot catch a regression)",
     )
     comp.add_argument("--format", choices=("table", "md", "json"), default="table", dest="fmt")
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
@@ -227,6 +235,16 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             f"{n} environment field{'s differ' if n != 1 else ' differs'} (see the "
             "warnings above). Run both sides on the same machine and settings, or drop "
             "--strict-env.\n",
+        )
+        return EXIT_BAD_INPUT
+    if not comparison.decided and not args.allow_no_verdict:
+        gated = ", ".join(comparison.gated) or "none of the gated events is in both runs"
+        _write(
+            err,
+            "ppetrace compare: error: Expected at least one gated event with enough steps in "
+            f"both runs to decide on, but there is none ({gated}; see the notes above), so "
+            "this comparison cannot catch a regression. Check that the candidate ran to the "
+            "end, lower --warmup, or choose --gate; --allow-no-verdict accepts it.\n",
         )
         return EXIT_BAD_INPUT
     return EXIT_REGRESSION if comparison.has_regression else EXIT_OK

@@ -125,6 +125,28 @@ def test_the_options_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "exactly one of --base REV and --base-runs DIR" in capsys.readouterr().err
 
 
+def test_out_is_deleted_only_when_ab_runs_made_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ab = load("ci/ab_runs.py")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("a user's file")
+    stored = tmp_path / "stored"
+    (stored / "base").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (["--out", str(mine), "--base", "v1"], "exists without it"),
+        (["--out", ".", "--base", "v1"], "which ab_runs would delete"),
+        (["--out", str(stored), "--base-runs", str(stored / "base")], "would delete"),
+    ]
+    for options, said in cases:
+        with pytest.raises(SystemExit):
+            ab.main([*options, "--cand", "v2", "--repo", str(tmp_path), "--", "true"])
+        assert said in capsys.readouterr().err
+    assert (mine / "keep.txt").read_text() == "a user's file" and (stored / "base").is_dir()
+
+
 def test_the_workflow_runs_both_revisions_on_one_runner_with_a_stored_fallback() -> None:
     yaml = pytest.importorskip("yaml", reason="PyYAML is not installed: the workflow is not parsed")
     workflow = ROOT / ".github" / "workflows" / "ppetrace-bench.yml"

@@ -82,3 +82,43 @@ def test_merge_refuses_no_inputs_and_missing_files(tmp_path: Path) -> None:
         merge_traces(tmp_path / "m.json", [])
     with pytest.raises(FileNotFoundError, match="Expected a trace file at"):
         merge_traces(tmp_path / "m.json", [tmp_path / "nope.json"])
+
+
+def test_merge_refuses_to_write_over_an_input_and_leaves_it_whole(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+) -> None:
+    rb = run_builder(pid=100, rank=0)
+    rb.training([1_000, 2_000])
+    a = _trace(tmp_path / "a.json", rb)
+    before = a.read_bytes()
+    _trace(tmp_path / "b.json", run_builder(pid=200, rank=1))
+    for inputs in ([a], [tmp_path / "b.json", a], [tmp_path]):  # a itself, or in its folder
+        with pytest.raises(ValueError, match="would overwrite the"):
+            merge_traces(a, inputs)
+        assert a.read_bytes() == before
+
+
+def test_merging_into_a_folder_twice_leaves_the_output_out_of_the_inputs(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for rank in (0, 1):
+        rb = run_builder(pid=100 + rank, rank=rank)
+        rb.training([1_000])
+        _trace(runs / f"rank{rank}.json", rb)
+    out = runs / "merged.json"
+    first = read_chrome_trace(merge_traces(out, [runs]).path)
+    second = read_chrome_trace(merge_traces(out, [runs]).path)  # merged.json is not an input
+    assert len(second) == len(first) and sorted(set(second["pid"])) == [100, 101]
+
+
+def test_merge_refuses_a_trace_given_twice(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+) -> None:
+    rb = run_builder(pid=100, rank=0)
+    rb.training([1_000])
+    a = _trace(tmp_path / "a.json", rb)
+    with pytest.raises(ValueError, match="given more than once"):
+        merge_traces(tmp_path / "out.json", [a, tmp_path / "." / "a.json"])
+    assert not (tmp_path / "out.json").exists()
