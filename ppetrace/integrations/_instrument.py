@@ -9,6 +9,7 @@ and writes the trace file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tracing
-from ..tracing._recorder import trace
+from ..tracing._recorder import RECORDER, trace
 from ._detail import (
     DEFAULT_MAX_TRACE_BYTES,
     TRACE_PART_BYTES,
@@ -29,7 +30,7 @@ from ._detail import (
     detail_metadata,
 )
 from ._hooks import Hooks
-from ._ranks import rank_info, rank_trace_path
+from ._ranks import check_trace_path, rank_info, rank_trace_path
 from ._stepper import StepTracker
 from .distributed import HEADER_RESERVE
 
@@ -97,6 +98,24 @@ class Instrumentation:
         """``trainer.step`` spans recorded so far."""
         return self._tracker.steps
 
+    def _refresh_environment_once(self, first: dict[str, Any]) -> None:
+        """Take the environment again until the trace's header is written (before each
+        drain): ``ppetrace run`` starts instrument() before the script sets its threads
+        (``torch.set_num_threads``), and the trace must say what the steps ran with."""
+        self._first_environment = first
+        RECORDER.before_flush.append(self._refresh_environment)
+
+    def _refresh_environment(self) -> None:  # 58 µs a drain, until the header is written
+        exporter = self.trace_exporter
+        if exporter is None or exporter.bytes_written:
+            with contextlib.suppress(ValueError):
+                RECORDER.before_flush.remove(self._refresh_environment)
+            return
+        now = tracing.capture_environment(device=self.runtime.device_spec)
+        if now != self._first_environment:
+            with contextlib.suppress(RuntimeError):  # the header was written meanwhile
+                exporter.update_metadata(environment=now)
+
     def _start(self) -> None:
         started: list[Any] = []
         try:
@@ -112,6 +131,7 @@ class Instrumentation:
                     **options.get("metadata", {}),
                 }
                 self.trace_exporter = ChromeTraceExporter(self.trace_path, **options)
+                self._refresh_environment_once(environment)
                 self._tracker.detail = StepDetail.create(self.trace_exporter, *self.detail, _notice)
                 tracing.add_exporter(self.trace_exporter)
             for prof in self.profilers:
@@ -160,6 +180,10 @@ class Instrumentation:
                 tracing.flush()
         except Exception as exc:
             errors.append(exc)
+        for hook in list(RECORDER.before_flush):  # the environment's, if never written
+            if getattr(hook, "__self__", None) is self:
+                with contextlib.suppress(ValueError):
+                    RECORDER.before_flush.remove(hook)
         if errors:
             raise errors[0]
 
@@ -227,6 +251,7 @@ def instrument(
             "Expected a file path (str or os.PathLike) or None for trace_path, but received "
             f"{type(trace_path).__name__}."
         )
+    check_trace_path(trace_path)
     ranks = rank_info() if trace_path is not None else None
     if trace_path is not None and ranks is not None:
         # under torchrun: one file per rank, not one file for all

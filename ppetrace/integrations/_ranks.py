@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RankInfo", "rank_info", "rank_trace_path", "split_suffix"]
+__all__ = ["RankInfo", "check_trace_path", "rank_info", "rank_trace_path", "split_suffix"]
 
 
 class RankInfo:
@@ -71,3 +72,33 @@ def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:
         )
     stem, _ = split_suffix(path)
     return stem.with_name(stem.name + ".ranks") / f"rank{rank}.json"
+
+
+def check_trace_path(trace_path: Any) -> None:
+    """``trace_path`` must be None, or a ``str``/``os.PathLike`` naming a file that can be
+    made: not a directory, and no folder on its way an existing file."""
+    if trace_path is None:
+        return
+    if not isinstance(trace_path, (str, os.PathLike)):
+        raise TypeError(
+            "Expected a str or os.PathLike for trace_path (the Chrome trace file, e.g. "
+            f"'trace.json'), but received {type(trace_path).__name__} {trace_path!r}."
+        )
+    text = os.fspath(trace_path)
+    if not str(text).strip():
+        raise ValueError(
+            "Expected a file name for trace_path, but received an empty path. Pass e.g. "
+            "trace_path='trace.json'."
+        )
+    if Path(text).is_dir():
+        raise ValueError(
+            f"Expected a file for trace_path, but {str(text)!r} is a directory. Pass a file in "
+            f"it, e.g. trace_path={str(Path(text) / 'trace.json')!r}."
+        )
+    for folder in Path(text).parents:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(
+                f"Expected a file path for trace_path whose folders can be made, but "
+                f"{str(folder)!r} on its way is a file. Pass a path in a folder, e.g. "
+                f"trace_path={str(Path(text).name)!r}."
+            )

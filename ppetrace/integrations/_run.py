@@ -25,6 +25,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ __all__ = [
     "RunResult",
     "add_parser",
     "default_trace_path",
+    "reserve_trace_path",
     "end_by",
     "options_from",
     "run",
@@ -243,6 +245,22 @@ def default_trace_path(
     return Path(f"ppetrace-{stem}-{tag}.json")
 
 
+def reserve_trace_path(path: Path) -> Path:
+    """The default trace path, taken atomically (an empty file made with ``O_EXCL``): when
+    another run started in the same second has it, the name with this process's id."""
+    pid = os.getpid()
+    for candidate in (path, path.with_name(f"{path.name[: -len('.json')]}-{pid}.json")):
+        try:
+            fd = os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        except FileExistsError:
+            continue
+        except OSError:
+            return candidate  # a folder that cannot be written: said when the trace is
+        os.close(fd)
+        return candidate
+    return path.with_name(f"{path.name[: -len('.json')]}-{pid}-{time.time_ns()}.json")
+
+
 def _schedule(text: str | None) -> Any:
     from ..profilers import Schedule
 
@@ -386,7 +404,13 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
         ranks = rank_info()
     except ValueError as exc:
         raise BadRunInput(str(exc)) from None
-    given = Path(opts.trace) if opts.trace else default_trace_path(opts.module or target, ranks)
+    # absolute now: the script may change the working directory (os.chdir, Hydra)
+    if opts.trace:
+        given = Path(opts.trace).absolute()
+    else:
+        given = default_trace_path(opts.module or target, ranks).absolute()
+        if ranks is None:
+            given = reserve_trace_path(given)
     if given.is_dir():
         raise BadRunInput(
             f"Expected a file path for --trace, but {given} is a folder. Pass a file path "

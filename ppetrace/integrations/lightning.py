@@ -58,7 +58,7 @@ from ._detail import (
     check_detail,
     detail_metadata,
 )
-from ._ranks import rank_info, rank_trace_path, split_suffix
+from ._ranks import check_trace_path, rank_info, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
 
 _tuple_new = tuple.__new__
@@ -194,6 +194,7 @@ class LightningProfiler(Profiler):
         max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
+        self._active = False  # first: teardown (also from __del__) reads it
         #: ``(trace_detail, max_trace_bytes)``: which steps the trace keeps in full
         self.detail = check_detail(trace_detail, max_trace_bytes)
         if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
@@ -201,6 +202,7 @@ class LightningProfiler(Profiler):
                 "Expected a file path (str or os.PathLike) or None for trace_path, but received "
                 f"{type(trace_path).__name__}."
             )
+        check_trace_path(trace_path)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(
                 f"Expected a non-negative int for warmup_steps, but received {warmup_steps!r}."

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -352,7 +353,10 @@ def add_exporter(exporter: Any) -> None:
 def remove_exporter(exporter: Any, *, shutdown: bool = True) -> None:
     """Deliver pending spans to ``exporter``, stop sending it spans and (with
     ``shutdown``) shut it down if it has ``shutdown()``. Waits at most
-    ``export_timeout`` for it."""
+    ``export_timeout`` for it. Does nothing while the interpreter shuts down (no thread
+    can start then; the process-end flush has run)."""
+    if sys.is_finalizing():
+        return
     with FLUSHER._lock:
         FLUSHER.drain(background=False)
         mine = [s for s in FLUSHER.sinks if s.target is exporter]
@@ -371,8 +375,11 @@ def flush() -> None:
     its ``force_flush`` ran), or has abandoned a call after ``export_timeout``
     (its spans are then counted as dropped, ``timeout``). A sink still stuck in
     an abandoned call is not waited for again. Failures are logged and counted
-    in :func:`stats`, never raised.
+    in :func:`stats`, never raised. Does nothing while the interpreter shuts down (a
+    finalizer's call: no thread can start then; the process-end flush has run).
     """
+    if sys.is_finalizing():
+        return
     _ensure_configured()
     FLUSHER.flush(wait=True)
 

@@ -9,13 +9,12 @@ rejects accumulation and clipping here, before anything runs.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from ..integrations._ranks import check_trace_path
 from ..interfaces.module_interface import Stage
 from ..runtime._base import BaseRuntime
 from ..runtime._pytorch import PyTorchRuntime
@@ -171,28 +170,6 @@ def check_device(device: str | torch.device | BaseRuntime) -> None:
         raise RuntimeError(
             f"Expected a CUDA device for device={shown!r}, but only {count} CUDA device(s) "
             f"are visible (cuda:0 to cuda:{count - 1}). Pass one of those."
-        )
-
-
-def check_trace_path(trace_path: Any) -> None:
-    """``trace_path`` must be None, or a ``str``/``os.PathLike`` naming a file."""
-    if trace_path is None:
-        return
-    if not isinstance(trace_path, (str, os.PathLike)):
-        raise TypeError(
-            "Expected a str or os.PathLike for trace_path (the Chrome trace file, e.g. "
-            f"'trace.json'), but received {type(trace_path).__name__} {trace_path!r}."
-        )
-    text = os.fspath(trace_path)
-    if not str(text).strip():
-        raise ValueError(
-            "Expected a file name for trace_path, but received an empty path. Pass e.g. "
-            "trace_path='trace.json'."
-        )
-    if Path(text).is_dir():
-        raise ValueError(
-            f"Expected a file for trace_path, but {str(text)!r} is a directory. Pass a file in "
-            f"it, e.g. trace_path={str(Path(text) / 'trace.json')!r}."
         )
 
 

@@ -256,3 +256,33 @@ def test_trace_detail_is_checked_like_the_trainers() -> None:
         LightningProfiler(trace_detail="some")
     with pytest.raises(ValueError, match="Expected a positive int number of bytes"):
         LightningProfiler(max_trace_bytes=0)
+
+
+def test_a_bad_trace_path_is_refused_at_once_and_leaves_nothing_behind(
+    tmp_path: Path, recwarn: pytest.WarningsRecorder
+) -> None:
+    import gc
+    import subprocess
+    import sys
+    import textwrap
+
+    with pytest.raises(ValueError, match=r"Expected a file for trace_path, but .* is a directory"):
+        LightningProfiler(trace_path=tmp_path)
+    with pytest.raises(ValueError, match=r"Expected 'auto', 'all' or a ppetrace.Schedule"):
+        LightningProfiler(trace_detail="full")
+    gc.collect()  # the half-made profilers' __del__ (Lightning's) ran teardown quietly
+    assert not [w for w in recwarn if "_active" in str(w.message)]
+    # a profiler whose fit failed, torn down by its __del__ at interpreter exit, must not
+    # hang the exit (no thread can start then)
+    script = textwrap.dedent(
+        f"""
+        import ppetrace
+        from ppetrace.integrations.lightning import LightningProfiler
+        prof = LightningProfiler(trace_path={str(tmp_path / "t.json")!r})
+        prof._active = True  # as if fit had failed midway
+        with ppetrace.trace("x"):
+            pass
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]

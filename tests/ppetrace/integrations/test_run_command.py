@@ -305,3 +305,39 @@ def test_sigterm_from_outside_writes_the_trace_and_ends_the_process_by_it(
     assert proc.returncode == -signal.SIGTERM, err
     assert read_chrome_trace(trace)["name"].value_counts()["trainer.step"] == 3
     assert f"ppetrace: wrote {trace}" in err
+
+
+def test_a_script_that_changes_directory_and_threads_gets_its_trace_and_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative paths are taken before the script runs; the environment is taken again
+    when the trace's header is written, after the script set its threads."""
+    (tmp_path / "sub").mkdir()
+    body = "import os, torch\nos.chdir('sub')\ntorch.set_num_threads(1)\n" + LOOP.format(
+        out="seen.json"
+    )
+    script = _script(tmp_path, body)
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # what instrument() sees when it starts
+    try:
+        code, err = _run("--trace", "rel.json", str(script))
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err
+    assert (tmp_path / "rel.json").is_file() and not (tmp_path / "sub" / "rel.json").exists()
+    assert "ppetrace step report" in err and "torch threads: 1" in err
+    frame = read_chrome_trace(tmp_path / "rel.json")
+    assert frame.attrs["metadata"]["environment"]["torch_threads"] == 1
+
+
+def test_runs_that_start_in_the_same_second_get_their_own_default_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppetrace.integrations._run import reserve_trace_path
+
+    monkeypatch.chdir(tmp_path)
+    name = default_trace_path("train.py", None)
+    first, second = reserve_trace_path(name), reserve_trace_path(name)
+    assert first == name and second != first and first.exists() and second.exists()
+    assert second.name.startswith(name.name[: -len(".json")]) and second.suffix == ".json"

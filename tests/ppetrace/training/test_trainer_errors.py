@@ -234,5 +234,14 @@ def test_a_trace_path_that_is_not_a_path_is_rejected_at_once(tmp_path: Any) -> N
     with pytest.raises(ValueError, match=r"Expected a file for trace_path, but .* is a directory"):
         ppetrace.Trainer(trace_path=tmp_path)
     assert ppetrace.Trainer(trace_path=tmp_path / "t.json").trace_path == tmp_path / "t.json"
+    (tmp_path / "a_file").write_text("x")
+    folders = r"Expected a file path for trace_path whose folders can be made, but .*a_file"
+    with pytest.raises(ValueError, match=folders):
+        ppetrace.Trainer(trace_path=tmp_path / "a_file" / "t.json")
+    # the same check, at once, in instrument() and LightningProfiler
+    with pytest.raises(ValueError, match=r"is a directory"):
+        ppetrace.instrument(trace_path=tmp_path)
+    with pytest.raises(ValueError, match=folders):
+        ppetrace.instrument(trace_path=tmp_path / "a_file" / "t.json")
     with pytest.raises(ValueError, match=r"Expected 'warn' or 'raise' for on_nonfinite_loss"):
         ppetrace.Trainer(on_nonfinite_loss="ignore")  # type: ignore[arg-type]
