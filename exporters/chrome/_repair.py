@@ -66,6 +66,10 @@ def repair_chrome_trace(
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=dst.name + ".", suffix=".tmp", dir=dst.parent)
     try:
+        # mkstemp makes the file 0600: give it the mode a plain open() would (the umask's)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             result = _copy_lines(src, f)
             if result is None:

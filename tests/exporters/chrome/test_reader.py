@@ -173,6 +173,10 @@ def test_repair_closes_a_cut_off_file_as_strict_json(
     whole = repair_chrome_trace(tmp_path / "t.json", tmp_path / "copy.json")
     assert not whole.truncated
     assert whole.path.read_bytes() == (tmp_path / "t.json").read_bytes()
+    # the mode a plain open() gives (the umask's), not mkstemp's 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (done.path.stat().st_mode & 0o777) == 0o666 & ~umask
 
 
 def test_repair_takes_other_layouts_gzip_and_works_in_place(tmp_path: Path) -> None:
