@@ -109,16 +109,22 @@ static __thread unsigned long native_tid = 0;
 /* Light steps (see "light steps" below): the calling thread's fold, or NULL. */
 typedef struct Light Light;
 static __thread Light *light = NULL;
+/* The last fold of the thread, kept for its next one with its names and its set of full
+ * names (a step each: no allocation, and the names are found by address). A thread that
+ * ends leaves its one block and the references it holds. */
+static __thread Light *light_spare = NULL;
 static int light_enter(SpanBase *self);
 static void light_enter_full(SpanBase *self);
 
 static void
 forget_thread_state(void)
 {
-    /* in a forked child: the parent's thread id, and its fold (its step ends in the
-     * parent; the copy is left, not freed: freeing would release objects here) */
+    /* in a forked child: the parent's thread id, and its folds (the open one's step ends
+     * in the parent; the copies are left, not freed: freeing would release objects
+     * here), as the pure-Python twin's thread-local state is replaced */
     native_tid = 0;
     light = NULL;
+    light_spare = NULL;
 }
 
 static inline unsigned long
@@ -644,10 +650,6 @@ struct Light {
     long long total[LIGHT_NAMES], own[LIGHT_NAMES], count[LIGHT_NAMES];
 };
 
-/* The last fold of the thread, kept for its next one with its names and its set of full
- * names (a step each: no allocation, and the names are found by address). A thread that
- * ends leaves its one block and the references it holds. */
-static __thread Light *light_spare = NULL;
 
 static void
 release_names(PyObject *full, PyObject **names, int n)
