@@ -32,6 +32,7 @@ from ._detail import (
 from ._hooks import Hooks
 from ._ranks import check_trace_path, rank_info, rank_trace_path
 from ._stepper import StepTracker
+from .dataloader import settle_workers
 from .distributed import HEADER_RESERVE
 
 __all__ = ["Instrumentation", "active", "instrument"]
@@ -174,6 +175,7 @@ class Instrumentation:
             except Exception as exc:
                 errors.append(exc)
         try:
+            settle_workers()
             if self.trace_exporter is not None:
                 tracing.remove_exporter(self.trace_exporter)
             else:

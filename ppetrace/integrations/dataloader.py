@@ -12,10 +12,11 @@ when iteration started) and replaces the exporters with one that puts the
 rows on a multiprocessing queue (written at once, no feeder thread), drained by
 the parent's flusher. A worker
 pays only for recording and pickling, never for the parent's exporters; its
-own flusher sends at the parent's ``flush_interval``, so a worker that dies
-loses at most that interval, and one that ends normally sends the rest when
-it exits. The Trainer calls :func:`trace_workers` on its loaders; for a plain
-loop, call it once before iterating.
+own flusher sends at the parent's ``flush_interval`` (persistent workers, which
+outlive the run's last flush and die with the process: every
+:data:`PERSISTENT_INTERVAL`), so a worker that dies loses at most that interval,
+and one that ends normally sends the rest when it exits. The Trainer calls
+:func:`trace_workers` on its loaders; for a plain loop, call it once before iterating.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, TypeVar
 
 from opentelemetry import trace as otel_trace
@@ -32,7 +34,7 @@ from exporters._spans import FrozenAttributes, SpanBatch, SpanRow
 
 from ..tracing import _recorder, _setup
 
-__all__ = ["trace_workers"]
+__all__ = ["PERSISTENT_INTERVAL", "settle_workers", "trace_workers"]
 
 _log = logging.getLogger("ppetrace")
 L = TypeVar("L")
@@ -66,7 +68,27 @@ def trace_workers(loader: L) -> L:
     init.trace_id = _recorder.RECORDER.trace_id
     init.interval = _setup.FLUSHER.interval
     init.parent_id = 0 if loader.persistent_workers else _current_span_id()
+    if loader.persistent_workers:
+        # such workers live until the loader goes, often past the run's last flush (and
+        # die with the process, with what they hold): they send at a short interval, and
+        # settle_workers() waits for them before a run's last flush
+        init.interval = min(init.interval, PERSISTENT_INTERVAL)
+        global _persistent
+        _persistent = True
     return loader
+
+
+#: how often persistent workers send their spans (seconds)
+PERSISTENT_INTERVAL = 0.01
+_persistent = False
+
+
+def settle_workers() -> None:
+    """Before a run's last flush: when a loader with persistent workers was traced in
+    this process, wait two of their send intervals, so that what their last batches
+    recorded is on its way (a non-persistent worker sends the rest when it exits)."""
+    if _persistent:
+        time.sleep(2 * PERSISTENT_INTERVAL)
 
 
 def _current_span_id() -> int:

@@ -60,6 +60,7 @@ from ._detail import (
 )
 from ._ranks import check_trace_path, rank_info, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
+from .dataloader import settle_workers
 
 _tuple_new = tuple.__new__
 
@@ -460,6 +461,7 @@ class LightningProfiler(Profiler):
                         prof.teardown()
                     except Exception as exc:
                         errors.append(exc)
+                settle_workers()
                 if self.trace_exporter is not None:
                     tracing.remove_exporter(self.trace_exporter)
                 else:

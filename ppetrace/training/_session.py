@@ -26,6 +26,7 @@ from ..integrations._detail import (
     StepDetail,
     detail_metadata,
 )
+from ..integrations.dataloader import settle_workers
 from ..integrations.distributed import trace_collectives
 from ._progress import ProgressBar, progress_wanted
 from ._run import Run, TrainerView, run_cleanups
@@ -86,6 +87,7 @@ def session(
             if run is not None:
                 run.detail = StepDetail.create(exporter, *_detail_of(self), _notifier(self))
         cleanups.insert(0, tracing.flush)
+        cleanups.insert(0, settle_workers)  # before it: persistent DataLoader workers send
         if dist is not None:  # the user's explicit collectives, as dist.<name> spans
             collectives = contextlib.ExitStack()
             collectives.enter_context(trace_collectives())

@@ -122,6 +122,31 @@ def test_worker_spans_of_the_trainer_reach_its_trace_file(rows: Rows, tmp_path: 
     )
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_persistent_workers_spans_all_reach_the_trainers_trace(tmp_path: Path, method: str) -> None:
+    """Persistent workers live on after fit (their spans were lost: they sent once a
+    second, and the run's last flush came first)."""
+    model = torch.nn.Linear(4, 1)
+    loader = DataLoader(
+        Items(16),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=method,
+    )
+    trainer = ppetrace.Trainer(max_epochs=2, progress=False, trace_path=tmp_path / "t.json")
+    trainer.fit(
+        model,
+        loader,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        loss_fn=torch.nn.functional.mse_loss,
+    )
+    frame = read_chrome_trace(tmp_path / "t.json")  # the workers are still alive here
+    got = frame[frame["name"] == "user.getitem"]
+    assert sorted(got["i"].astype(int)) == sorted(list(range(16)) * 2)
+    del loader
+
+
 def test_a_worker_that_dies_loses_at_most_its_last_flush_interval(rows: Rows) -> None:
     loader = DataLoader(
         Items(20, die_at=5),
