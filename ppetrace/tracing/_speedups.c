@@ -612,6 +612,23 @@ lost:
     PyErr_WriteUnraisable((PyObject *)self);
 }
 
+/* the text of the exception exc as the span's error: 0, or -1 with an error set (the
+ * callback's own failure is cleared: it never replaces the block's exception) */
+static int
+set_error_text(SpanBase *self, PyObject *exc)
+{
+    PyObject *text = PyObject_CallOneArg(error_text_cb, exc);
+    if (text == NULL) {
+        PyErr_Clear();
+        text = PyUnicode_FromFormat("%.200s: <unprintable>", Py_TYPE(exc)->tp_name);
+        if (text == NULL) {
+            return -1;
+        }
+    }
+    Py_XSETREF(self->error, text); /* nothing is borrowed across the release */
+    return 0;
+}
+
 /* ---- light steps: a step's spans as aggregates, without rows -------------------------
  *
  * light_begin(owner, publish, full) starts a fold on the calling thread: until the span
@@ -820,16 +837,8 @@ light_record_full(SpanBase *self, long long end, PyObject *exc)
     }
     self->start_ns = start;
     self->end_ns = end;
-    if (exc != Py_None) {
-        PyObject *text = PyObject_CallOneArg(error_text_cb, exc);
-        if (text == NULL) {
-            PyErr_Clear();
-            text = PyUnicode_FromFormat("%.200s: <unprintable>", Py_TYPE(exc)->tp_name);
-            if (text == NULL) {
-                return -1;
-            }
-        }
-        Py_XSETREF(self->error, text);
+    if (exc != Py_None && set_error_text(self, exc) < 0) {
+        return -1;
     }
     record(self);
     return 0;
@@ -1032,17 +1041,8 @@ Span_exit(SpanBase *self, PyObject *const *args, Py_ssize_t nargs)
     Py_CLEAR(self->token);
     self->end_ns = end;
     exc = args[1];
-    if (exc != Py_None) {
-        PyObject *text = PyObject_CallOneArg(error_text_cb, exc);
-        if (text == NULL) {
-            /* never replace the block's own exception */
-            PyErr_Clear();
-            text = PyUnicode_FromFormat("%.200s: <unprintable>", Py_TYPE(exc)->tp_name);
-            if (text == NULL) {
-                goto lost;
-            }
-        }
-        Py_XSETREF(self->error, text);
+    if (exc != Py_None && set_error_text(self, exc) < 0) {
+        goto lost;
     }
     record(self);
     Py_RETURN_NONE;

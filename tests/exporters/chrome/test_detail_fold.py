@@ -126,6 +126,14 @@ def _through(
         if i not in detailed:
             f.publish(PID, MAIN, s)
     f.publisher(PID, OTHER)  # a lane with nothing published
+    return _batches(f, rows, cuts, parts)
+
+
+def _batches(
+    f: _detail.DetailFilter, rows: list[SpanRow], cuts: list[int], parts: list[int]
+) -> list[Any]:
+    """``rows`` through ``f`` in batches cut at ``cuts``: what it gives and keeps after
+    each, then the rows it still held at the end."""
     trail: list[Any] = []
     for b, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, len(rows)], strict=True)):
         out, summaries = f.take(PID, rows[lo:hi])
@@ -135,16 +143,22 @@ def _through(
     return trail
 
 
-def test_the_c_fold_equals_the_loop_on_generated_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    rng = random.Random(1919)
+def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[bool]:
+    """What ``_detail.<name>`` (a C path of ``_fold``) returns, call by call, from now on."""
     results: list[bool] = []
-    real = _fold.take_lane_fast
+    real = getattr(_fold, name)
 
     def counted(*args: Any) -> bool:
         results.append(real(*args))
         return results[-1]
 
-    monkeypatch.setattr(_detail, "take_lane_fast", counted)
+    monkeypatch.setattr(_detail, name, counted)
+    return results
+
+
+def test_the_c_fold_equals_the_loop_on_generated_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(1919)
+    results = _count_calls(monkeypatch, "take_lane_fast")
     summarised = 0
     for trial in range(300):
         rows, starts = _run(rng)
@@ -217,28 +231,14 @@ def _light_through(
     publish = f.light_publisher(PID, MAIN)
     for start, agg in light:
         publish(start, agg)
-    trail: list[Any] = []
-    for b, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, len(rows)], strict=True)):
-        out, summaries = f.take(PID, rows[lo:hi])
-        f.finish(out, summaries, parts[b % len(parts)])
-        trail.append((out, summaries, _state(f)))
-    trail.append(sorted(f.flush_held().items()))
-    trail.append(_state(f))
-    return trail
+    return [*_batches(f, rows, cuts, parts), _state(f)]
 
 
 def test_the_c_light_lane_equals_the_loop_on_generated_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rng = random.Random(2026)
-    results: list[bool] = []
-    real = _fold.light_lane_fast
-
-    def counted(*args: Any) -> bool:
-        results.append(real(*args))
-        return results[-1]
-
-    monkeypatch.setattr(_detail, "light_lane_fast", counted)
+    results = _count_calls(monkeypatch, "light_lane_fast")
     summarised = lost = 0
     for trial in range(300):
         rows, light = _light_run(rng)

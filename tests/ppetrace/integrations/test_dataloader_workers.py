@@ -103,17 +103,22 @@ def test_worker_spans_of_a_plain_loop_land_in_the_parent_trace(rows: Rows, metho
     assert s.delivered == s.recorded == 8 + 4 + 1
 
 
-def test_worker_spans_of_the_trainer_reach_its_trace_file(rows: Rows, tmp_path: Path) -> None:
+def _fit_two_epochs(loader: DataLoader[Any], path: Path) -> Any:
+    """The trace frame of a 2-epoch Trainer fit on ``loader``."""
     model = torch.nn.Linear(4, 1)
-    loader = DataLoader(Items(8), batch_size=4, num_workers=2, multiprocessing_context="fork")
-    trainer = ppetrace.Trainer(max_epochs=2, progress=False, trace_path=tmp_path / "t.json")
+    trainer = ppetrace.Trainer(max_epochs=2, progress=False, trace_path=path)
     trainer.fit(
         model,
         loader,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
         loss_fn=torch.nn.functional.mse_loss,
     )
-    frame = read_chrome_trace(tmp_path / "t.json")
+    return read_chrome_trace(path)
+
+
+def test_worker_spans_of_the_trainer_reach_its_trace_file(rows: Rows, tmp_path: Path) -> None:
+    loader = DataLoader(Items(8), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    frame = _fit_two_epochs(loader, tmp_path / "t.json")
     got = frame[frame["name"] == "user.getitem"]
     assert sorted(got["i"].astype(int)) == sorted(list(range(8)) * 2)
     assert set(got["pid"]) == {os.getpid()}  # under the main process, on tracks of its own
@@ -126,7 +131,6 @@ def test_worker_spans_of_the_trainer_reach_its_trace_file(rows: Rows, tmp_path: 
 def test_persistent_workers_spans_all_reach_the_trainers_trace(tmp_path: Path, method: str) -> None:
     """Persistent workers live on after fit (their spans were lost: they sent once a
     second, and the run's last flush came first)."""
-    model = torch.nn.Linear(4, 1)
     loader = DataLoader(
         Items(16),
         batch_size=2,
@@ -134,14 +138,7 @@ def test_persistent_workers_spans_all_reach_the_trainers_trace(tmp_path: Path, m
         persistent_workers=True,
         multiprocessing_context=method,
     )
-    trainer = ppetrace.Trainer(max_epochs=2, progress=False, trace_path=tmp_path / "t.json")
-    trainer.fit(
-        model,
-        loader,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
-        loss_fn=torch.nn.functional.mse_loss,
-    )
-    frame = read_chrome_trace(tmp_path / "t.json")  # the workers are still alive here
+    frame = _fit_two_epochs(loader, tmp_path / "t.json")  # the workers are still alive
     got = frame[frame["name"] == "user.getitem"]
     assert sorted(got["i"].astype(int)) == sorted(list(range(16)) * 2)
     del loader
