@@ -110,7 +110,7 @@ class _Lane:
 
     def __init__(self) -> None:
         self.starts: deque[int] = deque()
-        #: light steps (published when they end): (start, aggregates), see publish_light
+        #: light steps (published when they end): (start, aggregates), see light_publisher
         self.light: deque[tuple[int, tuple[Any, ...]]] = deque()
         self.cur: _Interval | None = None
         self.names: list[str] = []  # as written (escaped), in the order they came
@@ -188,7 +188,7 @@ class DetailFilter:
     def light_publisher(self, pid: int, tid: int) -> Callable[[int, tuple[Any, ...]], None]:
         """For one thread: a callable ``(start_ns, aggregates)`` that publishes a *light*
         step, one whose spans the recorder took as aggregates only (``begin_light`` in
-        ``ppetrace.tracing._light``): ``aggregates`` is ``(name, total, self, count,
+        ``ppetrace.tracing._fold``): ``aggregates`` is ``(name, total, self, count,
         ...)``. Call it when the step ends, before its row is made: the step row that
         starts at ``start_ns`` is then written with these aggregates."""
         lane = self._lanes.get((pid, tid))

@@ -501,13 +501,14 @@ class PySpan(_SpanAPI, otel_trace.NonRecordingSpan):
                 self.start_ns = start
                 self._record(end, exc)
             return
-        if light is not None:
-            if self._lmode == 2:
+        if self._lmode == 2:  # entered in full inside a fold (gone, perhaps)
+            self._lmode = 0
+            if light is not None:
                 _light.exit_full(light, self, end)
-            if light.owner is self:
-                _tls.light = None
-                light.finish(self.start_ns + RECORDER.offset_ns)
-                _tls.light_spare = light  # the thread's next fold starts from its names
+        if light is not None and light.owner is self:
+            _tls.light = None
+            light.finish(self.start_ns + RECORDER.offset_ns)
+            _tls.light_spare = light  # the thread's next fold starts from its names
         self._token = None
         try:  # noqa: SIM105 - contextlib.suppress costs more on this hot path
             _reset_ctx(token)
