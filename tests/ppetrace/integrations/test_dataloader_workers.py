@@ -144,6 +144,23 @@ def test_persistent_workers_spans_all_reach_the_trainers_trace(tmp_path: Path, m
     del loader
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_instrument_traces_the_workers_of_a_plain_loop_with_no_code_change(
+    tmp_path: Path, method: str
+) -> None:
+    """Under instrument() (and so ppetrace run), no trace_workers call is needed."""
+    loader = DataLoader(
+        Items(8), batch_size=2, num_workers=2, collate_fn=collate, multiprocessing_context=method
+    )
+    with ppetrace.instrument(trace_path=tmp_path / "t.json"):
+        for _ in loader:
+            pass
+    frame = read_chrome_trace(tmp_path / "t.json")
+    got = frame[frame["name"] == "user.getitem"]
+    assert sorted(got["i"].astype(int)) == list(range(8))
+    assert (frame["name"] == "user.collate").sum() == 4
+
+
 def test_a_worker_that_dies_loses_at_most_its_last_flush_interval(rows: Rows) -> None:
     loader = DataLoader(
         Items(20, die_at=5),

@@ -89,13 +89,15 @@ def test_close_restores_every_hook_and_patch_exactly() -> None:
         nn.Module.__dict__["__call__"],
         torch.Tensor.__dict__["backward"],
         torch.autograd.backward,
+        dl.DataLoader.__dict__["__iter__"],
         dict(optim_mod._global_optimizer_pre_hooks),
         dict(optim_mod._global_optimizer_post_hooks),
     )
     handle = ppetrace.instrument(module_depth=3)
     patched = (base.__dict__["__next__"], nn.Module.__dict__["__call__"])
     assert patched[0] is not saved[0] and patched[1] is not saved[1]
-    assert len(optim_mod._global_optimizer_pre_hooks) == len(saved[4]) + 1
+    assert dl.DataLoader.__dict__["__iter__"] is not saved[4]
+    assert len(optim_mod._global_optimizer_pre_hooks) == len(saved[5]) + 1
     handle.close()
     handle.close()  # closing twice does nothing
     after = (
@@ -103,11 +105,12 @@ def test_close_restores_every_hook_and_patch_exactly() -> None:
         nn.Module.__dict__["__call__"],
         torch.Tensor.__dict__["backward"],
         torch.autograd.backward,
+        dl.DataLoader.__dict__["__iter__"],
         dict(optim_mod._global_optimizer_pre_hooks),
         dict(optim_mod._global_optimizer_post_hooks),
     )
-    assert all(a is b for a, b in zip(after[:4], saved[:4], strict=True))
-    assert after[4:] == saved[4:]
+    assert all(a is b for a, b in zip(after[:5], saved[:5], strict=True))
+    assert after[5:] == saved[5:]
     # a wrapper kept by someone (here: the one we hold) calls straight through once closed
     before = ppetrace.stats().recorded
     assert patched[1](nn.Identity(), torch.ones(1)).item() == 1.0
