@@ -21,10 +21,12 @@ and one that ends normally sends the rest when it exits. The Trainer calls
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from opentelemetry import trace as otel_trace
@@ -34,7 +36,7 @@ from exporters._spans import FrozenAttributes, SpanBatch, SpanRow
 
 from ..tracing import _recorder, _setup
 
-__all__ = ["PERSISTENT_INTERVAL", "settle_workers", "trace_workers"]
+__all__ = ["PERSISTENT_INTERVAL", "settle_workers", "trace_loaders", "trace_workers"]
 
 _log = logging.getLogger("ppetrace")
 L = TypeVar("L")
@@ -81,6 +83,32 @@ def trace_workers(loader: L) -> L:
 #: how often persistent workers send their spans (seconds)
 PERSISTENT_INTERVAL = 0.01
 _persistent = False
+
+
+def trace_loaders() -> Callable[[], None]:
+    """Patch ``DataLoader.__iter__`` to call :func:`trace_workers` on each loader before its
+    workers start (for a loop that gets its loaders from elsewhere, as Lightning does);
+    returns the function that takes the patch out again (a patch that someone replaced
+    since is left to them)."""
+    from torch.utils.data import DataLoader
+
+    before = DataLoader.__dict__["__iter__"]
+
+    @functools.wraps(before)
+    def __iter__(loader: Any) -> Any:
+        try:
+            trace_workers(loader)
+        except Exception:  # telemetry never breaks training
+            _log.exception("ppetrace: tracing the workers of %r failed", loader)
+        return before(loader)
+
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+
+    def remove() -> None:
+        if DataLoader.__dict__.get("__iter__") is __iter__:
+            DataLoader.__iter__ = before  # type: ignore[method-assign]
+
+    return remove
 
 
 def settle_workers() -> None:

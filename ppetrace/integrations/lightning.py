@@ -42,7 +42,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from ._detail import (
 )
 from ._ranks import check_trace_path, rank_info, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
-from .dataloader import settle_workers
+from .dataloader import settle_workers, trace_loaders
 
 _tuple_new = tuple.__new__
 
@@ -153,6 +153,10 @@ class _Action:
         self._stop(self._name)
 
 
+def _nothing() -> None:
+    pass
+
+
 class LightningProfiler(Profiler):
     """A Lightning ``Profiler`` that records every action as a ppetrace span.
 
@@ -196,6 +200,7 @@ class LightningProfiler(Profiler):
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
         self._active = False  # first: teardown (also from __del__) reads it
+        self._untrace_loaders: Callable[[], None] = _nothing
         #: ``(trace_detail, max_trace_bytes)``: which steps the trace keeps in full
         self.detail = check_detail(trace_detail, max_trace_bytes)
         if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
@@ -262,6 +267,7 @@ class LightningProfiler(Profiler):
             return
         self._active = True
         _precedence.drivers[0] += 1
+        self._untrace_loaders = trace_loaders()  # Lightning's loaders' workers: this trace
         self._rows = RowBuffer()  # on the thread that runs Lightning's loop
         self._ids = next_ids()
         if self.trace_path is not None:
@@ -462,6 +468,7 @@ class LightningProfiler(Profiler):
                     except Exception as exc:
                         errors.append(exc)
                 settle_workers()
+                self._untrace_loaders()
                 if self.trace_exporter is not None:
                     tracing.remove_exporter(self.trace_exporter)
                 else:

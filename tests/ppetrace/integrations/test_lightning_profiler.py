@@ -286,3 +286,31 @@ def test_a_bad_trace_path_is_refused_at_once_and_leaves_nothing_behind(
     )
     done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+class _TracedItems(torch.utils.data.Dataset[Any]):
+    """Items whose __getitem__ records a span, in the DataLoader worker that loads it."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import ppetrace
+
+        with ppetrace.trace("user.getitem", {"i": i}):
+            return torch.full((4,), float(i)), torch.tensor(i % 2)
+
+
+def test_the_workers_of_lightnings_loaders_trace_into_the_profilers_trace(
+    tmp_path: Path,
+) -> None:
+    from torch.utils.data import DataLoader as _DL
+
+    before = _DL.__dict__["__iter__"]
+    loader = _DL(_TracedItems(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    profiler = LightningProfiler(tmp_path / "trace.json")
+    _trainer(profiler, max_epochs=1).fit(_Module(), loader)
+    frame = read_chrome_trace(tmp_path / "trace.json")
+    got = frame[frame["name"] == "user.getitem"]
+    assert sorted(got["i"].astype(int)) == list(range(16))  # no trace_workers call needed
+    assert _DL.__dict__["__iter__"] is before  # the patch is out again after the stage
