@@ -30,10 +30,11 @@ __all__ = [
 
 def _headline(report: StepReport) -> list[str]:
     w = report.excluded_steps
+    n, spans = report.throughput.steps, report.spans
     lines = [
-        f"{fmt_count(report.throughput.steps)} steps "
+        f"{fmt_count(n)} step{'s' if n != 1 else ''} "
         f"({w} warmup step{'s' if w != 1 else ''} excluded; warmup_steps={report.warmup_steps}), "
-        f"{fmt_count(report.spans)} spans"
+        f"{fmt_count(spans)} span{'s' if spans != 1 else ''}"
     ]
     t = report.throughput
     if t.steps:

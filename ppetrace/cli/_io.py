@@ -28,6 +28,7 @@ def _emit(text: str, output: str | None, out: IO[str]) -> None:
         _write(out, text)
         return
     try:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)  # as run --trace and merge do
         Path(output).write_text(text, encoding="utf-8", errors="backslashreplace")
     except OSError as exc:
         raise _BadInput(

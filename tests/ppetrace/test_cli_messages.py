@@ -100,3 +100,15 @@ def test_the_same_file_on_both_sides_is_warned_about(tmp_path: Path) -> None:
     other = write_run(tmp_path / "other.json", [1_000_000] * 8)
     code, _, err = run("compare", str(base), str(other))
     assert code == 0 and err == ""
+
+
+def test_report_writes_into_a_new_folder_and_counts_one_step_in_the_singular(
+    tmp_path: Path,
+) -> None:
+    trace = write_run(tmp_path / "one.json", [1_000_000, 2_000_000])  # a warmup step, then one
+    out = tmp_path / "new" / "folder" / "report.txt"
+    code, _, err = run("report", str(trace), "-o", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    assert text.startswith("1 step (1 warmup step excluded") or "\n1 step (1 warmup" in text
+    assert "1 steps" not in text
