@@ -92,10 +92,11 @@ class Detail:
             text = _compact([(a, b) for p, a, b in self.ranges if p == pid], limit)
             spans.append(text if len(pids) == 1 else f"pid {pid}: {text}")
         where = f" (step_index {'; '.join(spans)})" if spans else ""
+        n = self.spans_summarised
         line = (
             f"Full detail: {self.detailed:,} of {self.steps:,} steps{where}; "
-            f"{self.summarised:,} summarised (per-event aggregates of "
-            f"{self.spans_summarised:,} spans)."
+            f"{self.summarised:,} summarised (per-event aggregates of {n:,} "
+            f"span{'s' if n != 1 else ''} in the steps past the warmup)."
         )
         policy = self.policy or {}
         if policy.get("policy") in ("auto", "schedule"):

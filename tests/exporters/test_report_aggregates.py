@@ -283,7 +283,8 @@ def test_detail_describe_is_compact() -> None:
     d = Detail(1_000_000, 330_670, 669_330, 0, ranges, 1)
     assert d.describe() == (
         "Full detail: 330,670 of 1,000,000 steps (step_index 0-329,999, "
-        "330,999-999,999 every 1,000); 669,330 summarised (per-event aggregates of 1 spans)."
+        "330,999-999,999 every 1,000); 669,330 summarised (per-event aggregates of 1 span "
+        "in the steps past the warmup)."
     )
     few = Detail(20, 10, 10, 0, ((1, 0, 0), (1, 2, 2), (1, 9, 12)), 0)
     assert "(step_index 0, 2, 9-12)" in few.describe()  # two singles are not a stride
@@ -303,7 +304,7 @@ def test_renderers_say_which_steps_had_full_detail(
     report = step_report(summ, warmup_steps=1)
     text = render_table(report)
     assert "Full detail: 4 of 12 steps (step_index 0-1, 5, 10); 8 summarised" in text
-    assert "spans). trace_detail=auto, max_trace_bytes=1,000,000,000." in text
+    assert "past the warmup). trace_detail=auto, max_trace_bytes=1,000,000,000." in text
     assert "in detail" in text and "over the spans of the steps with full detail" in text
     assert "Full detail: 4 of 12 steps" in render_markdown(report)
     doc = json.loads(render_json(report))
