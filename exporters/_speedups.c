@@ -688,14 +688,21 @@ typedef struct {
 
 #define X_NAME_SLOTS 32
 
+/* where an object's address starts its probes in an identity cache of cap slots (a power
+ * of two) */
+static inline size_t
+address_home(PyObject *p, size_t cap)
+{
+    return (size_t)(((uintptr_t)p * 0x9E3779B97F4A7C15ULL) >> 40) & (cap - 1);
+}
+
 /* the slot of name: where it is, else the first empty one of its four probes, else its
  * home slot, to replace (a step's ten or so names: without the probes, two that shared a
  * slot, as some did in most calls, replaced each other on every row) */
 static inline XName *
 x_name_slot(XName *names, PyObject *name)
 {
-    size_t home = (size_t)(((uintptr_t)name * 0x9E3779B97F4A7C15ULL) >> 40);
-    home &= X_NAME_SLOTS - 1;
+    size_t home = address_home(name, X_NAME_SLOTS);
     for (size_t k = 0; k < 4; k++) {
         XName *at = &names[(home + k) & (X_NAME_SLOTS - 1)];
         if (at->name == name || at->name == NULL) {
@@ -882,16 +889,39 @@ fold_digits(PyObject *v, unsigned long long *mag, int *neg)
 #endif
 }
 
+/* an exact int within int64 / within [0, 2**64), read from its digits: 1, else 0 (not an
+ * exact int, out of range, or no digit access: the caller reads it the general way) */
+static inline int
+read_digits_ll(PyObject *v, long long *out)
+{
+    unsigned long long mag;
+    int neg;
+    if (!PyLong_CheckExact(v) || !fold_digits(v, &mag, &neg) ||
+        (neg ? mag > (1ULL << 63) : mag > (unsigned long long)LLONG_MAX)) {
+        return 0;
+    }
+    *out = neg ? (long long)(0ULL - mag) : (long long)mag;
+    return 1;
+}
+
+static inline int
+read_digits_ull(PyObject *v, unsigned long long *out)
+{
+    unsigned long long mag;
+    int neg;
+    if (!PyLong_CheckExact(v) || !fold_digits(v, &mag, &neg) || (neg && mag)) {
+        return 0;
+    }
+    *out = mag;
+    return 1;
+}
+
 static int
 x_read_ll(PyObject *v, long long *out)
 {
     /* an int64 (an object with __index__ runs Python code: its row holds v); an exact
-     * int is read from its digits where it can be (fold_digits) */
-    unsigned long long mag;
-    int neg;
-    if (PyLong_CheckExact(v) && fold_digits(v, &mag, &neg) &&
-        (neg ? mag <= (1ULL << 63) : mag <= (unsigned long long)LLONG_MAX)) {
-        *out = neg ? (long long)(0ULL - mag) : (long long)mag;
+     * int is read from its digits where it can be */
+    if (read_digits_ll(v, out)) {
         return 0;
     }
     int overflow = 0;
@@ -914,10 +944,7 @@ static int
 x_read_ull(PyObject *v, unsigned long long *out)
 {
     /* a uint64 id; PyLong_AsUnsignedLongLong (slow in some versions) only past int64 */
-    unsigned long long mag;
-    int neg;
-    if (PyLong_CheckExact(v) && fold_digits(v, &mag, &neg) && !(neg && mag)) {
-        *out = mag;
+    if (read_digits_ull(v, out)) {
         return 0;
     }
     PyObject *i = PyLong_CheckExact(v) ? Py_NewRef(v) : PyNumber_Index(v);
@@ -4199,13 +4226,7 @@ fold_ll(PyObject *v, long long *out)
     if (!PyLong_CheckExact(v)) {
         return 0;
     }
-    unsigned long long mag;
-    int neg;
-    if (fold_digits(v, &mag, &neg)) {
-        if (neg ? mag > (1ULL << 63) : mag > (unsigned long long)LLONG_MAX) {
-            return 0;
-        }
-        *out = neg ? (long long)(0ULL - mag) : (long long)mag;
+    if (read_digits_ll(v, out)) {
         return 1;
     }
     int overflow = 0;
@@ -4224,13 +4245,7 @@ fold_ull(PyObject *v, unsigned long long *out)
     if (!PyLong_CheckExact(v)) {
         return 0;
     }
-    unsigned long long mag;
-    int neg;
-    if (fold_digits(v, &mag, &neg)) {
-        if (neg && mag) {
-            return 0;
-        }
-        *out = mag;
+    if (read_digits_ull(v, out)) {
         return 1;
     }
     int overflow = 0;
@@ -4295,7 +4310,7 @@ fold_exact_set(PyObject *s)
 static inline size_t
 fold_cache_slot(PyObject *name, PyObject *const *names, size_t cap)
 {
-    size_t home = (size_t)(((uintptr_t)name * 0x9E3779B97F4A7C15ULL) >> 40) & (cap - 1);
+    size_t home = address_home(name, cap);
     for (size_t k = 0; k < 4; k++) {
         size_t at = (home + k) & (cap - 1);
         if (names[at] == name || names[at] == NULL) {

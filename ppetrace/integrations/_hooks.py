@@ -55,7 +55,7 @@ from ._modules import Paths, root_name
 from ._precedence import standing_aside
 from ._record import current_parent
 from ._stepper import VAL, StepTracker
-from .dataloader import trace_workers
+from .dataloader import tracing_iter
 
 __all__ = ["Hooks"]
 
@@ -109,8 +109,15 @@ class Hooks:
         standing_aside()  # finds the Trainer's flag if the training package is imported
         base = _dl._BaseDataLoaderIter
         self._patch(base, "__next__", self._fetch_wrapper(base.__next__))
+        # the workers of each loader iterated, traced; not while the Trainer or a
+        # LightningProfiler drives the loop (they trace their loaders themselves)
         loader = _dl.DataLoader
-        self._patch(loader, "__iter__", self._iter_wrapper(loader.__iter__))
+        hooks = self
+        self._patch(
+            loader,
+            "__iter__",
+            tracing_iter(loader.__iter__, lambda: hooks.on and not _drivers[0]),
+        )
         if self.module_depth > 0:
             self._patch(torch.nn.Module, "__call__", self._module_wrapper(torch.nn.Module.__call__))
         # Tensor.backward calls torch.autograd.backward: the outer one opens the span
@@ -152,23 +159,6 @@ class Hooks:
         self._saved.clear()
 
     # -- the wrappers ----------------------------------------------------------------
-
-    def _iter_wrapper(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """``DataLoader.__iter__``: the workers of a loader with ``num_workers > 0`` trace
-        into this trace (``trace_workers``), before they start; not while the Trainer or
-        a LightningProfiler drives the loop."""
-        hooks = self
-
-        @functools.wraps(orig)
-        def __iter__(loader: Any) -> Any:
-            if hooks.on and not _drivers[0]:
-                try:
-                    trace_workers(loader)
-                except Exception:
-                    hooks.failed("DataLoader workers")
-            return orig(loader)
-
-        return __iter__
 
     def _fetch_wrapper(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         hooks, tracker = self, self.tracker

@@ -99,23 +99,20 @@ class Instrumentation:
         """``trainer.step`` spans recorded so far."""
         return self._tracker.steps
 
-    def _refresh_environment_once(self, first: dict[str, Any]) -> None:
-        """Take the environment again until the trace's header is written (before each
-        drain): ``ppetrace run`` starts instrument() before the script sets its threads
-        (``torch.set_num_threads``), and the trace must say what the steps ran with."""
-        self._first_environment = first
-        RECORDER.before_flush.append(self._refresh_environment)
-
-    def _refresh_environment(self) -> None:  # 58 µs a drain, until the header is written
+    def _refresh_environment(self) -> None:
+        """Before each drain until the trace's header is written (58 µs a time): take the
+        environment again. ``ppetrace run`` starts instrument() before the script sets its
+        threads (``torch.set_num_threads``), and the trace must say what the steps ran
+        with."""
         exporter = self.trace_exporter
         if exporter is None or exporter.bytes_written:
             with contextlib.suppress(ValueError):
                 RECORDER.before_flush.remove(self._refresh_environment)
             return
-        now = tracing.capture_environment(device=self.runtime.device_spec)
-        if now != self._first_environment:
-            with contextlib.suppress(RuntimeError):  # the header was written meanwhile
-                exporter.update_metadata(environment=now)
+        with contextlib.suppress(RuntimeError):  # the header was written meanwhile
+            exporter.update_metadata(
+                environment=tracing.capture_environment(device=self.runtime.device_spec)
+            )
 
     def _start(self) -> None:
         started: list[Any] = []
@@ -132,7 +129,7 @@ class Instrumentation:
                     **options.get("metadata", {}),
                 }
                 self.trace_exporter = ChromeTraceExporter(self.trace_path, **options)
-                self._refresh_environment_once(environment)
+                RECORDER.before_flush.append(self._refresh_environment)
                 self._tracker.detail = StepDetail.create(self.trace_exporter, *self.detail, _notice)
                 tracing.add_exporter(self.trace_exporter)
             for prof in self.profilers:
@@ -182,10 +179,8 @@ class Instrumentation:
                 tracing.flush()
         except Exception as exc:
             errors.append(exc)
-        for hook in list(RECORDER.before_flush):  # the environment's, if never written
-            if getattr(hook, "__self__", None) is self:
-                with contextlib.suppress(ValueError):
-                    RECORDER.before_flush.remove(hook)
+        with contextlib.suppress(ValueError):  # the environment's hook, if never written
+            RECORDER.before_flush.remove(self._refresh_environment)
         if errors:
             raise errors[0]
 

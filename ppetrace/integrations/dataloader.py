@@ -36,7 +36,13 @@ from exporters._spans import FrozenAttributes, SpanBatch, SpanRow
 
 from ..tracing import _recorder, _setup
 
-__all__ = ["PERSISTENT_INTERVAL", "settle_workers", "trace_loaders", "trace_workers"]
+__all__ = [
+    "PERSISTENT_INTERVAL",
+    "settle_workers",
+    "trace_loaders",
+    "trace_workers",
+    "tracing_iter",
+]
 
 _log = logging.getLogger("ppetrace")
 L = TypeVar("L")
@@ -85,6 +91,24 @@ PERSISTENT_INTERVAL = 0.01
 _persistent = False
 
 
+def tracing_iter(
+    orig: Callable[[Any], Any], when: Callable[[], bool] | None = None
+) -> Callable[[Any], Any]:
+    """``DataLoader.__iter__`` made to call :func:`trace_workers` on the loader first
+    (while ``when()`` is true, when given); a failure is logged, never raised."""
+
+    @functools.wraps(orig)
+    def __iter__(loader: Any) -> Any:
+        if when is None or when():
+            try:
+                trace_workers(loader)
+            except Exception:  # telemetry never breaks training
+                _log.exception("ppetrace: tracing the workers of %r failed", loader)
+        return orig(loader)
+
+    return __iter__
+
+
 def trace_loaders() -> Callable[[], None]:
     """Patch ``DataLoader.__iter__`` to call :func:`trace_workers` on each loader before its
     workers start (for a loop that gets its loaders from elsewhere, as Lightning does);
@@ -93,15 +117,7 @@ def trace_loaders() -> Callable[[], None]:
     from torch.utils.data import DataLoader
 
     before = DataLoader.__dict__["__iter__"]
-
-    @functools.wraps(before)
-    def __iter__(loader: Any) -> Any:
-        try:
-            trace_workers(loader)
-        except Exception:  # telemetry never breaks training
-            _log.exception("ppetrace: tracing the workers of %r failed", loader)
-        return before(loader)
-
+    __iter__ = tracing_iter(before)
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
 
     def remove() -> None:

@@ -17,11 +17,11 @@ def begin_light(owner: Any, publish: Callable[[int, tuple[Any, ...]], Any], full
     ends (a *fold*, see the module doc): True; False when it cannot (tracing disabled,
     ``owner`` not a recorded span open in full, a fold already open on this thread).
     ``full``: a frozenset of the names to record in full."""
-    if type(full) is not frozenset or not all(type(n) is str for n in full):
+    if type(full) is not frozenset:
         raise TypeError(f"Expected a frozenset of str for full, but received {full!r}.")
     speedups = rec._speedups
     if speedups is not None and isinstance(owner, speedups.SpanBase):
-        return bool(speedups.light_begin(owner, publish, full))
+        return bool(speedups.light_begin(owner, publish, full))  # it checks full's names
     tls = rec._tls
     if (
         not isinstance(owner, rec.PySpan)
@@ -37,6 +37,9 @@ def begin_light(owner: Any, publish: Callable[[int, tuple[Any, ...]], Any], full
     if spare is not None and spare.full is full:  # the names of the thread's last fold
         spare.again(owner, publish)
         tls.light = spare
-    else:
-        tls.light = Light(owner, publish, full)
+        return True
+    # a new set of full names is checked once, as in C (not on every step)
+    if not all(type(n) is str for n in full):
+        raise TypeError(f"Expected a frozenset of str for full, but received {full!r}.")
+    tls.light = Light(owner, publish, full)
     return True

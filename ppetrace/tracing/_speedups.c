@@ -735,6 +735,15 @@ light_slot(Light *L, PyObject *name)
     return at;
 }
 
+/* *a += b, saturating at LLONG_MAX (b >= 0) */
+static inline void
+sat_add(long long *a, long long b)
+{
+    if (__builtin_add_overflow(*a, b, a)) {
+        *a = LLONG_MAX;
+    }
+}
+
 /* the frame of span in L, or -1 */
 static Py_ssize_t
 light_frame(Light *L, SpanBase *span)
@@ -759,10 +768,7 @@ light_pop(Light *L, SpanBase *span, long long dur)
     long long child = L->frames[d].child;
     L->depth = d;
     if (d > 0) {
-        long long *up = &L->frames[d - 1].child;
-        if (__builtin_add_overflow(*up, dur, up)) {
-            *up = LLONG_MAX;
-        }
+        sat_add(&L->frames[d - 1].child, dur);
     }
     return child;
 }
@@ -780,13 +786,8 @@ light_dur(long long start, long long end)
 static void
 light_add(Light *L, int at, long long dur, long long child)
 {
-    long long own = dur - (child < dur ? child : dur);
-    if (__builtin_add_overflow(L->total[at], dur, &L->total[at])) {
-        L->total[at] = LLONG_MAX;
-    }
-    if (__builtin_add_overflow(L->own[at], own, &L->own[at])) {
-        L->own[at] = LLONG_MAX;
-    }
+    sat_add(&L->total[at], dur);
+    sat_add(&L->own[at], dur - (child < dur ? child : dur));
     L->count[at]++;
 }
 
@@ -886,9 +887,8 @@ light_mark(SpanBase *span)
         return at == -2 ? -1 : 0;
     }
     long long t0 = now_monotonic_ns(), dur = light_dur(t0, now_monotonic_ns());
-    if (L->depth > 0 && __builtin_add_overflow(L->frames[L->depth - 1].child, dur,
-                                               &L->frames[L->depth - 1].child)) {
-        L->frames[L->depth - 1].child = LLONG_MAX;
+    if (L->depth > 0) {
+        sat_add(&L->frames[L->depth - 1].child, dur);
     }
     light_add(L, at, dur, 0);
     return 1;
@@ -937,6 +937,31 @@ light_finish(void)
     return rc;
 }
 
+/* whether every element of the frozenset s is an exact str (1), else 0 with TypeError */
+static int
+exact_str_set(PyObject *s)
+{
+    PyObject *it = PyObject_GetIter(s), *key;
+    if (it == NULL) {
+        return 0;
+    }
+    while ((key = PyIter_Next(it)) != NULL) { /* iterating a frozenset runs no code */
+        int exact = PyUnicode_CheckExact(key);
+        if (!exact) {
+            PyErr_Format(PyExc_TypeError,
+                         "Expected a frozenset of str for full, but it holds a %.100s.",
+                         Py_TYPE(key)->tp_name);
+        }
+        Py_DECREF(key);
+        if (!exact) {
+            Py_DECREF(it);
+            return 0;
+        }
+    }
+    Py_DECREF(it);
+    return !PyErr_Occurred();
+}
+
 static PyObject *
 light_begin(PyObject *module, PyObject *args)
 {
@@ -950,22 +975,8 @@ light_begin(PyObject *module, PyObject *args)
         !PyCallable_Check(publish)) {
         Py_RETURN_FALSE; /* not recorded, not a full span, or a fold already open */
     }
-    PyObject *it = PyObject_GetIter(full), *key;
-    if (it == NULL) {
-        return NULL;
-    }
-    while ((key = PyIter_Next(it)) != NULL) { /* iterating a frozenset runs no code */
-        int exact = PyUnicode_CheckExact(key);
-        Py_DECREF(key);
-        if (!exact) {
-            Py_DECREF(it);
-            PyErr_SetString(PyExc_TypeError, "light_begin() expected a frozenset of str.");
-            return NULL;
-        }
-    }
-    Py_DECREF(it);
-    if (PyErr_Occurred()) {
-        return NULL;
+    if ((light_spare == NULL || light_spare->full != full) && !exact_str_set(full)) {
+        return NULL; /* a new set of full names is checked once, not on every step */
     }
     Light *L = light_spare;
     light_spare = NULL;

@@ -181,6 +181,8 @@ def test_begin_light_refuses_what_it_cannot_fold(trace: Any, row_sink: RowSink) 
         assert not begin_light(step, print, FULL)  # a fold is open on this thread
     with pytest.raises(TypeError, match="frozenset of str"):
         begin_light(step, print, {"trainer.step"})
+    with step, pytest.raises(TypeError, match="frozenset of str"):
+        begin_light(step, print, frozenset({"trainer.step", 1}))  # a new set: its names
     ppetrace.configure(enabled=False)
     try:
         with step:
