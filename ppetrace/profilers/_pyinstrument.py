@@ -268,6 +268,16 @@ class Pyinstrument(ScheduledProfiler):
         window.end_ns = end_ns
         records = session.frame_records
         window.info["samples"] = len(records)
+        if not records:
+            _log.warning(
+                "ppetrace: pyinstrument took no samples in steps %d-%d: they ran for %.3f ms, "
+                "less than its %g ms interval. Sample more steps (a longer schedule) or pass "
+                "a smaller interval to Pyinstrument.",
+                window.first_step,
+                window.last_step,
+                (end_ns - window.start_ns) / 1e6,
+                self.interval * 1e3,
+            )
         self._accumulate(records)
         self._write_files(session, window)
         events = stack_events(records, self._anchor_ns, start_ns=window.start_ns, end_ns=end_ns)

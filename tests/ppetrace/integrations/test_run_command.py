@@ -218,7 +218,14 @@ def test_under_torchrun_each_rank_writes_its_file_and_only_rank_0_reports(
 
 
 def test_profilers_on_a_schedule_write_their_windows(tmp_path: Path) -> None:
-    script = _script(tmp_path, LOOP.format(out=str(tmp_path / "o.json")))
+    # each step spends some milliseconds in Python, so the 1 ms sampler catches the
+    # window however fast the machine is (the plain LOOP's two steps can take under 1 ms)
+    body = LOOP.format(out=str(tmp_path / "o.json")).replace(
+        "    opt.step()\n",
+        "    opt.step()\n    busy_python_work = sum(i * i for i in range(200_000))\n",
+    )
+    assert "busy_python_work" in body
+    script = _script(tmp_path, body)
     trace = tmp_path / "p.json"
     code, err = _run(
         "--trace", str(trace), "--profile", "pyinstrument", "--schedule", "0,1,2,1", str(script)
@@ -227,6 +234,7 @@ def test_profilers_on_a_schedule_write_their_windows(tmp_path: Path) -> None:
     pages = sorted(p.name for p in (tmp_path / "p_profiles").iterdir())
     assert "pyinstrument_steps1-2.html" in pages
     assert "top_functions" in err  # the report shows the sampled functions
+    assert "<genexpr>" in err  # among them the busy generator of each step
 
 
 # -- signals: in process (the run reports the signal), and once from outside --------------

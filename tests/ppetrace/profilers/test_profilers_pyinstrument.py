@@ -237,3 +237,14 @@ def test_the_top_functions_table_is_stored_in_the_trace_and_shown_by_the_report(
     assert "top_functions" in render(report, "table")
     with pytest.raises(ValueError, match="Expected a positive int for top, but received 0"):
         Pyinstrument(top=0)
+
+
+def test_a_window_too_short_to_sample_says_so(
+    exporter: ChromeTraceExporter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    prof = Pyinstrument(interval=3600.0, schedule=Schedule(warmup=0, active=2), output_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="ppetrace"):
+        run_steps([prof], range(2), lambda step: None, exporter)
+    assert prof.windows[0].info["samples"] == 0
+    assert "pyinstrument took no samples in steps 0-1" in caplog.text
+    assert "3.6e+06 ms interval" in caplog.text and "smaller interval" in caplog.text
