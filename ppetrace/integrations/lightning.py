@@ -166,6 +166,11 @@ class LightningProfiler(Profiler):
       ``trace.fit2.json``), as ppetrace's Trainer does. Under torchrun each rank
       writes ``trace.ranks/rank<R>.json``. Without it, spans go to whatever
       ``ppetrace.configure`` set up.
+    - ``dirpath`` and ``filename``: as for Lightning's own profilers. Without
+      ``trace_path``, a ``filename`` puts the trace in
+      ``<dirpath>/<filename>.json`` (``dirpath`` defaults to the Trainer's log
+      directory), and Lightning writes the summary, which names the trace and the
+      command that reports on it, to ``<dirpath>/<stage>-<filename>.txt``.
     - ``profilers``: ``ppetrace.profilers`` objects (``CudaTimer``,
       ``Pyinstrument``, ``TorchProfiler``...), stepped around each training batch.
       A ``CudaTimer`` times the spans of device work (``trainer.step``,
@@ -270,6 +275,11 @@ class LightningProfiler(Profiler):
         self._untrace_loaders = trace_loaders()  # Lightning's loaders' workers: this trace
         self._rows = RowBuffer()  # on the thread that runs Lightning's loop
         self._ids = next_ids()
+        if self.trace_path is None and self.filename and self.dirpath:
+            # Lightning's profilers write under dirpath when given a filename: so does the
+            # trace (the summary, which names it, goes to Lightning's text file beside it)
+            self.trace_path = Path(self.dirpath) / f"{self.filename}.json"
+            check_trace_path(self.trace_path)
         if self.trace_path is not None:
             from exporters.chrome import ChromeTraceExporter
 

@@ -316,3 +316,13 @@ def test_the_workers_of_lightnings_loaders_trace_into_the_profilers_trace(
     got = frame[frame["name"] == "user.getitem"]
     assert sorted(got["i"].astype(int)) == list(range(16))  # no trace_workers call needed
     assert _DL.__dict__["__iter__"] is before  # the patch is out again after the stage
+
+
+def test_dirpath_and_filename_without_trace_path_put_the_trace_there(tmp_path: Path) -> None:
+    profiler = LightningProfiler(dirpath=tmp_path / "prof", filename="run")
+    _trainer(profiler, max_epochs=1, limit_val_batches=0).fit(_Module(), _loader(8))
+    trace = tmp_path / "prof" / "run.json"
+    assert profiler.trace_paths == [trace]
+    assert read_chrome_trace(trace)["name"].value_counts()["trainer.step"] == 2
+    summary = (tmp_path / "prof" / "fit-run.txt").read_text()  # Lightning's file, not empty
+    assert f"ppetrace report {trace}" in summary
