@@ -3,7 +3,8 @@
 For each named loader, in order::
 
     evaluator.run                      (ppetrace.loader = the name)
-      each batch: evaluator.step
+      evaluator.loader_start           iter(loader): the workers' start
+      each batch: evaluator.fetch_batch, the wait on the loader, then evaluator.step
         runtime.eval_pre_step(evaluator, module, batch_idx, batch)
         runtime.convert_batch(batch)
         module.val_step / module.test_step
@@ -23,7 +24,7 @@ overrides ``on_end_val_epoch``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -42,6 +43,8 @@ from ._optim import check_positive_int
 from ._placement import Placements, place
 
 __all__ = ["Evaluator"]
+
+_END = object()
 
 
 class Evaluator:
@@ -235,8 +238,7 @@ class Evaluator:
         # one span object per event, entered again batch after batch (see training._loop)
         plain, ranged = hooks.reused(False), hooks.reused(True)
         step_open, eval_open = reusable(open_span, "evaluator.step"), trace(step_event)
-        if self.max_batches is not None:
-            loader = itertools.islice(loader, self.max_batches)
+        fetch_open = trace("evaluator.fetch_batch")
         # each step's mapping: a copy of this one with its batch index (see training._loop)
         template = {
             "ppetrace.epoch": epoch,
@@ -250,11 +252,23 @@ class Evaluator:
         with trace("evaluator.run", attrs), torch.no_grad():
             from ..integrations.dataloader import trace_workers
 
-            for batch_idx, batch in enumerate(trace_workers(loader)):
+            # as in training: iter(loader) (the workers' start) and each wait on the loader
+            # are spans of their own, so no time in evaluator.run goes unnamed
+            with trace("evaluator.loader_start", attrs):
+                it: Iterator[Any] = iter(trace_workers(loader))
+                if self.max_batches is not None:
+                    it = itertools.islice(it, self.max_batches)
+            batch_idx = -1
+            while True:
+                batch_idx += 1
                 # one immutable mapping for every span of the step (shared, not copied)
                 own = template.copy()
                 own["ppetrace.batch_idx"] = batch_idx
                 step_attrs = FrozenAttributes(own)
+                with fetch_open.again(step_attrs):
+                    batch = next(it, _END)
+                if batch is _END:
+                    break
                 pre, convert_open, convert, post = ranged if flags._is_profiler_enabled else plain
                 with step_open.again(step_attrs):
                     for open_hook, sub, fn in pre:

@@ -137,3 +137,56 @@ def test_errors() -> None:
         Evaluator(net, 3).run()
     with pytest.raises(TypeError, match=r"Expected an iterable loader for val_loaders 'x'"):
         Evaluator(net, {"x": 3}).run()
+
+
+class Loading(torch.utils.data.Dataset[Any]):
+    """Items that trace their own loading (in a worker process too)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        with ppetrace.trace("data.load", {"item": i}):
+            return torch.full((8,), float(i)), torch.tensor(i % 4)
+
+
+def test_the_wait_on_the_loader_is_a_span_of_its_own(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    Evaluator(torch.nn.Linear(8, 4), DataLoader(Loading(), batch_size=4)).run()
+    ppetrace.flush()
+    spans = span_exporter.get_finished_spans()
+    by_id = {s.context.span_id: s for s in spans}
+    (run,) = [s for s in spans if s.name == "evaluator.run"]
+    children = sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == run.context.span_id),
+        key=lambda s: s.start_time or 0,
+    )
+    fetch = "evaluator.fetch_batch"
+    assert [s.name for s in children] == [
+        "evaluator.loader_start",
+        *[fetch, "evaluator.step"] * 2,
+        fetch,  # the wait that finds the end of the loader
+    ]
+    fetches = [s for s in children if s.name == fetch]
+    assert [(s.attributes or {})["ppetrace.batch_idx"] for s in fetches] == [0, 1, 2]
+    loads = [s for s in spans if s.name == "data.load"]
+    assert len(loads) == 8
+    assert {by_id[s.parent.span_id].name for s in loads if s.parent is not None} == {fetch}
+
+
+def test_max_batches_keeps_the_workers_of_the_loader_traced(
+    span_exporter: InMemorySpanExporter,
+) -> None:
+    loader = DataLoader(Loading(), batch_size=2, num_workers=2)
+    Evaluator(torch.nn.Linear(8, 4), loader, max_batches=2).run()
+    ppetrace.flush()
+    spans = span_exporter.get_finished_spans()
+    assert len([s for s in spans if s.name == "evaluator.step"]) == 2
+    loads = [s for s in spans if s.name == "data.load"]
+    # the two batches taken (and any the workers prefetched) came from the workers
+    assert {(s.attributes or {})["item"] for s in loads} >= {0, 1, 2, 3}
+    assert {(s.attributes or {})["thread.name"] for s in loads} <= {
+        "dataloader worker 0",
+        "dataloader worker 1",
+    }

@@ -234,7 +234,12 @@ def _expected_tree() -> list[Any]:
                 leaf("runtime.eval_post_step"),
             ],
         ]
-        return ["evaluator.run", [eval_step] * batches]
+        fetch = leaf("evaluator.fetch_batch")
+        # each batch's wait on the loader, and the wait that finds the loader's end
+        return [
+            "evaluator.run",
+            [leaf("evaluator.loader_start"), *[fetch, eval_step] * batches, fetch],
+        ]
 
     epoch: list[Any] = [
         leaf("runtime.train_epoch_begin"),
