@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report(sub)
     add_compare(sub)
     add_merge_and_repair(sub)
+    parser.commands = dict(sub.choices)
     return parser
 
 
@@ -66,7 +67,18 @@ def main(
     parser = build_parser()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+            args, extra = parser.parse_known_args(
+                join_negative_values(sys.argv[1:] if argv is None else argv)
+            )
+            if extra:  # reported by the command's own parser, which points to its help
+                command = parser.commands.get(args.command or "", parser)
+                hint = ""
+                if args.command == "report":
+                    hint = (
+                        "; report reads one trace (a run's parts are found from its first): "
+                        "to set two traces side by side, use ppetrace compare BASE NEW"
+                    )
+                command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as exc:  # --help, --version or a usage error
         code = exc.code
         return code if isinstance(code, int) else EXIT_BAD_INPUT

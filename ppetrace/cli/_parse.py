@@ -24,7 +24,12 @@ EXIT_BAD_INPUT = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (and exit code 2) instead of the usage block."""
+    """argparse with one-line errors (and exit code 2) instead of the usage block.
+
+    ``commands`` holds the parsers of the subcommands (set by ``build_parser``), so
+    that an argument left over is reported by its command's parser, with its help."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}  # noqa: RUF012 - replaced, never mutated
 
     def error(self, message: str) -> NoReturn:
         self.exit(
@@ -54,7 +59,7 @@ def parse_percent(text: str, *, option: str = "--threshold") -> float:
         ) from None
     if value < 0:
         raise ValueError(
-            f"Expected a positive {option} (it applies to slowdowns and speedups alike), but "
+            f"Expected a non-negative {option} (it applies to slowdowns and speedups alike), but "
             f"received {text!r}. Pass its size, such as {raw.lstrip('-')}."
         )
     if value != value or not (0.0 <= value <= 10.0):

@@ -33,7 +33,7 @@ def test_a_negative_threshold_is_refused_in_a_sentence(tmp_path: Path, form: tup
     code, _, err = run("compare", str(base), str(base), *form)
     assert code == 2
     assert _one_error_line(err) == (
-        "ppetrace compare: error: Expected a positive --threshold (it applies to slowdowns "
+        "ppetrace compare: error: Expected a non-negative --threshold (it applies to slowdowns "
         "and speedups alike), but received '-5%'. Pass its size, such as 5%."
     )
     code, _, err = run("compare", str(base), str(base), "--min-effect-abs", "-1us")
@@ -112,3 +112,31 @@ def test_report_writes_into_a_new_folder_and_counts_one_step_in_the_singular(
     text = out.read_text()
     assert text.startswith("1 step (1 warmup step excluded") or "\n1 step (1 warmup" in text
     assert "1 steps" not in text
+
+
+def test_an_argument_left_over_is_reported_by_its_command_with_its_help(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a.json", [1_000_000] * 4)
+    code, _, err = run("report", str(a), str(a))
+    line = _one_error_line(err)
+    assert code == 2 and line.startswith("ppetrace report: error: unrecognized arguments: ")
+    assert "use ppetrace compare BASE NEW" in line and line.endswith(
+        "(see 'ppetrace report --help')"
+    )
+    code, _, err = run("compare", str(a), str(a), str(a))
+    assert code == 2 and _one_error_line(err).endswith("(see 'ppetrace compare --help')")
+    code, _, err = run("--bogus")
+    assert code == 2 and _one_error_line(err) == (
+        "ppetrace: error: unrecognized arguments: --bogus (see 'ppetrace --help')"
+    )
+
+
+def test_a_zero_noise_floor_is_accepted_and_a_negative_one_is_called_negative(
+    tmp_path: Path,
+) -> None:
+    base = write_run(tmp_path / "base.json", [1_000_000] * 8)
+    code, _, err = run("compare", str(base), str(base), "--noise-floor", "0%")
+    assert code == 0, err
+    code, _, err = run("compare", str(base), str(base), "--noise-floor", "-1%")
+    assert code == 2 and _one_error_line(err).startswith(
+        "ppetrace compare: error: Expected a non-negative --noise-floor"
+    )
