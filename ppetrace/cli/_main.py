@@ -22,7 +22,7 @@ from ._run import add_run, run
 __all__ = ["build_parser", "main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The argument parser of the ``ppetrace`` command."""
     parser = _Parser(
         prog="ppetrace",
