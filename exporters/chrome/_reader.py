@@ -232,6 +232,11 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     ``frame.attrs["parts"]`` lists the files read (when there are several).
     ``parts=False`` reads the one file given, as does naming a later part.
 
+    JSON has no NaN or infinity, so the writer stores such a float attribute as the
+    string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (which every JSON parser
+    takes); in a column whose other values are all numbers they are read back as
+    floats. A column with no number in it keeps them as strings.
+
     ``frame.attrs["metadata"]`` is the file's ``otherData``, plus ``ppetrace.final``:
     the writer's closing counts of summarised steps when the file has them.
     A cut-off file is read up to its last complete event with a
@@ -265,6 +270,7 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
         with _naming(str(p)):
             frame = columns.frame(_origin(metadata), metadata)
             tables = _tables(columns.meta)
+        _restore_nonfinite(frame)
     if tables:
         frame.attrs["tables"] = tables  # plain data: pandas copies attrs around
     final = _final_counts(columns.meta)
@@ -309,3 +315,30 @@ def _tables(meta: list[Any]) -> dict[str, Any]:
         ):
             tables[str(args["name"])] = {"columns": args["columns"], "rows": args["rows"]}
     return tables
+
+
+_NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _restore_nonfinite(frame: pd.DataFrame) -> None:
+    """Give the columns that hold numbers and the writer's strings for non-finite floats
+    (see :func:`read_chrome_trace`) those floats back, in place."""
+    import pandas as pd
+
+    for name in frame.columns:
+        column = frame[name]
+        if column.dtype != object:
+            continue  # numbers alone, or strings alone (pandas 3's str dtype)
+        kind = pd.api.types.infer_dtype(column, skipna=True)
+        if kind not in ("mixed", "mixed-integer", "mixed-integer-float"):
+            continue
+        types = column.map(type, na_action="ignore")
+        text = types.isin([str])
+        numbers = types.isin([int, float])  # not bool: type(True) is bool
+        if not text.any() or not numbers.any() or (text | numbers).sum() != column.notna().sum():
+            continue
+        if not column[text].isin(_NONFINITE).all():
+            continue
+        frame[name] = column.map(lambda v: _NONFINITE.get(v, v) if type(v) is str else v).astype(
+            "float64"
+        )

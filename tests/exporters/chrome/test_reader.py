@@ -282,3 +282,28 @@ def test_the_garbage_collector_is_switched_back_on_after_a_read(tmp_path: Path) 
     with pytest.raises(TraceError):
         read_chrome_trace(path)
     assert gc.isenabled()
+
+
+def test_non_finite_float_attributes_read_back_as_floats(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rb = run_builder()
+    values: list[Any] = [1.5, math.nan, math.inf, -math.inf, 2]
+    for i, v in enumerate(values):
+        start = 10**9 + 100 * i
+        attrs = {"loss": v, "count": [3, 4, "NaN", 5, 6][i], "word": ["NaN", "x"][i % 2]}
+        rb.span("user.step", start, start + 50, 0, {**attrs, "only": "Infinity"})
+    path = tmp_path / "t.json"
+    with ChromeTraceExporter(path) as exporter:
+        exporter.export_batch(rb.batch())
+    assert '"loss":"Infinity"' in path.read_text()  # strict JSON: every parser takes it
+    frame = read_chrome_trace(path)
+    assert str(frame["loss"].dtype) == "float64"
+    got = frame["loss"].tolist()
+    assert got[0] == 1.5 and math.isnan(got[1]) and got[2:] == [math.inf, -math.inf, 2.0]
+    assert str(frame["count"].dtype) == "float64" and math.isnan(frame["count"][2])
+    # no number beside them: a string column stays a string column
+    assert frame["word"].tolist() == ["NaN", "x", "NaN", "x", "NaN"]
+    assert frame["only"].tolist() == ["Infinity"] * 5
+    monkeypatch.setattr(_events, "_speedups", None)  # the pure-Python columns agree
+    _same(frame, read_chrome_trace(path))
