@@ -10,7 +10,9 @@ column              dtype     meaning
 ==================  ========  =====================================================
 ``name``            string    the span name (event name), e.g. ``trainer.step``
 ``span_id``         uint64    the span id
-``parent_id``       uint64    the parent's span id; 0 for a root
+``parent_id``       uint64    the parent's span id; 0 for a root (kept when the parent
+                              is not in the frame, e.g. a user's OTel span exported
+                              elsewhere: such a span has ``depth`` 0)
 ``trace_id``        string    the trace id as 32 hex digits (missing if unknown)
 ``start_ns``        int64     start, epoch nanoseconds
 ``end_ns``          int64     end, epoch nanoseconds

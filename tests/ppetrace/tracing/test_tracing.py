@@ -151,6 +151,31 @@ def test_current_otel_span_is_the_block_and_user_spans_are_children(
     assert under.parent.span_id == user_span.context.span_id
 
 
+def test_a_span_under_a_user_otel_span_keeps_that_parent_in_the_chrome_frame(
+    span_exporter: InMemorySpanExporter, tmp_path: Any
+) -> None:
+    from exporters import ChromeTraceExporter, read_chrome_trace
+
+    user_tracer = TracerProvider().get_tracer("user")  # its spans go elsewhere
+    chrome = ChromeTraceExporter(tmp_path / "t.json")
+    ppetrace.tracing.add_exporter(chrome)
+    try:
+        with (
+            user_tracer.start_as_current_span("user.span") as user_span,
+            ppetrace.trace("under.user"),
+            ppetrace.trace("inner"),
+        ):
+            pass
+    finally:
+        ppetrace.tracing.remove_exporter(chrome)
+    frame = read_chrome_trace(tmp_path / "t.json").set_index("name")
+    context = user_span.get_span_context()
+    assert frame.loc["under.user", "parent_id"] == context.span_id  # kept, for joining
+    assert frame.loc["under.user", "trace_id"] == f"{context.trace_id:032x}"
+    assert frame.loc["under.user", "depth"] == 0  # its parent is not in the file
+    assert frame.loc["inner", "depth"] == 1
+
+
 def test_each_thread_nests_its_own_spans_and_bound_workers_get_the_parent(
     span_exporter: InMemorySpanExporter,
 ) -> None:
