@@ -52,7 +52,9 @@ def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np
     assert assignment.ppos is not None
     steps = assignment.steps
     warm = np.zeros(n, dtype=bool)
-    warm[steps.index[steps["warmup"].to_numpy(dtype=bool)].to_numpy()] = True
+    # the warmup and the profiled steps (their profiling slowed them) are left out
+    left_out = steps["warmup"].to_numpy(dtype=bool) | steps["profiled"].to_numpy(dtype=bool)
+    warm[steps.index[left_out].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0
     keep = ~(in_step & warm[np.where(in_step, step_row, 0)]) & ~_validation(frame, assignment.ppos)

@@ -166,7 +166,9 @@ class StepReport:
       the step and its fetch) and ``device_ns``.
     - ``throughput``: a :class:`Throughput`.
     - ``warmup_steps``: the requested warmup; ``excluded_steps``: how many
-      steps it removed; ``total_steps``: steps found; ``spans``: spans counted.
+      steps it removed; ``profiled_steps``: how many other steps were left out
+      because a profiler's window held them (``profilers``: which profilers
+      recorded windows); ``total_steps``: steps found; ``spans``: spans counted.
     - ``tables``: extra named tables: those stored in the trace file (the
       Pyinstrument profiler stores ``top_functions``) and any that other code
       adds; the renderers print them last.
@@ -200,6 +202,8 @@ class StepReport:
     validation: pd.DataFrame = field(default_factory=lambda: _empty_events())
     environment: dict[str, Any] = field(default_factory=dict)
     detail: Detail | None = None
+    profiled_steps: int = 0
+    profilers: tuple[str, ...] = ()
 
     @property
     def step_summary(self) -> pd.DataFrame:

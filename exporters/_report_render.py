@@ -50,6 +50,12 @@ def _headline(report: StepReport) -> list[str]:
         lines.append(f"{steps} warmup: no per-step table or throughput (lower warmup_steps).")
     else:
         lines.append("No trainer.step spans: no per-step table or throughput.")
+    if report.profiled_steps:
+        k, by = report.profiled_steps, ", ".join(report.profilers) or "a profiler"
+        lines.append(
+            f"{fmt_count(k)} profiled step{'s' if k != 1 else ''} excluded (inside the "
+            f"windows of {by}, which slows them; their spans stay in the trace)."
+        )
     if report.detail is not None:
         lines.append(report.detail.describe())
     env = report.environment
@@ -296,6 +302,7 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
     doc = {
         "warmup_steps": report.warmup_steps,
         "excluded_steps": report.excluded_steps,
+        "profiled_steps": report.profiled_steps,
         "total_steps": report.total_steps,
         "spans": report.spans,
         "throughput": {

@@ -30,12 +30,15 @@ nested under it by time on the same thread (:mod:`exporters._nesting`).
 A span belongs to a step when it is that ``trainer.step``, that step's
 ``trainer.fetch_batch``, or a descendant of either. Steps are numbered per
 process in start order (``step_index``); the first ``warmup_steps`` of each
-process are warmup.
+process are warmup. A step inside a window of a scheduled profiler
+(``frame.attrs["profile_windows"]``) is ``profiled``: its profiling slowed it,
+so reports and comparisons leave it out, as they do the warmup.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -74,6 +77,7 @@ STEP_COLUMNS = (
     "between_ns",
     "device_ns",
     "warmup",
+    "profiled",
 )
 
 
@@ -81,7 +85,8 @@ STEP_COLUMNS = (
 class StepAssignment:
     """``step_row``: for each frame row, the row of its ``trainer.step`` (-1 if none).
     ``steps``: one row per ``trainer.step``, indexed by its frame row, in start order
-    per process, with ``step_index``, ``warmup`` and the wall-time split.
+    per process, with ``step_index``, ``warmup``, ``profiled`` (inside a profiled
+    window) and the wall-time split.
     ``self_ns``: each row's self time with the parents found by time, or ``None``
     when time changed no parent (the frame's ``self_ns`` is right then).
     ``ppos``: each row's parent position (by id, then by time; -1 for none).
@@ -304,12 +309,27 @@ def assign_steps(
             "between_ns": between,
             "device_ns": _numeric(frame, "device_dur_ns", step_rows),
             "warmup": step_index < warmup_steps,
+            "profiled": _profiled(
+                frame.attrs.get("profile_windows"), pid[step_rows], s_start + t0, s_end + t0
+            ),
         },
         index=pd.Index(step_rows, name="row"),
     ).iloc[by_start]
     return StepAssignment(
         step_row, steps[list(STEP_COLUMNS)], own_self, ppos, on_thread, (codes, uniques)
     )
+
+
+def _profiled(windows: Any, pid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Which steps lie inside a profiled window of their process
+    (``frame.attrs["profile_windows"]``, see :func:`exporters.read_chrome_trace`)."""
+    inside = np.zeros(len(pid), dtype=bool)
+    for w in windows if isinstance(windows, list) else ():
+        try:
+            inside |= (pid == int(w["pid"])) & (start >= w["start_ns"]) & (end <= w["end_ns"])
+        except (KeyError, TypeError, ValueError):
+            continue  # not a window: it leaves no step out
+    return inside
 
 
 def _inner_fetches(

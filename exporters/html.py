@@ -136,6 +136,14 @@ def _summary(page: Page, report: StepReport) -> None:
         ),
         ("spans", fmt_count(report.spans)),
     ]
+    if report.profiled_steps:
+        k = report.profiled_steps
+        facts.append(
+            (
+                "profiled excluded",
+                f"{k} step{'s' if k != 1 else ''} ({', '.join(report.profilers) or 'a profiler'})",
+            )
+        )
     if report.detail is not None:
         facts.append(("full detail", report.detail.describe()))
     if t.steps:

@@ -90,7 +90,9 @@ def step_report(
     """Summarise a frame of spans per event and per step (see :class:`StepReport`).
 
     The first ``warmup_steps`` ``trainer.step`` spans of each process, with
-    their data wait and all spans inside them, are excluded. A frame with the
+    their data wait and all spans inside them, are excluded, and so are the
+    steps inside a scheduled profiler's window (``profiled_steps``: sampling or
+    operator recording slows them; their spans stay in the trace). A frame with the
     steps of several ranks also gets ``ranks``; a rank is named a straggler
     when it arrives last at more than half of the steps by more than
     ``straggler_margin`` of the step (see :mod:`exporters._stragglers`).
@@ -122,12 +124,14 @@ def step_report(
     steps = assignment.steps
     n = len(frame)
     warm = np.zeros(n, dtype=bool)
-    warm_rows = steps.index[steps["warmup"].to_numpy(dtype=bool)].to_numpy()
-    warm[warm_rows] = True
+    warmup = steps["warmup"].to_numpy(dtype=bool)
+    profiled = steps["profiled"].to_numpy(dtype=bool) & ~warmup
+    left_out = warmup | profiled
+    warm[steps.index[left_out].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0
     excluded = in_step & warm[np.where(in_step, step_row, 0)]
-    kept_steps = steps.loc[~steps["warmup"].to_numpy(dtype=bool)]
+    kept_steps = steps.loc[~left_out]
     wall_total = float(kept_steps["wall_ns"].sum())
     own_self = assignment.self_ns
     self_all = frame["self_ns"].to_numpy(np.int64) if own_self is None else own_self
@@ -166,10 +170,12 @@ def step_report(
     validation = table(in_val, val_share, val_total)
     return StepReport(
         events=events,
-        steps=kept_steps.drop(columns=["warmup"]).reset_index(drop=True),
+        steps=kept_steps.drop(columns=["warmup", "profiled"]).reset_index(drop=True),
         throughput=_throughput(kept_steps),
         warmup_steps=warmup_steps,
-        excluded_steps=int(len(steps) - len(kept_steps)),
+        excluded_steps=int(warmup.sum()),
+        profiled_steps=int(profiled.sum()),
+        profilers=_profilers(frame),
         total_steps=len(steps),
         spans=int(train.sum() + in_val.sum()),
         tables=_stored_tables(frame),
@@ -178,6 +184,13 @@ def step_report(
         environment=_environment(frame),
         detail=detail,
     )
+
+
+def _profilers(frame: pd.DataFrame) -> tuple[str, ...]:
+    """The names of the profilers whose windows the trace records, in first-seen order."""
+    windows = frame.attrs.get("profile_windows")
+    names = [w.get("profiler") for w in windows if isinstance(w, dict)] if windows else []
+    return tuple(dict.fromkeys(str(name) for name in names if name))
 
 
 def _detail(steps: pd.DataFrame, aggregates: Aggregates, spans: int, metadata: Any) -> Detail:

@@ -224,7 +224,11 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     ``truncated``, ``path`` and, when the file has ``M`` events named
     ``ppetrace.table`` (``args``: ``name``, ``columns``, ``rows``; the
     Pyinstrument profiler writes ``top_functions``), ``tables``, which
-    :func:`exporters.step_report` adds to its report.
+    :func:`exporters.step_report` adds to its report. The windows that ppetrace's
+    scheduled profilers (``Pyinstrument``, ``TorchProfiler``) recorded are in
+    ``frame.attrs["profile_windows"]``: dicts of ``profiler``, ``pid``,
+    ``start_ns``, ``end_ns``, ``first_step`` and ``last_step``; the step report
+    leaves the steps inside them out, as their profiling slows them.
 
     A run written in parts (``ChromeTraceExporter(max_part_bytes=...)``) is
     read whole from its first file: ``trace.json`` brings ``trace.1.json``,
@@ -270,7 +274,10 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
         with _naming(str(p)):
             frame = columns.frame(_origin(metadata), metadata)
             tables = _tables(columns.meta)
+            windows = _profile_windows(columns.meta, _origin(metadata))
         _restore_nonfinite(frame)
+    if windows:
+        frame.attrs["profile_windows"] = windows
     if tables:
         frame.attrs["tables"] = tables  # plain data: pandas copies attrs around
     final = _final_counts(columns.meta)
@@ -282,6 +289,40 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     if len(paths) > 1:
         frame.attrs["parts"] = [str(q) for q in paths]
     return frame
+
+
+#: the ``M`` event of a profiled window (``ts``/``dur``: its time; ``args``: the profiler
+#: and its steps), written by ``ppetrace.profilers``' scheduled profilers
+PROFILE_WINDOW_EVENT = "ppetrace.profile_window"
+
+
+def _profile_windows(meta: list[Any], origin_ns: int) -> list[dict[str, Any]]:
+    """The profiled windows of the ``ppetrace.profile_window`` events (malformed ones
+    are skipped: they only decide which steps a report leaves out)."""
+    out = []
+    for e in meta:
+        args = e.args
+        if e.name != PROFILE_WINDOW_EVENT or type(args) is not dict or type(e.pid) is not int:
+            continue
+        ts, dur = e.ts, e.dur
+        if not (_number(ts) and _number(dur) and abs(ts) < 1e15 and 0 <= dur < 1e15):
+            continue
+        start = origin_ns + round(ts * 1000)
+        out.append(
+            {
+                "profiler": str(args.get("profiler", "")),
+                "pid": e.pid,
+                "start_ns": start,
+                "end_ns": start + round(dur * 1000),
+                "first_step": args.get("first_step"),
+                "last_step": args.get("last_step"),
+            }
+        )
+    return out
+
+
+def _number(value: Any) -> bool:
+    return type(value) is int or type(value) is float
 
 
 def _final_counts(meta: list[Any]) -> dict[str, Any]:

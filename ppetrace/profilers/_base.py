@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from exporters.chrome._reader import PROFILE_WINDOW_EVENT
+
 from ..tracing._recorder import RECORDER
 from ._schedule import ProfilerAction, Schedule
 
@@ -38,6 +40,7 @@ __all__ = [
     "ScheduledProfiler",
     "now_ns",
     "sink_of",
+    "PROFILE_WINDOW_EVENT",
 ]
 
 _log = logging.getLogger("ppetrace")
@@ -285,6 +288,24 @@ class ScheduledProfiler(Profiler):
         )
         self._end_window(window)
         self.windows.append(window)
+        # the window in the trace, so that reports leave its (slowed) steps out
+        self.emit(
+            [
+                {
+                    "ph": "M",
+                    "name": PROFILE_WINDOW_EVENT,
+                    "tid": 0,
+                    "ts_ns": window.start_ns,
+                    "dur_ns": max(0, window.end_ns - window.start_ns),
+                    "args": {
+                        "profiler": type(self).__name__,
+                        "first_step": window.first_step,
+                        "last_step": window.last_step,
+                        "complete": window.complete,
+                    },
+                }
+            ]
+        )
 
     def _fail(self, where: str) -> None:
         self.errors += 1

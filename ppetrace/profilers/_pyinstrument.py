@@ -270,9 +270,9 @@ class Pyinstrument(ScheduledProfiler):
         window.info["samples"] = len(records)
         if not records:
             _log.warning(
-                "ppetrace: pyinstrument took no samples in steps %d-%d: they ran for %.3f ms, "
-                "less than its %g ms interval. Sample more steps (a longer schedule) or pass "
-                "a smaller interval to Pyinstrument.",
+                "ppetrace: pyinstrument took no samples in steps %d-%d, which ran for %.3f ms "
+                "at its interval of %g ms. Sample more steps (a longer schedule) or pass a "
+                "smaller interval to Pyinstrument.",
                 window.first_step,
                 window.last_step,
                 (end_ns - window.start_ns) / 1e6,

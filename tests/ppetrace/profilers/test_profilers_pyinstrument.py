@@ -247,4 +247,4 @@ def test_a_window_too_short_to_sample_says_so(
         run_steps([prof], range(2), lambda step: None, exporter)
     assert prof.windows[0].info["samples"] == 0
     assert "pyinstrument took no samples in steps 0-1" in caplog.text
-    assert "3.6e+06 ms interval" in caplog.text and "smaller interval" in caplog.text
+    assert "at its interval of 3.6e+06 ms" in caplog.text and "smaller interval" in caplog.text

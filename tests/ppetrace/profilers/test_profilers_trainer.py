@@ -157,3 +157,60 @@ def test_trainer_spans_carry_device_time_through_the_timer(tmp_path: Path) -> No
         e for e in load_chrome_trace(tmp_path / "trace.json").events if e.get("tid") == DEVICE_TID
     ]
     assert len([e for e in device if e.get("ph") == "X"]) == 26
+
+
+def test_the_report_and_compare_leave_the_profiled_steps_out(tmp_path: Path) -> None:
+    from exporters import render, step_report
+    from exporters._compare_runs import event_samples
+
+    schedule = Schedule(wait=1, warmup=1, active=2)
+    pyi = Pyinstrument(
+        interval=0.0005, schedule=schedule, output_dir=tmp_path, html=False, speedscope=False
+    )
+    torch_prof = TorchProfiler(schedule=schedule, output_dir=tmp_path)  # warmup step 1 too
+    path = tmp_path / "trace.json"
+    model, loader, opt = _setup()
+    ppetrace.Trainer(
+        device="cpu", max_epochs=1, profilers=[pyi, torch_prof], progress=False, trace_path=path
+    ).fit(model, loader, optimizer=opt, loss_fn=torch.nn.functional.mse_loss)
+    frame = read_chrome_trace(path)
+    windows = sorted(
+        (w["profiler"], w["first_step"], w["last_step"]) for w in frame.attrs["profile_windows"]
+    )
+    assert windows == [("Pyinstrument", 2, 3), ("TorchProfiler", 1, 3)]
+    report = step_report(frame, warmup_steps=1)
+    assert (report.total_steps, report.excluded_steps, report.profiled_steps) == (6, 1, 3)
+    assert report.steps["batch_idx"].tolist() == [4, 5]  # outside every window
+    assert report.profilers == ("Pyinstrument", "TorchProfiler")
+    assert (
+        "3 profiled steps excluded (inside the windows of Pyinstrument, TorchProfiler, which "
+        "slows them; their spans stay in the trace)." in render(report, "table")
+    )
+    assert len(event_samples(frame, warmup_steps=1)["trainer.step"]) == 2  # compare's too
+    assert (frame["name"] == "trainer.step").sum() == 6
+
+
+def test_a_resumed_runs_window_is_found_by_time_not_by_step_count(tmp_path: Path) -> None:
+    from exporters import step_report
+
+    ckpt = tmp_path / "ckpt"
+    model, loader, opt = _setup()
+    ppetrace.Trainer(device="cpu", max_epochs=1, progress=False, checkpoint_dir=ckpt).fit(
+        model, loader, optimizer=opt, loss_fn=torch.nn.functional.mse_loss
+    )
+    prof = Pyinstrument(schedule=Schedule(skip_first=8, warmup=0, active=2), output_dir=tmp_path)
+    model, loader, opt = _setup()
+    path = tmp_path / "resumed.json"
+    ppetrace.Trainer(
+        device="cpu", max_epochs=2, profilers=[prof], progress=False, trace_path=path
+    ).fit(
+        model,
+        loader,
+        optimizer=opt,
+        loss_fn=torch.nn.functional.mse_loss,
+        resume_from=ckpt / "last.pt",
+    )
+    report = step_report(read_chrome_trace(path), warmup_steps=0)
+    # the run's steps 8-9 are the resumed trace's third and fourth
+    assert (report.total_steps, report.profiled_steps) == (6, 2)
+    assert report.steps["batch_idx"].tolist() == [0, 1, 4, 5]
