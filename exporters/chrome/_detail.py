@@ -54,6 +54,7 @@ STEP_LEVEL_EVENTS: frozenset[str] = frozenset(
         "trainer.run",
         "trainer.epoch",
         "trainer.loader_start",
+        "trainer.loader_end",
         "trainer.fetch_batch",
         "trainer.step",
         "trainer.validation",

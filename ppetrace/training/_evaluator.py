@@ -9,6 +9,7 @@ For each named loader, in order::
         runtime.convert_batch(batch)
         module.val_step / module.test_step
         runtime.eval_post_step(evaluator, module, batch_idx, batch, outs)
+      evaluator.loader_end             the iterator let go: the workers' shutdown
     callback.on_end_val_epoch(global_step, *outputs, key=name)   (validation only)
 
 ``eval_post_step`` receives the batch that ``eval_pre_step`` received (before
@@ -23,7 +24,6 @@ overrides ``on_end_val_epoch``.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -251,15 +251,18 @@ class Evaluator:
         }
         with trace("evaluator.run", attrs), torch.no_grad():
             from ..integrations.dataloader import trace_workers
+            from ._run import len_or_none  # not at the top: _run imports this module
 
-            # as in training: iter(loader) (the workers' start) and each wait on the loader
-            # are spans of their own, so no time in evaluator.run goes unnamed
+            # as in training: iter(loader) (the workers' start), each wait on the loader and
+            # letting the iterator go (the workers' shutdown) are spans of their own, and
+            # the loop stops at the loader's length without a fetch that finds the end
             with trace("evaluator.loader_start", attrs):
                 it: Iterator[Any] = iter(trace_workers(loader))
-                if self.max_batches is not None:
-                    it = itertools.islice(it, self.max_batches)
+            n = len_or_none(loader)
+            if self.max_batches is not None:
+                n = self.max_batches if n is None else min(n, self.max_batches)
             batch_idx = -1
-            while True:
+            while n is None or batch_idx + 1 < n:
                 batch_idx += 1
                 # one immutable mapping for every span of the step (shared, not copied)
                 own = template.copy()
@@ -293,6 +296,8 @@ class Evaluator:
                         else:
                             with open_hook.again(step_attrs):
                                 fn(self, sub, batch_idx, batch, raw)
+            with trace("evaluator.loader_end", attrs):
+                del it  # the last reference: a DataLoader's workers shut down here
         return collector.collated() if collector is not None else ()
 
 

@@ -20,6 +20,7 @@ The hook order is a contract (README: "Hook order")::
           runtime.train_post_step(trainer, module, batch_idx, batch, outs)   (the pre-step's batch)
         trainer.validation                             (when due; see Evaluator)
         trainer.checkpoint                             (every checkpoint_every_n_steps)
+        trainer.loader_end                             the iterator let go: workers' shutdown
         trainer.validation                             (when due at the epoch end)
         runtime.train_epoch_end(module)
         callback.on_end_train_epoch(global_step, *outputs)
@@ -496,6 +497,8 @@ class Trainer:
             with trace("trainer.loader_start", attrs):
                 it = start_iteration(self, run, loader)
             train_batches(self, run, loader, it)
+            with trace("trainer.loader_end", attrs):
+                del it  # the last reference: a DataLoader's workers shut down here
             self._end_epoch(run)
 
     def _optimizer_step(self, run: Run, attrs: Mapping[str, Any]) -> None:

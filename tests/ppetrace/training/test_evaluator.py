@@ -165,11 +165,11 @@ def test_the_wait_on_the_loader_is_a_span_of_its_own(
     fetch = "evaluator.fetch_batch"
     assert [s.name for s in children] == [
         "evaluator.loader_start",
-        *[fetch, "evaluator.step"] * 2,
-        fetch,  # the wait that finds the end of the loader
+        *[fetch, "evaluator.step"] * 2,  # no fetch after the last batch: len(loader) is 2
+        "evaluator.loader_end",
     ]
     fetches = [s for s in children if s.name == fetch]
-    assert [(s.attributes or {})["ppetrace.batch_idx"] for s in fetches] == [0, 1, 2]
+    assert [(s.attributes or {})["ppetrace.batch_idx"] for s in fetches] == [0, 1]
     loads = [s for s in spans if s.name == "data.load"]
     assert len(loads) == 8
     assert {by_id[s.parent.span_id].name for s in loads if s.parent is not None} == {fetch}
@@ -190,3 +190,32 @@ def test_max_batches_keeps_the_workers_of_the_loader_traced(
         "dataloader worker 0",
         "dataloader worker 1",
     }
+
+
+def test_the_workers_shut_down_inside_loader_end_and_an_iterable_gets_its_last_fetch(
+    span_exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    shutdown = _MultiProcessingDataLoaderIter._shutdown_workers
+
+    def traced(self: Any) -> None:
+        with ppetrace.trace("user.shutdown"):
+            shutdown(self)
+
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", traced)
+    loader = DataLoader(Loading(), batch_size=2, num_workers=2)
+    Evaluator(torch.nn.Linear(8, 4), loader, max_batches=3).run()
+    # an iterable without len(): the fetch that finds its end is the loop's last
+    Evaluator(torch.nn.Linear(8, 4), iter([(torch.zeros(2, 8), torch.zeros(2))] * 2)).run()
+    ppetrace.flush()
+    spans = span_exporter.get_finished_spans()
+    by_id = {s.context.span_id: s for s in spans}
+    (down, *_) = [s for s in spans if s.name == "user.shutdown"]
+    assert down.parent is not None and by_id[down.parent.span_id].name == "evaluator.loader_end"
+    runs = [s for s in spans if s.name == "evaluator.run"]
+    fetches = [
+        [s for s in spans if s.name == "evaluator.fetch_batch" and s.parent == r.context]
+        for r in runs
+    ]
+    assert [len(f) for f in fetches] == [3, 3]  # max_batches=3; 2 batches and the end

@@ -234,12 +234,10 @@ def _expected_tree() -> list[Any]:
                 leaf("runtime.eval_post_step"),
             ],
         ]
-        fetch = leaf("evaluator.fetch_batch")
-        # each batch's wait on the loader, and the wait that finds the loader's end
-        return [
-            "evaluator.run",
-            [leaf("evaluator.loader_start"), *[fetch, eval_step] * batches, fetch],
-        ]
+        fetch, start, end = (
+            leaf(f"evaluator.{name}") for name in ("fetch_batch", "loader_start", "loader_end")
+        )
+        return ["evaluator.run", [start, *[fetch, eval_step] * batches, end]]
 
     epoch: list[Any] = [
         leaf("runtime.train_epoch_begin"),
@@ -249,6 +247,7 @@ def _expected_tree() -> list[Any]:
     for boundary in (False, True, True):
         epoch += [leaf("trainer.fetch_batch"), step(boundary)]
     epoch += [
+        leaf("trainer.loader_end"),
         [
             "trainer.validation",
             [
