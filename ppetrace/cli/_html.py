@@ -37,6 +37,7 @@ def write_html(path: str | None, render: Callable[[], str], err: IO[str]) -> Non
     except HtmlDependencyError as exc:
         raise _BadInput(str(exc)) from None
     try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # as --output does
         Path(path).write_text(page, encoding="utf-8")
     except OSError as exc:
         raise _BadInput(

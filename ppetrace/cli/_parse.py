@@ -42,25 +42,29 @@ def parse_percent(text: str, *, option: str = "--threshold") -> float:
     """``"5%"`` -> 0.05; a bare fraction (``"0.05"``) is accepted too.
 
     Raises ``ValueError`` naming ``option`` for anything that is not a
-    percentage between 0% and 1000%.
+    percentage between 0% and 1000%, and for a bare number of 1 or more (``1``
+    could mean 1% or 100%).
     """
     raw = str(text).strip()
+    percent = raw.endswith("%")
     try:
-        if raw.endswith("%"):
-            value = float(raw[:-1]) / 100.0
-        else:
-            value = float(raw)
-            if value > 1.0:
-                raise ValueError
+        value = float(raw[:-1]) / 100.0 if percent else float(raw)
     except ValueError:
         raise ValueError(
-            f"Expected a percentage such as '5%' (or a fraction such as 0.05) for "
+            f"Expected a percentage such as '5%' (or a fraction below 1 such as 0.05) for "
             f"{option}, but received {text!r}."
         ) from None
+    if not percent and value >= 1.0:  # '1' is 1% or 100%: too easy to misread either way
+        raise ValueError(
+            f"Expected a percentage such as '5%' (or a fraction below 1 such as 0.05) for "
+            f"{option}, but received {text!r}, which could mean {raw}% or {value:.0%}. "
+            f"Write the percent sign: '{raw}%'."
+        )
     if value < 0:
         raise ValueError(
             f"Expected a non-negative {option} (it applies to slowdowns and speedups alike), but "
-            f"received {text!r}. Pass its size, such as {raw.lstrip('-')}."
+            f"received {text!r}. Pass its size, such as "
+            f"{raw.lstrip('-') + ('%' if not percent and value <= -1.0 else '')}."
         )
     if value != value or not (0.0 <= value <= 10.0):
         raise ValueError(f"Expected a {option} between 0% and 1000%, but received {text!r}.")
@@ -81,6 +85,14 @@ def parse_duration_ns(text: str, *, option: str = "--min-effect-abs") -> float:
     Raises ``ValueError`` naming ``option`` otherwise.
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ns|us|µs|ms|s)\s*", text)
+    if match is None and re.fullmatch(
+        r"\s*-\s*[0-9.]+(?:[eE][-+]?[0-9]+)?\s*(ns|us|µs|ms|s)\s*", text
+    ):
+        raise ValueError(
+            f"Expected a non-negative duration for {option} (it applies to slowdowns and "
+            f"speedups alike), but received {text!r}. Pass its size, such as "
+            f"{text.strip().lstrip('-').strip()!r}."
+        )
     if match is None:
         raise ValueError(
             f"Expected a duration with a unit such as '1us', '500ns' or '0.2ms' for {option}, "

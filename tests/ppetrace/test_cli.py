@@ -193,8 +193,10 @@ def test_compare_options_that_are_not_understood_exit_2(base: Path, tmp_path: Pa
     empty = tmp_path / "empty"
     empty.mkdir()
     cases = {
-        ("--noise-floor", "lots"): "Expected a percentage such as '5%' (or a fraction such as "
-        "0.05) for --noise-floor, but received 'lots'.",
+        ("--noise-floor", "lots"): "Expected a percentage such as '5%' (or a fraction below 1 "
+        "such as 0.05) for --noise-floor, but received 'lots'.",
+        ("--threshold", "1"): "but received '1', which could mean 1% or 100%. Write the percent "
+        "sign: '1%'.",
         ("--min-effect-abs", "3 parsecs"): "Expected a duration with a unit such as '1us'",
         ("--gate", " , "): "Expected event names separated by commas (or 'all') for --gate",
         ("--gate", "trainer.step,user.nope"): "Expected the gated events to be in both the "

@@ -37,7 +37,7 @@ def test_a_negative_threshold_is_refused_in_a_sentence(tmp_path: Path, form: tup
         "and speedups alike), but received '-5%'. Pass its size, such as 5%."
     )
     code, _, err = run("compare", str(base), str(base), "--min-effect-abs", "-1us")
-    assert code == 2 and "Expected a duration with a unit" in _one_error_line(err)
+    assert code == 2 and "Expected a non-negative duration" in _one_error_line(err)
 
 
 def test_only_compares_negative_values_are_joined_to_their_option() -> None:
@@ -140,3 +140,18 @@ def test_a_zero_noise_floor_is_accepted_and_a_negative_one_is_called_negative(
     assert code == 2 and _one_error_line(err).startswith(
         "ppetrace compare: error: Expected a non-negative --noise-floor"
     )
+
+
+def test_a_negative_duration_is_called_negative_and_html_makes_its_folder(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base.json", [1_000_000] * 8)
+    code, _, err = run("compare", str(base), str(base), "--min-effect-abs=-1us")
+    assert code == 2 and _one_error_line(err) == (
+        "ppetrace compare: error: Expected a non-negative duration for --min-effect-abs (it "
+        "applies to slowdowns and speedups alike), but received '-1us'. Pass its size, such "
+        "as '1us'."
+    )
+    pytest.importorskip("plotly")
+    page = tmp_path / "new" / "folder" / "r.html"
+    code, _, err = run("report", str(base), "--html", str(page))
+    assert code == 0, err
+    assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
