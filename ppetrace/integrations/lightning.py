@@ -167,10 +167,11 @@ class LightningProfiler(Profiler):
       writes ``trace.ranks/rank<R>.json``. Without it, spans go to whatever
       ``ppetrace.configure`` set up.
     - ``dirpath`` and ``filename``: as for Lightning's own profilers. Without
-      ``trace_path``, a ``filename`` puts the trace in
-      ``<dirpath>/<filename>.json`` (``dirpath`` defaults to the Trainer's log
-      directory), and Lightning writes the summary, which names the trace and the
-      command that reports on it, to ``<dirpath>/<stage>-<filename>.txt``.
+      ``trace_path``, both together put the trace in ``<dirpath>/<filename>.json``,
+      and Lightning writes the summary, which names the trace and the command that
+      reports on it, to ``<dirpath>/<stage>-<filename>.txt``. A ``filename``
+      alone writes no trace (its summary file, in the log directory, says how to
+      get one).
     - ``profilers``: ``ppetrace.profilers`` objects (``CudaTimer``,
       ``Pyinstrument``, ``TorchProfiler``...), stepped around each training batch.
       A ``CudaTimer`` times the spans of device work (``trainer.step``,
@@ -204,6 +205,7 @@ class LightningProfiler(Profiler):
         max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES,
     ) -> None:
         super().__init__(dirpath=dirpath, filename=filename)
+        self._given_dirpath = dirpath
         self._active = False  # first: teardown (also from __del__) reads it
         self._untrace_loaders: Callable[[], None] = _nothing
         #: ``(trace_detail, max_trace_bytes)``: which steps the trace keeps in full
@@ -275,10 +277,12 @@ class LightningProfiler(Profiler):
         self._untrace_loaders = trace_loaders()  # Lightning's loaders' workers: this trace
         self._rows = RowBuffer()  # on the thread that runs Lightning's loop
         self._ids = next_ids()
-        if self.trace_path is None and self.filename and self.dirpath:
+        if self.trace_path is None and self.filename and self._given_dirpath is not None:
             # Lightning's profilers write under dirpath when given a filename: so does the
-            # trace (the summary, which names it, goes to Lightning's text file beside it)
-            self.trace_path = Path(self.dirpath) / f"{self.filename}.json"
+            # trace (the summary, which names it, goes to Lightning's text file beside it).
+            # Not in the logger's folder (dirpath not given): a file there before the
+            # logger starts makes Lightning warn that the folder's logs will be deleted.
+            self.trace_path = Path(self._given_dirpath) / f"{self.filename}.json"
             check_trace_path(self.trace_path)
         if self.trace_path is not None:
             from exporters.chrome import ChromeTraceExporter
@@ -429,9 +433,15 @@ class LightningProfiler(Profiler):
 
     def summary(self) -> str:
         """Where the trace is and how to report on it; with ``report=True``, the step report
-        of the trace written so far. Empty without ``trace_path``."""
+        of the trace written so far. Without a trace, how to get one when Lightning writes
+        the summary to a file (``filename``), else empty."""
         exporter = self.trace_exporter
         if exporter is None or self.last_trace_path is None:
+            if self.filename:  # Lightning writes this to its file: never an empty one
+                return (
+                    "ppetrace: no trace was written. Pass LightningProfiler(trace_path=...), "
+                    "or dirpath= with filename=, to write one."
+                )
             return ""
         path = self.last_trace_path
         if not self.report:

@@ -326,3 +326,27 @@ def test_dirpath_and_filename_without_trace_path_put_the_trace_there(tmp_path: P
     assert read_chrome_trace(trace)["name"].value_counts()["trainer.step"] == 2
     summary = (tmp_path / "prof" / "fit-run.txt").read_text()  # Lightning's file, not empty
     assert f"ppetrace report {trace}" in summary
+
+
+def test_a_filename_alone_writes_no_trace_in_the_log_folder_and_says_how(tmp_path: Path) -> None:
+    profiler = LightningProfiler(filename="run")
+    trainer = L.Trainer(
+        profiler=profiler,
+        default_root_dir=tmp_path,
+        logger=L.pytorch.loggers.CSVLogger(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        max_epochs=1,
+        limit_val_batches=0,
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(_Module(), _loader(8))
+    assert profiler.trace_paths == [] and not list(tmp_path.rglob("run.json"))
+    assert not [w for w in seen if "will be deleted" in str(w.message)]
+    (summary,) = tmp_path.rglob("fit-run.txt")  # Lightning's file, in the log folder
+    assert "ppetrace: no trace was written. Pass LightningProfiler(trace_path=" in (
+        summary.read_text()
+    )
