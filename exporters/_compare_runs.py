@@ -32,12 +32,10 @@ import pandas as pd
 from ._aggregates import parse_aggregates
 from ._compare_stats import log_median_se
 from ._report_data import VALIDATION
-from ._steps import STEP, assign_steps
+from ._steps import NOT_TRAINING_STAGES, STEP, assign_steps
 from .frame import _inherit
 
 __all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
-
-_NOT_TRAINING_STAGES = ("val", "test")
 
 
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
@@ -91,7 +89,7 @@ def _validation(frame: pd.DataFrame, ppos: np.ndarray) -> np.ndarray:
     ``stage`` is ``"val"`` or ``"test"``, or a span below either."""
     mark = frame["name"].to_numpy(dtype=object) == VALIDATION
     if "stage" in frame.columns:
-        mark |= frame["stage"].isin(_NOT_TRAINING_STAGES).to_numpy(dtype=bool)
+        mark |= frame["stage"].isin(NOT_TRAINING_STAGES).to_numpy(dtype=bool)
     if not mark.any():
         return mark
     return ~np.isnan(_inherit(np.where(mark, 1.0, np.nan), ppos))

@@ -154,9 +154,11 @@ class StepReport:
       step covers); NaN for events never inside a step. Plus
       ``device_total_ns`` and ``device_mean_ns`` when spans carry device time.
       Sorted by total time.
-    - ``validation``: the same table for ``trainer.validation`` spans and every
-      span below them (reported apart from the training steps), ``share``
-      being self time over the summed ``trainer.validation`` time.
+    - ``validation``: the same table for ``trainer.validation`` spans, spans of
+      stage ``val`` or ``test`` (``Trainer.validate``/``test`` and a standalone
+      ``Evaluator`` have no ``trainer.validation``) and every span below them
+      (reported apart from the training steps), ``share`` being self time over
+      the summed time of the outermost of them.
     - ``steps``: one row per counted step: ``step_index`` (per process),
       ``pid, rank, epoch, step, batch_idx, batch_size, start_ns, end_ns,
       wall_ns``, the parts ``data_wait_ns, forward_ns, backward_ns,

@@ -79,6 +79,9 @@ STEP_COLUMNS = (
     "warmup",
     "profiled",
 )
+#: the ``stage`` values of spans that are not training: ``compare`` and the step report
+#: count them (and the spans below them) as validation
+NOT_TRAINING_STAGES = ("val", "test")
 
 
 @dataclass

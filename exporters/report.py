@@ -55,7 +55,7 @@ from ._report_render import (
     render_table,
     short_path,
 )
-from ._steps import assign_steps, name_codes
+from ._steps import NOT_TRAINING_STAGES, assign_steps, name_codes
 from ._stragglers import DEFAULT_STRAGGLER_MARGIN, RankReport, rank_report
 from .frame import _inherit
 
@@ -282,11 +282,17 @@ def _environment(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def _validation_rows(frame: pd.DataFrame, ppos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the row of its outermost ``trainer.validation`` ancestor-or-self (-1 if
-    none), and whether the row runs on that span's thread (its share counts)."""
+    """Per row, the row of its outermost validation ancestor-or-self (-1 if none), and
+    whether the row runs on that span's thread (its share counts). Validation is a
+    ``trainer.validation`` span or a span whose ``stage`` is ``val`` or ``test`` (the
+    evaluator's of ``Trainer.validate``/``test`` or a standalone ``Evaluator``), as in
+    ``compare``."""
     n = len(frame)
     names = frame["name"].to_numpy(dtype=object)
-    val_rows = np.flatnonzero(names == VALIDATION)
+    marked = names == VALIDATION
+    if "stage" in frame.columns:
+        marked |= frame["stage"].isin(NOT_TRAINING_STAGES).to_numpy(dtype=bool)
+    val_rows = np.flatnonzero(marked)
     if not len(val_rows):
         return np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=bool)
     # the outermost: a validation row below another one takes that one's root

@@ -219,3 +219,20 @@ def test_the_workers_shut_down_inside_loader_end_and_an_iterable_gets_its_last_f
         for r in runs
     ]
     assert [len(f) for f in fetches] == [3, 3]  # max_batches=3; 2 batches and the end
+
+
+def test_a_standalone_evaluation_is_reported_as_validation_not_training(tmp_path: Any) -> None:
+    from exporters import ChromeTraceExporter, read_chrome_trace, step_report
+
+    chrome = ChromeTraceExporter(tmp_path / "t.json")
+    ppetrace.tracing.add_exporter(chrome)
+    try:
+        Evaluator(Probe(), stage="test").run()
+    finally:
+        ppetrace.tracing.remove_exporter(chrome)
+    report = step_report(read_chrome_trace(tmp_path / "t.json"), warmup_steps=0)
+    assert not report.events["event"].str.startswith(("evaluator.", "module.")).any()
+    assert {"evaluator.run", "evaluator.step", "module.test_step"} <= set(
+        report.validation["event"]
+    )
+    assert report.validation["share"].sum() > 0.9  # of the evaluator.run time
