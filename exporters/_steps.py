@@ -55,7 +55,12 @@ __all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps", "
 STEP = "trainer.step"
 FETCH = "trainer.fetch_batch"
 #: Sibling spans between steps that are not counted as step time.
-NOT_STEP_TIME = ("trainer.validation", "trainer.checkpoint")
+NOT_STEP_TIME = (
+    "trainer.validation",
+    "trainer.checkpoint",
+    "trainer.loader_start",  # iter(loader): the workers' start
+    "trainer.loader_end",  # the iterator's end: the workers' shutdown
+)
 _BATCH_SIZE_COLUMNS = ("ppetrace.batch_size", "batch_size")
 STEP_COLUMNS = (
     "step_index",

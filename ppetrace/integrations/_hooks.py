@@ -1,10 +1,13 @@
 """The global hooks of ``instrument()``: what they patch, and how ``close()`` puts it back.
 
-- DataLoader: ``DataLoader.__iter__`` traces the workers of a loader with
-  ``num_workers > 0`` into the trace (``trace_workers``), and
+- DataLoader: ``DataLoader.__iter__`` runs inside ``trainer.loader_start`` and
+  traces the workers of a loader with ``num_workers > 0`` into the trace
+  (``trace_workers``), and
   ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__``
   (every DataLoader iterator, with or without worker processes) runs inside
-  ``trainer.fetch_batch``; the batch it hands over opens a candidate step.
+  ``trainer.fetch_batch``; the batch it hands over opens a candidate step. The
+  call that finds the end is ``trainer.loader_end`` (while profilers step around
+  the batches, a ``trainer.fetch_batch``: that span is named before it runs).
 - Modules: ``torch.nn.Module.__call__`` runs a call at depth <= ``module_depth``
   (1: the outermost module calls) inside ``module.forward``, with
   ``ppetrace.module`` = the class name at depth 1 and the dotted path below.
@@ -116,7 +119,9 @@ class Hooks:
         self._patch(
             loader,
             "__iter__",
-            tracing_iter(loader.__iter__, lambda: hooks.on and not _drivers[0]),
+            tracing_iter(
+                loader.__iter__, lambda: hooks.on and not standing_aside(), "trainer.loader_start"
+            ),
         )
         if self.module_depth > 0:
             self._patch(torch.nn.Module, "__call__", self._module_wrapper(torch.nn.Module.__call__))
@@ -208,7 +213,9 @@ class Hooks:
                 stopped = isinstance(exc, StopIteration)
                 try:
                     status, error = ("UNSET", "") if stopped else ("ERROR", _error_text(exc))
-                    fetch = "trainer.fetch_batch"
+                    # the wait that found the end (and a loader's workers shut down): no
+                    # step's data wait, the iterator's end as in the Trainer
+                    fetch = "trainer.loader_end" if stopped else "trainer.fetch_batch"
                     st.rows.record(fetch, start, end, parent, attrs, None, status, error)
                     if stopped:
                         tracker.exhausted(st, self, end)

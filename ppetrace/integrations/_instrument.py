@@ -209,7 +209,9 @@ def instrument(
     Use ``with ppetrace.instrument(trace_path="trace.json"): ...`` or keep the
     handle and call ``handle.close()``. While it is active:
 
-    - every DataLoader iterator's ``__next__`` is a ``trainer.fetch_batch`` span;
+    - every DataLoader iterator's ``__next__`` is a ``trainer.fetch_batch`` span, but
+      the one that finds the end (the workers' shutdown), ``trainer.loader_end``;
+      ``DataLoader.__iter__`` (the workers' start) is ``trainer.loader_start``;
     - each module call at depth <= ``module_depth`` (1: the outermost only; 0: none)
       is a ``module.forward`` span, ``ppetrace.module`` = class name or dotted path;
     - ``Tensor.backward``/``torch.autograd.backward`` is ``trainer.backward``;

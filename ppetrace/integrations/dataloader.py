@@ -92,10 +92,13 @@ _persistent = False
 
 
 def tracing_iter(
-    orig: Callable[[Any], Any], when: Callable[[], bool] | None = None
+    orig: Callable[[Any], Any],
+    when: Callable[[], bool] | None = None,
+    span: str | None = None,
 ) -> Callable[[Any], Any]:
     """``DataLoader.__iter__`` made to call :func:`trace_workers` on the loader first
-    (while ``when()`` is true, when given); a failure is logged, never raised."""
+    (while ``when()`` is true, when given) and, with ``span``, to run inside a span of
+    that name (the workers' start); a failure is logged, never raised."""
 
     @functools.wraps(orig)
     def __iter__(loader: Any) -> Any:
@@ -104,6 +107,9 @@ def tracing_iter(
                 trace_workers(loader)
             except Exception:  # telemetry never breaks training
                 _log.exception("ppetrace: tracing the workers of %r failed", loader)
+            if span is not None:
+                with _recorder.trace(span):
+                    return orig(loader)
         return orig(loader)
 
     return __iter__

@@ -61,7 +61,9 @@ def test_a_plain_loop_gives_fetch_forward_backward_optimizer_and_step_spans(
     assert environment["torch_threads"] == torch.get_num_threads()
     frame = _frame(tmp_path / "t.json")
     counts = frame["name"].value_counts()
-    assert counts["trainer.fetch_batch"] == 2 * (4 + 1)  # the last fetch of each epoch ends it
+    assert counts["trainer.fetch_batch"] == 2 * 4
+    # each epoch: iter(loader), and the wait that found the loader's end
+    assert counts["trainer.loader_start"] == counts["trainer.loader_end"] == 2
     for name in ("module.forward", "trainer.backward", "trainer.optimizer_step", "trainer.step"):
         assert counts[name] == 8, name
     forward = _names(frame, "module.forward")
@@ -210,16 +212,31 @@ def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
     assert list(validations["step"]) == [4, 8]
     report = step_report(frame, warmup_steps=0)
     steps = report.steps
-    # the step after the first validation does not count it as its own time
+    # the step after the first validation does not count it as its own time, nor the
+    # loaders' ends and starts between the epochs
     since = steps["end_ns"].iloc[4] - steps["end_ns"].iloc[3]
-    assert steps["wall_ns"].iloc[4] == since - validations["dur_ns"].iloc[0]
-    # the validation holds the evaluation batches' fetches, down to the loader's last one
-    val_fetches = frame[
-        (frame["name"] == "trainer.fetch_batch")
-        & frame["start_ns"].between(*validations.iloc[0][["start_ns", "end_ns"]])
+    first = validations.iloc[0]
+    outside = frame[
+        frame["name"].isin(["trainer.validation", "trainer.loader_start", "trainer.loader_end"])
+        & (frame["start_ns"] >= steps["end_ns"].iloc[3])
+        & (frame["end_ns"] <= steps["start_ns"].iloc[4])
+        & ~(  # not the val loader's end, inside the validation (nested by time)
+            (frame["name"] != "trainer.validation")
+            & (frame["start_ns"] >= first["start_ns"])
+            & (frame["end_ns"] <= first["end_ns"])
+        )
     ]
-    assert len(val_fetches) == 2 + 1
-    assert val_fetches["end_ns"].max() == validations["end_ns"].iloc[0]
+    assert set(outside["name"]) == {
+        "trainer.validation",
+        "trainer.loader_start",
+        "trainer.loader_end",
+    }
+    assert steps["wall_ns"].iloc[4] == since - outside["dur_ns"].sum()
+    # the validation holds the evaluation batches' fetches, down to the loader's end
+    inside = frame[frame["start_ns"].between(first["start_ns"], first["end_ns"])]
+    assert (inside["name"] == "trainer.fetch_batch").sum() == 2
+    (end,) = inside.loc[inside["name"] == "trainer.loader_end", "end_ns"]
+    assert end == validations["end_ns"].iloc[0]
     # validation is reported apart from the training steps, with its forwards
     assert "trainer.validation" not in set(report.events["event"])
     val_events = report.validation.set_index("event")
@@ -236,10 +253,17 @@ def test_an_inference_script_gets_forward_and_fetch_spans_and_no_steps(
             model(x)
     assert handle.steps == 0
     frame = _frame(tmp_path / "t.json")
-    assert set(frame["name"]) == {"trainer.fetch_batch", "module.forward"}
+    assert set(frame["name"]) == {
+        "trainer.loader_start",
+        "trainer.fetch_batch",
+        "module.forward",
+        "trainer.loader_end",
+    }
     assert set(_names(frame, "module.forward")["stage"]) == {"val"}
     report = step_report(frame)
-    assert report.total_steps == 0 and report.events["count"].sum() == 4 + 5
+    assert report.total_steps == 0 and report.events["count"].sum() == 1 + 4 + 1
+    # the no_grad forwards are evaluation: reported apart, as validation
+    assert report.validation.set_index("event").loc["module.forward", "count"] == 4
 
 
 def test_a_no_grad_forward_inside_a_training_step_is_not_val(
@@ -315,7 +339,8 @@ def test_the_trainer_takes_precedence_so_nothing_is_traced_twice(
     counts = frame["name"].value_counts()
     assert counts["module.train_step"] == 4  # the Trainer's own spans
     assert counts["trainer.step"] == 4 + 4 and handle.steps == 4
-    assert counts["trainer.fetch_batch"] == 4 + (4 + 1)  # a sized loader: the Trainer stops at 4
+    assert counts["trainer.fetch_batch"] == 4 + 4  # a sized loader: the Trainer stops at 4
+    assert counts["trainer.loader_start"] == counts["trainer.loader_end"] == 1 + 1
     assert counts["module.forward"] == 4  # from the hand loop only
     assert counts["trainer.backward"] == 4 + 4
 
@@ -331,7 +356,8 @@ def test_workers_forked_or_spawned_run_under_instrument(
         with ppetrace.instrument(trace_path=path) as handle:
             _train(model, data, opt)
         assert handle.steps == 4, method
-        assert _frame(path)["name"].value_counts()["trainer.fetch_batch"] == 5, method
+        counts = _frame(path)["name"].value_counts()
+        assert counts["trainer.fetch_batch"] == 4 and counts["trainer.loader_end"] == 1, method
 
 
 def test_torch_compile_gives_the_same_graphs_with_and_without_instrument() -> None:
@@ -400,7 +426,8 @@ def test_a_failure_in_the_bookkeeping_never_breaks_the_loop(
     assert seen == [8, 8]  # every batch went through, every step ran
     assert "the DataLoader hook of instrument() failed" in caplog.text
     assert "the optimizer step hook of instrument() failed" in caplog.text
-    assert _frame(tmp_path / "t.json")["name"].value_counts()["trainer.fetch_batch"] == 3
+    counts = _frame(tmp_path / "t.json")["name"].value_counts()
+    assert counts["trainer.fetch_batch"] == 2 and counts["trainer.loader_end"] == 1
 
 
 def test_evaluation_after_the_optimizer_step_without_a_loader_is_val(
