@@ -97,7 +97,7 @@ def _encode_value_or_raise(v: Any) -> str:
     if isinstance(v, float):
         if math.isfinite(v):
             return repr(v)
-        return '"NaN"' if v != v else ('"Infinity"' if v > 0 else '"-Infinity"')
+        return _NONFINITE_JSON["NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")]
     if isinstance(v, str):
         return _quote(v)
     if isinstance(v, (list, tuple)):
@@ -106,6 +106,14 @@ def _encode_value_or_raise(v: Any) -> str:
     if not isinstance(text, str):  # a str() of a str subclass that returns itself
         raise TypeError("str() did not return a str")
     return _quote(text)
+
+
+#: the key of the object that stands for a non-finite float attribute (JSON has no NaN or
+#: infinity); read_chrome_trace gives the float back
+NONFINITE_KEY = "ppetrace.float"
+_NONFINITE_JSON = {
+    text: f'{{"{NONFINITE_KEY}":"{text}"}}' for text in ("NaN", "Infinity", "-Infinity")
+}
 
 
 def _json_safe(value: Any) -> Any:

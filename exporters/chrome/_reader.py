@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TraceError
+from ._encode import NONFINITE_KEY
 from ._parse import Parsed, _Fallback, document, stream
 
 if TYPE_CHECKING:
@@ -237,9 +238,10 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     ``parts=False`` reads the one file given, as does naming a later part.
 
     JSON has no NaN or infinity, so the writer stores such a float attribute as the
-    string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (which every JSON parser
-    takes); in a column whose other values are all numbers they are read back as
-    floats. A column with no number in it keeps them as strings.
+    object ``{"ppetrace.float": "NaN"}`` (or ``"Infinity"``, ``"-Infinity"``), which
+    every JSON parser takes; they are read back as floats, also inside lists, and a
+    column of numbers and them is float64. (Files of ppetrace 0.1 before this had the
+    bare strings, which stay strings.)
 
     ``frame.attrs["metadata"]`` is the file's ``otherData``, plus ``ppetrace.final``:
     the writer's closing counts of summarised steps when the file has them.
@@ -359,27 +361,35 @@ def _tables(meta: list[Any]) -> dict[str, Any]:
 
 
 _NONFINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+#: what pandas calls a column of several types (where the writer's objects can be)
+_MIXED = frozenset({"mixed", "mixed-integer", "mixed-integer-float"})
+
+
+def _float_of(value: Any) -> Any:
+    """The float that the writer's ``{"ppetrace.float": "NaN"}`` object stands for (also
+    inside a list), else ``value`` itself."""
+    kind = type(value)
+    if kind is dict and len(value) == 1:
+        text = value.get(NONFINITE_KEY)
+        return _NONFINITE.get(text, value) if type(text) is str else value
+    if (kind is list or kind is tuple) and any(type(v) is dict for v in value):
+        return kind(map(_float_of, value))
+    return value
 
 
 def _restore_nonfinite(frame: pd.DataFrame) -> None:
-    """Give the columns that hold numbers and the writer's strings for non-finite floats
-    (see :func:`read_chrome_trace`) those floats back, in place."""
+    """Give the non-finite float attributes back (see :func:`read_chrome_trace`), in
+    place: a column of numbers and them becomes float64."""
     import pandas as pd
 
     for name in frame.columns:
         column = frame[name]
         if column.dtype != object:
             continue  # numbers alone, or strings alone (pandas 3's str dtype)
-        kind = pd.api.types.infer_dtype(column, skipna=True)
-        if kind not in ("mixed", "mixed-integer", "mixed-integer-float"):
-            continue
-        types = column.map(type, na_action="ignore")
-        text = types.isin([str])
-        numbers = types.isin([int, float])  # not bool: type(True) is bool
-        if not text.any() or not numbers.any() or (text | numbers).sum() != column.notna().sum():
-            continue
-        if not column[text].isin(_NONFINITE).all():
-            continue
-        frame[name] = column.map(lambda v: _NONFINITE.get(v, v) if type(v) is str else v).astype(
-            "float64"
-        )
+        if pd.api.types.infer_dtype(column, skipna=True) not in _MIXED:
+            continue  # one type throughout (strings on pandas 2): no object among them
+        restored = column.map(_float_of, na_action="ignore")
+        types = restored.map(type, na_action="ignore")
+        if types.isin([int, float]).sum() == restored.notna().sum():  # not bool
+            restored = restored.astype("float64")
+        frame[name] = restored

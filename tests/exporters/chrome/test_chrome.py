@@ -153,7 +153,7 @@ def test_strings_are_escaped_so_any_name_or_value_round_trips(
     assert frame.loc[0, "k"] == "plain" and pd.isna(frame.loc[1, "k"])
 
 
-def test_non_finite_floats_are_written_as_strings(
+def test_non_finite_floats_are_written_as_tagged_objects(
     tmp_path: Path, run_builder: Callable[..., RunBuilder]
 ) -> None:
     rb = run_builder()
@@ -161,8 +161,9 @@ def test_non_finite_floats_are_written_as_strings(
     path = tmp_path / "t.json"
     _write(path, rb.batch())
     (event,) = _x_events(json.loads(path.read_text()))  # strict JSON: no NaN tokens
-    assert event["attrs"]["x"] == "NaN"
-    assert event["attrs"]["y"] == "Infinity" and event["attrs"]["z"] == "-Infinity"
+    assert event["attrs"]["x"] == {"ppetrace.float": "NaN"}
+    assert event["attrs"]["y"] == {"ppetrace.float": "Infinity"}
+    assert event["attrs"]["z"] == {"ppetrace.float": "-Infinity"}
 
 
 def test_mixed_attribute_types_under_one_key_keep_their_types(

@@ -288,22 +288,32 @@ def test_non_finite_float_attributes_read_back_as_floats(
     tmp_path: Path, run_builder: Callable[..., RunBuilder], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rb = run_builder()
-    values: list[Any] = [1.5, math.nan, math.inf, -math.inf, 2]
-    for i, v in enumerate(values):
+    nan, inf = math.nan, math.inf
+    for i, v in enumerate([1.5, nan, inf, -inf, 2]):
         start = 10**9 + 100 * i
-        attrs = {"loss": v, "count": [3, 4, "NaN", 5, 6][i], "word": ["NaN", "x"][i % 2]}
-        rb.span("user.step", start, start + 50, 0, {**attrs, "only": "Infinity"})
+        attrs = {
+            "loss": v,
+            "always": nan,  # no number beside it
+            "pair": (1.0, v),
+            "word": ["NaN", 3.0][i % 2],  # a string that only looks like one
+            "flag": [True, v][i % 2],
+        }
+        rb.span("user.step", start, start + 50, 0, attrs)
     path = tmp_path / "t.json"
     with ChromeTraceExporter(path) as exporter:
         exporter.export_batch(rb.batch())
-    assert '"loss":"Infinity"' in path.read_text()  # strict JSON: every parser takes it
+    assert json.loads(path.read_text())  # strict JSON: every parser takes it
+    assert '"loss":{"ppetrace.float":"Infinity"}' in path.read_text()
     frame = read_chrome_trace(path)
+
+    def same(got: list[Any], expected: list[Any]) -> bool:
+        return [repr(g) for g in got] == [repr(e) for e in expected]
+
     assert str(frame["loss"].dtype) == "float64"
-    got = frame["loss"].tolist()
-    assert got[0] == 1.5 and math.isnan(got[1]) and got[2:] == [math.inf, -math.inf, 2.0]
-    assert str(frame["count"].dtype) == "float64" and math.isnan(frame["count"][2])
-    # no number beside them: a string column stays a string column
-    assert frame["word"].tolist() == ["NaN", "x", "NaN", "x", "NaN"]
-    assert frame["only"].tolist() == ["Infinity"] * 5
+    assert same(frame["loss"].tolist(), [1.5, nan, inf, -inf, 2.0])
+    assert str(frame["always"].dtype) == "float64" and frame["always"].isna().all()
+    assert same(frame["pair"].tolist(), [[1.0, 1.5], [1.0, nan], [1.0, inf], [1.0, -inf], [1.0, 2]])
+    assert frame["word"].tolist() == ["NaN", 3.0, "NaN", 3.0, "NaN"]  # kept
+    assert same(frame["flag"].tolist(), [True, nan, True, -inf, True])
     monkeypatch.setattr(_events, "_speedups", None)  # the pure-Python columns agree
     _same(frame, read_chrome_trace(path))
