@@ -221,35 +221,36 @@ class Evaluator:
         epoch: int | None,
         keep: bool,
     ) -> tuple[Any, ...]:
-        adapter, runtime, stage = self.adapter, self.runtime, self.stage
-        device = runtime.device_spec
-        label = stage.label
-        collector = (
-            OutputCollector(self.max_collated_bytes, what=f"{label} loader {name!r}")
-            if keep
-            else None
-        )
-        autocast = runtime.autocast_context if runtime.autocast_enabled else None
-        rt_attrs = runtime.span_attributes
-        step_event = self._step_event
-        open_span = self.open_span
-        eval_step = adapter.eval_step
-        hooks, flags = self._hooks, PROFILER_FLAGS
-        # one span object per event, entered again batch after batch (see training._loop)
-        plain, ranged = hooks.reused(False), hooks.reused(True)
-        step_open, eval_open = reusable(open_span, "evaluator.step"), trace(step_event)
-        fetch_open = trace("evaluator.fetch_batch")
-        # each step's mapping: a copy of this one with its batch index (see training._loop)
-        template = {
-            "ppetrace.epoch": epoch,
-            "ppetrace.step": global_step,
-            "ppetrace.batch_idx": 0,
-            "ppetrace.stage": label,
-            "ppetrace.device": rt_attrs["ppetrace.device"],
-            "ppetrace.runtime": rt_attrs["ppetrace.runtime"],
-            "ppetrace.loader": name,
-        }
+        # the span holds the loop's set-up too: no time of a validation goes unnamed
         with trace("evaluator.run", attrs), torch.no_grad():
+            adapter, runtime, stage = self.adapter, self.runtime, self.stage
+            device = runtime.device_spec
+            label = stage.label
+            collector = (
+                OutputCollector(self.max_collated_bytes, what=f"{label} loader {name!r}")
+                if keep
+                else None
+            )
+            autocast = runtime.autocast_context if runtime.autocast_enabled else None
+            rt_attrs = runtime.span_attributes
+            step_event = self._step_event
+            open_span = self.open_span
+            eval_step = adapter.eval_step
+            hooks, flags = self._hooks, PROFILER_FLAGS
+            # one span object per event, entered again batch after batch (see training._loop)
+            plain, ranged = hooks.reused(False), hooks.reused(True)
+            step_open, eval_open = reusable(open_span, "evaluator.step"), trace(step_event)
+            fetch_open = trace("evaluator.fetch_batch")
+            # each step's mapping: a copy of this one with its batch index (see training._loop)
+            template = {
+                "ppetrace.epoch": epoch,
+                "ppetrace.step": global_step,
+                "ppetrace.batch_idx": 0,
+                "ppetrace.stage": label,
+                "ppetrace.device": rt_attrs["ppetrace.device"],
+                "ppetrace.runtime": rt_attrs["ppetrace.runtime"],
+                "ppetrace.loader": name,
+            }
             from ..integrations.dataloader import trace_workers
             from ._run import len_or_none  # not at the top: _run imports this module
 
