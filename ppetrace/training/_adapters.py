@@ -36,6 +36,14 @@ Loaders = dict[str, Iterable[Any]]
 _NO_SCOPE: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
+def len_or_none(loader: Any) -> int | None:
+    """``len(loader)``, or None for a loader without one."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 def named_loaders(loaders: Any, what: str) -> Loaders:
     """``None`` -> ``{}``, one loader -> ``{"default": loader}``, a dict -> a copy."""
     if loaders is None:

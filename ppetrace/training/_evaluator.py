@@ -36,7 +36,7 @@ from ..runtime._hooks import PROFILER_FLAGS, StepHooks, reusable
 from ..runtime._registry import make_runtime
 from ..tracing import FrozenAttributes
 from ..tracing._recorder import trace
-from ._adapters import Adapter, Loaders, NetworkAdapter, make_adapter
+from ._adapters import Adapter, Loaders, NetworkAdapter, len_or_none, make_adapter
 from ._callbacks import CallbackList
 from ._collate import DEFAULT_MAX_COLLATED_BYTES, OutputCollector
 from ._optim import check_positive_int
@@ -252,7 +252,6 @@ class Evaluator:
                 "ppetrace.loader": name,
             }
             from ..integrations.dataloader import trace_workers
-            from ._run import len_or_none  # not at the top: _run imports this module
 
             # as in training: iter(loader) (the workers' start), each wait on the loader and
             # letting the iterator go (the workers' shutdown) are spans of their own, and

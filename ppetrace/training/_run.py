@@ -26,7 +26,7 @@ from ..runtime._base import BaseRuntime
 from ..runtime._convert import batch_size
 from ..runtime._hooks import StepHooks
 from ..tracing._recorder import trace
-from ._adapters import Adapter
+from ._adapters import Adapter, len_or_none
 from ._callbacks import CallbackList
 from ._collate import OutputCollector, to_host
 from ._evaluator import Evaluator
@@ -128,13 +128,6 @@ def describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return f"a {type(value).__name__}"
-
-
-def len_or_none(loader: Any) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:
-        return None
 
 
 class Run:
