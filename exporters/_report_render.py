@@ -54,7 +54,8 @@ def _headline(report: StepReport) -> list[str]:
         k, by = report.profiled_steps, ", ".join(report.profilers) or "a profiler"
         lines.append(
             f"{fmt_count(k)} profiled step{'s' if k != 1 else ''} excluded (inside the "
-            f"windows of {by}, which slows them; their spans stay in the trace)."
+            f"windows of {by}, whose profiling slows steps down; their spans stay in the "
+            "trace)."
         )
     if report.detail is not None:
         lines.append(report.detail.describe())
@@ -303,6 +304,7 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
         "warmup_steps": report.warmup_steps,
         "excluded_steps": report.excluded_steps,
         "profiled_steps": report.profiled_steps,
+        "profilers": list(report.profilers),
         "total_steps": report.total_steps,
         "spans": report.spans,
         "throughput": {

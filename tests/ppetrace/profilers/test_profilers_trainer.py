@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -183,10 +184,12 @@ def test_the_report_and_compare_leave_the_profiled_steps_out(tmp_path: Path) -> 
     assert report.steps["batch_idx"].tolist() == [4, 5]  # outside every window
     assert report.profilers == ("Pyinstrument", "TorchProfiler")
     assert (
-        "3 profiled steps excluded (inside the windows of Pyinstrument, TorchProfiler, which "
-        "slows them; their spans stay in the trace)." in render(report, "table")
+        "3 profiled steps excluded (inside the windows of Pyinstrument, TorchProfiler, whose "
+        "profiling slows steps down; their spans stay in the trace)." in render(report, "table")
     )
     assert len(event_samples(frame, warmup_steps=1)["trainer.step"]) == 2  # compare's too
+    doc = json.loads(render(report, "json"))
+    assert doc["profiled_steps"] == 3 and doc["profilers"] == ["Pyinstrument", "TorchProfiler"]
     assert (frame["name"] == "trainer.step").sum() == 6
 
 
