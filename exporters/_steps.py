@@ -45,6 +45,7 @@ import pandas as pd
 
 from ._accel import SPEEDUPS as _speedups
 from ._aggregates import Aggregates
+from ._names import SAVE_WINDOW_EVENT
 from ._nesting import effective_parents, self_times
 from ._pandas import objects
 from ._parts import on_step_thread, part_sums, summarised_part_sums
@@ -60,6 +61,7 @@ NOT_STEP_TIME = (
     "trainer.checkpoint",
     "trainer.loader_start",  # iter(loader): the workers' start
     "trainer.loader_end",  # the iterator's end: the workers' shutdown
+    SAVE_WINDOW_EVENT,
 )
 _BATCH_SIZE_COLUMNS = ("ppetrace.batch_size", "batch_size")
 STEP_COLUMNS = (
@@ -329,12 +331,15 @@ def assign_steps(
 
 
 def _profiled(windows: Any, pid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Which steps lie inside a profiled window of their process
-    (``frame.attrs["profile_windows"]``, see :func:`exporters.read_chrome_trace`)."""
+    """Which steps overlap a profiled window of their process
+    (``frame.attrs["profile_windows"]``, see :func:`exporters.read_chrome_trace`).
+    Overlap, not inclusion: ``instrument()`` opens a step when its fetch ends, a few µs
+    before the profilers open their window, and a window opens and closes between
+    steps, so no step outside it overlaps it."""
     inside = np.zeros(len(pid), dtype=bool)
     for w in windows if isinstance(windows, list) else ():
         try:
-            inside |= (pid == int(w["pid"])) & (start >= w["start_ns"]) & (end <= w["end_ns"])
+            inside |= (pid == int(w["pid"])) & (start < w["end_ns"]) & (end > w["start_ns"])
         except (KeyError, TypeError, ValueError):
             continue  # not a window: it leaves no step out
     return inside

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TraceError
+from .._names import PROFILE_WINDOW_EVENT
 from ._encode import NONFINITE_KEY
 from ._parse import Parsed, _Fallback, document, stream
 
@@ -291,11 +292,6 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     if len(paths) > 1:
         frame.attrs["parts"] = [str(q) for q in paths]
     return frame
-
-
-#: the ``M`` event of a profiled window (``ts``/``dur``: its time; ``args``: the profiler
-#: and its steps), written by ``ppetrace.profilers``' scheduled profilers
-PROFILE_WINDOW_EVENT = "ppetrace.profile_window"
 
 
 def _profile_windows(meta: list[Any], origin_ns: int) -> list[dict[str, Any]]:

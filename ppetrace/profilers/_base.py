@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from exporters.chrome._reader import PROFILE_WINDOW_EVENT
+from exporters._names import PROFILE_WINDOW_EVENT, SAVE_WINDOW_EVENT
 
-from ..tracing._recorder import RECORDER
+from ..tracing._recorder import RECORDER, trace
 from ._schedule import ProfilerAction, Schedule
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "now_ns",
     "sink_of",
     "PROFILE_WINDOW_EVENT",
+    "SAVE_WINDOW_EVENT",
 ]
 
 _log = logging.getLogger("ppetrace")
@@ -286,7 +287,10 @@ class ScheduledProfiler(Profiler):
             end_ns=now_ns(),
             complete=complete,
         )
-        self._end_window(window)
+        # its files and events are made between steps, in a span of their own: reports
+        # leave that time out of the next step, as they do validation
+        with trace(SAVE_WINDOW_EVENT, {"ppetrace.profiler": type(self).__name__}):
+            self._end_window(window)
         self.windows.append(window)
         # the window in the trace, so that reports leave its (slowed) steps out
         self.emit(

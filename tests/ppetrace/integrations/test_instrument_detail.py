@@ -76,3 +76,25 @@ def test_a_loop_without_a_dataloader_is_summarised_too(
     assert all(h for h in steps[HOOKS] if isinstance(h, str))  # each holds its hooks
     assert (frame["name"] == "trainer.backward").sum() == 4
     assert event_counts(frame)["trainer.backward"] == 20
+
+
+def test_every_step_of_a_profilers_window_leaves_the_report_under_instrument(
+    tmp_path: Path, make_loader: Callable[..., Any]
+) -> None:
+    """instrument() opens a step when its fetch ends, before the profiler opens its
+    window: the window's first step counts as profiled all the same."""
+    from exporters import step_report
+    from ppetrace.profilers import Pyinstrument, Schedule
+
+    prof = Pyinstrument(
+        schedule=Schedule(wait=1, warmup=0, active=2, repeat=2),
+        output_dir=tmp_path,
+        html=False,
+        speedscope=False,
+    )
+    handle = _run(tmp_path / "t.json", make_loader, profilers=[prof])
+    assert handle.steps == 16
+    assert [(w.first_step, w.last_step) for w in prof.windows] == [(1, 2), (4, 5)]
+    report = step_report(read_chrome_trace(tmp_path / "t.json"), warmup_steps=0)
+    assert (report.total_steps, report.profiled_steps) == (16, 4)
+    assert report.steps["batch_idx"].tolist() == [0, 3, *range(6, 16)]

@@ -191,6 +191,13 @@ def test_the_report_and_compare_leave_the_profiled_steps_out(tmp_path: Path) -> 
     doc = json.loads(render(report, "json"))
     assert doc["profiled_steps"] == 3 and doc["profilers"] == ["Pyinstrument", "TorchProfiler"]
     assert (frame["name"] == "trainer.step").sum() == 6
+    # the windows' files were made between steps 3 and 4, in spans of their own, which
+    # the step after them does not count (TorchProfiler's take milliseconds)
+    saves = frame[frame["name"] == "profiler.save_window"]
+    assert sorted(saves["ppetrace.profiler"]) == ["Pyinstrument", "TorchProfiler"]
+    after = report.steps.iloc[0]  # batch 4
+    assert after["between_ns"] < saves["dur_ns"].max()
+    assert (saves["end_ns"] <= after["start_ns"]).all()
 
 
 def test_a_resumed_runs_window_is_found_by_time_not_by_step_count(tmp_path: Path) -> None:
