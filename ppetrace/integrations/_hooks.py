@@ -120,7 +120,10 @@ class Hooks:
             loader,
             "__iter__",
             tracing_iter(
-                loader.__iter__, lambda: hooks.on and not standing_aside(), "trainer.loader_start"
+                loader.__iter__,
+                lambda: hooks.on and not standing_aside(),
+                "trainer.loader_start",
+                self.tracker.iter_started,
             ),
         )
         if self.module_depth > 0:

@@ -29,6 +29,7 @@ started ``instrument()``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -195,6 +196,8 @@ class StepTracker:
         #: which steps the trace keeps in full (``trace_detail``); None: every step
         self.detail: StepDetail | None = None
         self._trained_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: iterator -> the start of its ``trainer.loader_start`` (``DataLoader.__iter__``)
+        self._started: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._last_trained: Any = None  # the iterator added last (adding is not free)
         #: ``{"ppetrace.step": global_step}``, shared by the spans that carry nothing else
         self.step_attrs = FrozenAttributes({"ppetrace.step": 0})
@@ -376,6 +379,11 @@ class StepTracker:
         cand.val_attrs.append((attrs, start, end))
         if cand.val_start is None:
             cand.val_start = cand.fetched if cand.fetched is not None else start
+            # an evaluation loader's first batch: its start (the workers' start-up) is
+            # the validation's too, as the loader's end is
+            begun = self._started.pop(cand.iterator, None) if cand.iterator is not None else None
+            if begun is not None and cand.attrs.get("ppetrace.batch_idx") == 0:
+                cand.val_start = min(cand.val_start, begun)
         cand.val_end = end
 
     def optimizer_end(self, st: ThreadState) -> int:
@@ -396,6 +404,11 @@ class StepTracker:
         if cand is not None and cand.fetched is None:  # one step per optimizer step
             self.finalize(st, end)
             self.open(st, end)
+
+    def iter_started(self, iterator: Any, start: int) -> None:
+        """``iterator`` came from a ``DataLoader.__iter__`` whose span started at ``start``."""
+        with contextlib.suppress(TypeError):  # an iterator that takes no weak reference
+            self._started[iterator] = start
 
     def exhausted(self, st: ThreadState, iterator: Any, end: int) -> None:
         """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration)."""

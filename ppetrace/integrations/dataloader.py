@@ -95,10 +95,12 @@ def tracing_iter(
     orig: Callable[[Any], Any],
     when: Callable[[], bool] | None = None,
     span: str | None = None,
+    started: Callable[[Any, int], None] | None = None,
 ) -> Callable[[Any], Any]:
     """``DataLoader.__iter__`` made to call :func:`trace_workers` on the loader first
     (while ``when()`` is true, when given) and, with ``span``, to run inside a span of
-    that name (the workers' start); a failure is logged, never raised."""
+    that name (the workers' start), whose start ``started(iterator, start_ns)`` is told;
+    a failure is logged, never raised."""
 
     @functools.wraps(orig)
     def __iter__(loader: Any) -> Any:
@@ -108,8 +110,15 @@ def tracing_iter(
             except Exception:  # telemetry never breaks training
                 _log.exception("ppetrace: tracing the workers of %r failed", loader)
             if span is not None:
-                with _recorder.trace(span):
-                    return orig(loader)
+                with _recorder.trace(span) as opened:
+                    iterator = orig(loader)
+                start = getattr(opened, "start_ns", None)
+                if started is not None and start:
+                    try:
+                        started(iterator, start)
+                    except Exception:
+                        _log.exception("ppetrace: noting the start of %r failed", loader)
+                return iterator
         return orig(loader)
 
     return __iter__

@@ -235,6 +235,9 @@ def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
     # the validation holds the evaluation batches' fetches, down to the loader's end
     inside = frame[frame["start_ns"].between(first["start_ns"], first["end_ns"])]
     assert (inside["name"] == "trainer.fetch_batch").sum() == 2
+    # and its start: iter(val), the first thing in it
+    (begun,) = inside.loc[inside["name"] == "trainer.loader_start", "start_ns"]
+    assert begun == first["start_ns"]
     (end,) = inside.loc[inside["name"] == "trainer.loader_end", "end_ns"]
     assert end == validations["end_ns"].iloc[0]
     # validation is reported apart from the training steps, with its forwards
