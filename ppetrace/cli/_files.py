@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._inputs import _in_file, _unreadable
-from ._io import _BadInput
+from ._io import _BadInput, check_parent
 from ._parse import EXIT_OK, _int_at_least
 
 __all__ = ["add_merge_and_repair", "merge", "repair"]
@@ -78,6 +78,7 @@ def merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             f"Expected a file path for OUT (the merged trace to write), but {args.out} is a "
             f"directory. Pass a file name, such as {Path(args.out) / 'merged.json'}."
         )
+    check_parent(args.out, "OUT")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", exporters.TraceTruncatedWarning)
         try:

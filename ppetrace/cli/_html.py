@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from ._io import _BadInput
+from ._io import _BadInput, check_parent
 
 __all__ = ["add_html_option", "write_html"]
 
@@ -36,6 +36,7 @@ def write_html(path: str | None, render: Callable[[], str], err: IO[str]) -> Non
         page = render()
     except HtmlDependencyError as exc:
         raise _BadInput(str(exc)) from None
+    check_parent(path, "--html")
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # as --output does
         Path(path).write_text(page, encoding="utf-8")

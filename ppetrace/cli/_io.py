@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO
 
-__all__ = ["_BadInput", "_emit", "_write"]
+__all__ = ["_BadInput", "_emit", "_write", "check_parent"]
 
 
 class _BadInput(Exception):
@@ -23,10 +23,24 @@ def _write(stream: IO[str], text: str) -> None:
         stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
 
+def check_parent(path: str, option: str) -> None:
+    """A :class:`_BadInput` when a file stands where ``path``'s folder, or a folder above
+    it, has to be (``mkdir`` would say only "File exists")."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise _BadInput(
+                    f"Expected a path in a folder for {option}, but {parent} is a file, so "
+                    f"{path} cannot be written. Pass a path whose folders are folders."
+                )
+            return
+
+
 def _emit(text: str, output: str | None, out: IO[str]) -> None:
     if output is None:
         _write(out, text)
         return
+    check_parent(output, "--output")
     try:
         Path(output).parent.mkdir(parents=True, exist_ok=True)  # as run --trace and merge do
         Path(output).write_text(text, encoding="utf-8", errors="backslashreplace")

@@ -155,3 +155,18 @@ def test_a_negative_duration_is_called_negative_and_html_makes_its_folder(tmp_pa
     code, _, err = run("report", str(base), "--html", str(page))
     assert code == 0, err
     assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_a_file_where_an_output_folder_must_be_is_named_as_the_problem(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base.json", [1_000_000] * 8)
+    other = write_run(tmp_path / "other.json", [1_000_000] * 8, pid=2)
+    for argv in (
+        ("report", str(base), "-o", str(base / "r.txt")),
+        ("report", str(base), "--html", str(base / "deeper" / "r.html")),
+        ("merge", str(base / "m.json"), str(base), str(other)),
+    ):
+        code, _, err = run(*argv)
+        line = _one_error_line(err)
+        assert code == 2, argv
+        assert f"but {base} is a file, so " in line and "Pass a path whose folders" in line
+    assert exporters.read_chrome_trace(base)["name"].tolist()  # the input is untouched
