@@ -41,17 +41,25 @@ __all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
     """Per-event duration samples in ns: per counted step, the event's total time in
     that step (summarised steps: from their aggregates); for spans outside steps, one
-    sample per span; validation left out."""
+    sample per span; validation, the warmup and the profiled steps left out."""
+    return _samples(frame, warmup_steps)[0]
+
+
+def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarray], int]:
+    """:func:`event_samples`, and how many steps (past the warmup) were left out for being
+    inside a profiler's window."""
     n = len(frame)
     if n == 0:
-        return {}
+        return {}, 0
     aggregates = parse_aggregates(frame)
     assignment = assign_steps(frame, warmup_steps)
     assert assignment.ppos is not None
     steps = assignment.steps
     warm = np.zeros(n, dtype=bool)
     # the warmup and the profiled steps (their profiling slowed them) are left out
-    left_out = steps["warmup"].to_numpy(dtype=bool) | steps["profiled"].to_numpy(dtype=bool)
+    warmup = steps["warmup"].to_numpy(dtype=bool)
+    profiled = int((steps["profiled"].to_numpy(dtype=bool) & ~warmup).sum())
+    left_out = warmup | steps["profiled"].to_numpy(dtype=bool)
     warm[steps.index[left_out].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0
@@ -70,7 +78,7 @@ def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np
         codes = np.concatenate([codes, as_code[counted.event]])
         dur = np.concatenate([dur, counted.total_ns])
     if not len(codes):
-        return {}
+        return {}, profiled
     order = np.lexsort((unit, codes))
     c, u, d = codes[order], unit[order], dur[order]
     first = np.ones(len(c), dtype=bool)
@@ -81,7 +89,7 @@ def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np
     return {
         str(uniques[part_events[0]]): part
         for part_events, part in zip(np.split(events, cuts), np.split(sums, cuts), strict=True)
-    }
+    }, profiled
 
 
 def _validation(frame: pd.DataFrame, ppos: np.ndarray) -> np.ndarray:
@@ -113,7 +121,8 @@ class RunSummary:
     ``step_samples``: its ``trainer.step`` samples in ns, kept for the step-time
     distributions of :func:`exporters.render_comparison_html` (``None`` without);
     ``step_count``: its ``trainer.step`` spans, warmup included (``None`` when not
-    known), so that a run whose steps are all warmup can be told apart."""
+    known), so that a run whose steps are all warmup can be told apart;
+    ``profiled_steps``: the steps left out for being inside a profiler's window."""
 
     events: Mapping[str, EventStat]
     environment: Mapping[str, Any] | None = None
@@ -121,6 +130,8 @@ class RunSummary:
     step_samples: np.ndarray | None = field(default=None, compare=False, repr=False)
     #: ``trainer.step`` spans in the run, warmup included (``None``: not known).
     step_count: int | None = field(default=None, compare=False, repr=False)
+    #: steps past the warmup left out for being inside a profiler's window
+    profiled_steps: int = field(default=0, compare=False, repr=False)
 
     @classmethod
     def from_samples(
@@ -194,7 +205,7 @@ def summarize_run(
             )
         mine.attrs = dict(frame.attrs)
         frame = mine
-    samples = event_samples(frame, warmup_steps=warmup_steps)
+    samples, profiled = _samples(frame, warmup_steps)
     metadata = frame.attrs.get("metadata")
     environment = metadata.get("environment") if isinstance(metadata, Mapping) else None
     if not isinstance(environment, Mapping):
@@ -203,7 +214,7 @@ def summarize_run(
         source = str(frame.attrs["path"])
     summary = RunSummary.from_samples(samples, environment=environment, source=source)
     steps = int((frame["name"].to_numpy(dtype=object) == STEP).sum())
-    return dataclasses.replace(summary, step_count=steps)
+    return dataclasses.replace(summary, step_count=steps, profiled_steps=profiled)
 
 
 def _rank_of(frame: pd.DataFrame) -> int | None:

@@ -286,6 +286,13 @@ def compare(
         )
     notes: list[str] = []
     gated = set(_resolve_gate(gate, common, notes, warmup))
+    profiled = [sum(r.profiled_steps for r in runs) for runs in (b_runs, c_runs)]
+    if any(profiled):
+        notes.append(
+            f"{profiled[0]} profiled step{'s' if profiled[0] != 1 else ''} of the base and "
+            f"{profiled[1]} of the candidate are no samples (inside a profiler's window, "
+            "whose profiling slows steps down)."
+        )
 
     def qualifying(runs: list[RunSummary], event: str) -> list[EventStat]:
         return [r.events[event] for r in runs if event in r.events]

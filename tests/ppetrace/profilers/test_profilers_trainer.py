@@ -161,7 +161,7 @@ def test_trainer_spans_carry_device_time_through_the_timer(tmp_path: Path) -> No
 
 
 def test_the_report_and_compare_leave_the_profiled_steps_out(tmp_path: Path) -> None:
-    from exporters import render, step_report
+    from exporters import compare, render, step_report
     from exporters._compare_runs import event_samples
 
     schedule = Schedule(wait=1, warmup=1, active=2)
@@ -188,6 +188,8 @@ def test_the_report_and_compare_leave_the_profiled_steps_out(tmp_path: Path) -> 
         "profiling slows steps down; their spans stay in the trace)." in render(report, "table")
     )
     assert len(event_samples(frame, warmup_steps=1)["trainer.step"]) == 2  # compare's too
+    notes = compare(frame, frame, warmup_steps=1, min_samples=2).notes
+    assert "3 profiled steps of the base and 3 of the candidate are no samples" in " ".join(notes)
     doc = json.loads(render(report, "json"))
     assert doc["profiled_steps"] == 3 and doc["profilers"] == ["Pyinstrument", "TorchProfiler"]
     assert (frame["name"] == "trainer.step").sum() == 6
