@@ -193,17 +193,8 @@ def test_max_batches_keeps_the_workers_of_the_loader_traced(
 
 
 def test_the_workers_shut_down_inside_loader_end_and_an_iterable_gets_its_last_fetch(
-    span_exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+    span_exporter: InMemorySpanExporter, traced_worker_shutdown: str
 ) -> None:
-    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
-
-    shutdown = _MultiProcessingDataLoaderIter._shutdown_workers
-
-    def traced(self: Any) -> None:
-        with ppetrace.trace("user.shutdown"):
-            shutdown(self)
-
-    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", traced)
     loader = DataLoader(Loading(), batch_size=2, num_workers=2)
     Evaluator(torch.nn.Linear(8, 4), loader, max_batches=3).run()
     # an iterable without len(): the fetch that finds its end is the loop's last
@@ -211,7 +202,7 @@ def test_the_workers_shut_down_inside_loader_end_and_an_iterable_gets_its_last_f
     ppetrace.flush()
     spans = span_exporter.get_finished_spans()
     by_id = {s.context.span_id: s for s in spans}
-    (down, *_) = [s for s in spans if s.name == "user.shutdown"]
+    (down, *_) = [s for s in spans if s.name == traced_worker_shutdown]
     assert down.parent is not None and by_id[down.parent.span_id].name == "evaluator.loader_end"
     runs = [s for s in spans if s.name == "evaluator.run"]
     fetches = [

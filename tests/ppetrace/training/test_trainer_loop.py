@@ -419,17 +419,8 @@ def test_module_interface_test_step_defaults_to_val_step() -> None:
 
 
 def test_the_training_loaders_workers_shut_down_inside_loader_end(
-    span_exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+    span_exporter: InMemorySpanExporter, traced_worker_shutdown: str
 ) -> None:
-    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
-
-    shutdown = _MultiProcessingDataLoaderIter._shutdown_workers
-
-    def traced(self: Any) -> None:
-        with ppetrace.trace("user.shutdown"):
-            shutdown(self)
-
-    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", traced)
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(16, 8), torch.randint(0, 4, (16,)))
     model = torch.nn.Linear(8, 4)
@@ -442,7 +433,7 @@ def test_the_training_loaders_workers_shut_down_inside_loader_end(
     ppetrace.flush()
     spans = span_exporter.get_finished_spans()
     by_id = {s.context.span_id: s for s in spans}
-    downs = [s for s in spans if s.name == "user.shutdown" and s.parent is not None]
+    downs = [s for s in spans if s.name == traced_worker_shutdown and s.parent is not None]
     # each epoch's workers, inside that epoch's trainer.loader_end (not in trainer.run's gap)
     assert len({by_id[s.parent.span_id].context.span_id for s in downs}) == 2
     assert {by_id[s.parent.span_id].name for s in downs} == {"trainer.loader_end"}
