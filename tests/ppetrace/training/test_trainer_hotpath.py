@@ -198,9 +198,9 @@ def test_iterator_creation_is_inside_trainer_loader_start(row_sink: RowSink) -> 
 def test_children_cover_the_epoch_and_the_run(tmp_path: Any) -> None:
     """No time inside an epoch or a run that no child span accounts for. Steps of several ms
     make the loop's own gaps (a few µs) and the epoch-end hand-off of the spans to the sink
-    worker a small share. That hand-off can stall the training thread for up to one GIL
-    switch interval (5 ms) while the flusher and the sink worker take their turns, which
-    was 10% of a 16-step run on a busy machine; 64 steps (about 150 ms) keep 95% safe."""
+    worker a small share. After that hand-off the training thread stalled for about 4 ms
+    on a busy machine (the sink worker takes the GIL to encode), 10% of a 16-step run;
+    64 steps (about 150 ms) keep 95% safe."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 4))
     ds = TensorDataset(torch.randn(64 * 64, 256), torch.randint(0, 4, (64 * 64,)))
