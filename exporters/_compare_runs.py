@@ -32,7 +32,7 @@ import pandas as pd
 from ._aggregates import parse_aggregates
 from ._compare_stats import log_median_se
 from ._report_data import VALIDATION
-from ._steps import NOT_TRAINING_STAGES, STEP, assign_steps
+from ._steps import NOT_TRAINING_STAGES, STEP, assign_steps, left_out_steps
 from .frame import _inherit
 
 __all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
@@ -57,10 +57,9 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
     steps = assignment.steps
     warm = np.zeros(n, dtype=bool)
     # the warmup and the profiled steps (their profiling slowed them) are left out
-    warmup = steps["warmup"].to_numpy(dtype=bool)
-    profiled = int((steps["profiled"].to_numpy(dtype=bool) & ~warmup).sum())
-    left_out = warmup | steps["profiled"].to_numpy(dtype=bool)
-    warm[steps.index[left_out].to_numpy()] = True
+    warmup, in_window = left_out_steps(steps)
+    profiled = int(in_window.sum())
+    warm[steps.index[warmup | in_window].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0
     keep = ~(in_step & warm[np.where(in_step, step_row, 0)]) & ~_validation(frame, assignment.ppos)

@@ -51,7 +51,15 @@ from ._pandas import objects
 from ._parts import on_step_thread, part_sums, summarised_part_sums
 from .frame import _inherit, _parent_positions
 
-__all__ = ["FETCH", "NOT_STEP_TIME", "STEP", "StepAssignment", "assign_steps", "name_codes"]
+__all__ = [
+    "FETCH",
+    "NOT_STEP_TIME",
+    "STEP",
+    "StepAssignment",
+    "assign_steps",
+    "left_out_steps",
+    "name_codes",
+]
 
 STEP = "trainer.step"
 FETCH = "trainer.fetch_batch"
@@ -328,6 +336,13 @@ def assign_steps(
     return StepAssignment(
         step_row, steps[list(STEP_COLUMNS)], own_self, ppos, on_thread, (codes, uniques)
     )
+
+
+def left_out_steps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The steps that reports and comparisons leave out, as bool arrays over ``steps``
+    (of :func:`assign_steps`): the warmup, and the profiled steps past the warmup."""
+    warmup = steps["warmup"].to_numpy(dtype=bool)
+    return warmup, steps["profiled"].to_numpy(dtype=bool) & ~warmup
 
 
 def _profiled(windows: Any, pid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

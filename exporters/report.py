@@ -55,7 +55,7 @@ from ._report_render import (
     render_table,
     short_path,
 )
-from ._steps import NOT_TRAINING_STAGES, assign_steps, name_codes
+from ._steps import NOT_TRAINING_STAGES, assign_steps, left_out_steps, name_codes
 from ._stragglers import DEFAULT_STRAGGLER_MARGIN, RankReport, rank_report
 from .frame import _inherit
 
@@ -124,8 +124,7 @@ def step_report(
     steps = assignment.steps
     n = len(frame)
     warm = np.zeros(n, dtype=bool)
-    warmup = steps["warmup"].to_numpy(dtype=bool)
-    profiled = steps["profiled"].to_numpy(dtype=bool) & ~warmup
+    warmup, profiled = left_out_steps(steps)
     left_out = warmup | profiled
     warm[steps.index[left_out].to_numpy()] = True
     step_row = assignment.step_row

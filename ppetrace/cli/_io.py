@@ -25,15 +25,15 @@ def _write(stream: IO[str], text: str) -> None:
 
 def check_parent(path: str, option: str) -> None:
     """A :class:`_BadInput` when a file stands where ``path``'s folder, or a folder above
-    it, has to be (``mkdir`` would say only "File exists")."""
-    for parent in Path(path).parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise _BadInput(
-                    f"Expected a path in a folder for {option}, but {parent} is a file, so "
-                    f"{path} cannot be written. Pass a path whose folders are folders."
-                )
-            return
+    it, has to be."""
+    from ..integrations._ranks import file_in_the_way
+
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise _BadInput(
+            f"Expected a path in a folder for {option}, but {blocker} is a file, so "
+            f"{path} cannot be written. Pass a path whose folders are folders."
+        )
 
 
 def _emit(text: str, output: str | None, out: IO[str]) -> None:

@@ -245,11 +245,6 @@ def instrument(
             f"none), but received {module_depth!r}."
         )
     trace_detail, max_trace_bytes = check_detail(trace_detail, max_trace_bytes)
-    if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
-        raise TypeError(
-            "Expected a file path (str or os.PathLike) or None for trace_path, but received "
-            f"{type(trace_path).__name__}."
-        )
     check_trace_path(trace_path)
     ranks = rank_info() if trace_path is not None else None
     if trace_path is not None and ranks is not None:

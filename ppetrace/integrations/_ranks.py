@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RankInfo", "check_trace_path", "rank_info", "rank_trace_path", "split_suffix"]
+__all__ = [
+    "RankInfo",
+    "check_trace_path",
+    "file_in_the_way",
+    "rank_info",
+    "rank_trace_path",
+    "split_suffix",
+]
 
 
 class RankInfo:
@@ -95,10 +102,19 @@ def check_trace_path(trace_path: Any) -> None:
             f"Expected a file for trace_path, but {str(text)!r} is a directory. Pass a file in "
             f"it, e.g. trace_path={str(Path(text) / 'trace.json')!r}."
         )
-    for folder in Path(text).parents:
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(
-                f"Expected a file path for trace_path whose folders can be made, but "
-                f"{str(folder)!r} on its way is a file. Pass a path in a folder, e.g. "
-                f"trace_path={str(Path(text).name)!r}."
-            )
+    folder = file_in_the_way(text)
+    if folder is not None:
+        raise ValueError(
+            f"Expected a file path for trace_path whose folders can be made, but "
+            f"{str(folder)!r} on its way is a file. Pass a path in a folder, e.g. "
+            f"trace_path={str(Path(text).name)!r}."
+        )
+
+
+def file_in_the_way(path: str | os.PathLike[str]) -> Path | None:
+    """The existing file that stands where one of ``path``'s folders has to be, or None
+    (``mkdir`` would say only "File exists")."""
+    for folder in Path(path).parents:
+        if folder.exists():
+            return None if folder.is_dir() else folder
+    return None

@@ -210,11 +210,6 @@ class LightningProfiler(Profiler):
         self._untrace_loaders: Callable[[], None] = _nothing
         #: ``(trace_detail, max_trace_bytes)``: which steps the trace keeps in full
         self.detail = check_detail(trace_detail, max_trace_bytes)
-        if trace_path is not None and not isinstance(trace_path, (str, os.PathLike)):
-            raise TypeError(
-                "Expected a file path (str or os.PathLike) or None for trace_path, but received "
-                f"{type(trace_path).__name__}."
-            )
         check_trace_path(trace_path)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(

@@ -131,7 +131,9 @@ def test_a_second_instrument_raises_until_the_first_is_closed() -> None:
 def test_bad_arguments_are_refused_with_full_sentences() -> None:
     with pytest.raises(ValueError, match=r"non-negative int for module_depth .* but received -1"):
         ppetrace.instrument(module_depth=-1)
-    with pytest.raises(TypeError, match=r"file path .* for trace_path, but received int"):
+    with pytest.raises(
+        TypeError, match=r"Expected a str or os.PathLike for trace_path .* but received int 3\."
+    ):
         ppetrace.instrument(trace_path=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"profiler 0 \(object\) lacks setup, step_begin"):
         ppetrace.instrument(profilers=[object()])

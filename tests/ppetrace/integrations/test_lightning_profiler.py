@@ -202,7 +202,9 @@ def test_profile_gives_the_action_and_stops_it_also_when_the_block_raises(
 
 
 def test_bad_arguments_are_refused() -> None:
-    with pytest.raises(TypeError, match=r"file path .* for trace_path, but received int"):
+    with pytest.raises(
+        TypeError, match=r"Expected a str or os.PathLike for trace_path .* but received int 3\."
+    ):
         LightningProfiler(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-negative int for warmup_steps"):
         LightningProfiler(warmup_steps=-1)
