@@ -7,7 +7,8 @@
   (every DataLoader iterator, with or without worker processes) runs inside
   ``trainer.fetch_batch``; the batch it hands over opens a candidate step. The
   call that finds the end is ``trainer.loader_end`` (while profilers step around
-  the batches, a ``trainer.fetch_batch``: that span is named before it runs).
+  the batches, that span is named before it runs: from the count of batches handed
+  over for a map-style dataset, ``trainer.fetch_batch`` for an iterable one).
 - Modules: ``torch.nn.Module.__call__`` runs a call at depth <= ``module_depth``
   (1: the outermost module calls) inside ``module.forward``, with
   ``ppetrace.module`` = the class name at depth 1 and the dotted path below.
@@ -77,6 +78,21 @@ if not hasattr(_compiler, "_is_compiling_flag"):  # an older torch: is_compiling
 # is_dynamo_compiling() is what dynamo folds to True, and is cheaper than is_compiling()
 # (which also covers torch.export, through the flag read beside it).
 _dynamo_compiling = getattr(_compiler, "is_dynamo_compiling", _compiler.is_compiling)
+
+
+def _at_the_end(it: Any, yielded: int) -> bool:
+    """Whether the next ``__next__`` of the DataLoader iterator ``it``, which handed over
+    ``yielded`` batches, finds the end: known for a map-style dataset, whose iterator
+    stops after ``len(it)`` batches (its batch sampler's length); False when unknown
+    (an iterable dataset, a sampler without a length)."""
+    try:
+        if it._dataset_kind != _dl._DatasetKind.Map:
+            return False
+        return bool(yielded >= len(it))
+    except Exception:
+        return False
+
+
 _drivers = _precedence.drivers
 _session = _precedence.session
 
@@ -265,8 +281,11 @@ class Hooks:
             idx = None
             span = trace("trainer.fetch_batch", tracker.step_attrs)
         else:
+            # the span is named before the call: the call that will find the end of a
+            # map-style dataset's batches is known by its count (what the untimed path
+            # learns from the StopIteration)
             span = trace(
-                "trainer.fetch_batch",
+                "trainer.loader_end" if _at_the_end(it, idx) else "trainer.fetch_batch",
                 {"ppetrace.step": tracker.global_step, "ppetrace.batch_idx": idx},
             )
         span.__enter__()

@@ -91,7 +91,8 @@ class Instrumentation:
 
     @property
     def epoch(self) -> int:
-        """Training epochs completed so far (DataLoader iterators run out after training)."""
+        """Training epochs completed so far: DataLoader iterators that trained and ran out,
+        or that the loop left early and then asked the same loader for a new iterator."""
         return self._tracker.epoch
 
     @property

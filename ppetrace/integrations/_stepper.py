@@ -199,6 +199,12 @@ class StepTracker:
         #: iterator -> the start of its ``trainer.loader_start`` (``DataLoader.__iter__``)
         self._started: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._last_trained: Any = None  # the iterator added last (adding is not free)
+        #: loader -> its latest iterator (a weak reference), and whether that iterator
+        #: trained and has not run out: a loop that leaves an epoch early (``break``)
+        #: ends it when it asks the loader for the next iterator
+        self._latest: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._loader_of: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._open_epochs: weakref.WeakSet[Any] = weakref.WeakSet()
         #: ``{"ppetrace.step": global_step}``, shared by the spans that carry nothing else
         self.step_attrs = FrozenAttributes({"ppetrace.step": 0})
         #: module class -> the attributes of its outermost forward spans in this optimizer
@@ -405,10 +411,23 @@ class StepTracker:
             self.finalize(st, end)
             self.open(st, end)
 
-    def iter_started(self, iterator: Any, start: int) -> None:
-        """``iterator`` came from a ``DataLoader.__iter__`` whose span started at ``start``."""
-        with contextlib.suppress(TypeError):  # an iterator that takes no weak reference
-            self._started[iterator] = start
+    def iter_started(self, loader: Any, iterator: Any, start: int) -> None:
+        """``iterator`` came from ``loader.__iter__``, whose span started at ``start``. If
+        the loader's previous iterator trained and did not run out, the loop left that
+        epoch early (a ``break``): it ends now."""
+        with contextlib.suppress(TypeError):  # a loader that takes no weak reference
+            if loader in self._open_epochs:
+                self._open_epochs.discard(loader)
+                ref = self._latest.get(loader)
+                previous = ref() if ref is not None else None
+                if previous is not None:  # (with persistent workers: this same iterator)
+                    self._trained_iterators.discard(previous)
+                self._last_trained = None
+                self.epoch += 1
+            with contextlib.suppress(TypeError):  # an iterator that takes no weak reference
+                self._latest[loader] = weakref.ref(iterator)
+                self._loader_of[iterator] = weakref.ref(loader)
+                self._started[iterator] = start
 
     def exhausted(self, st: ThreadState, iterator: Any, end: int) -> None:
         """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration)."""
@@ -418,6 +437,10 @@ class StepTracker:
             self._trained_iterators.discard(iterator)
             self._last_trained = None
             self.epoch += 1
+            ref = self._loader_of.get(iterator)
+            loader = ref() if ref is not None else None
+            if loader is not None:
+                self._open_epochs.discard(loader)
 
     def finalize(self, st: ThreadState, end: int) -> None:
         """Close the open candidate where the next fetch begins (``end``), or at the end
@@ -465,6 +488,10 @@ class StepTracker:
         if iterator is not None and iterator is not self._last_trained:
             self._trained_iterators.add(iterator)
             self._last_trained = iterator
+            ref = self._loader_of.get(iterator)
+            loader = ref() if ref is not None else None
+            if loader is not None:
+                self._open_epochs.add(loader)
 
     def _not_a_step(self, st: ThreadState, cand: Candidate) -> None:
         if cand.pair is not None:

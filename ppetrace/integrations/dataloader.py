@@ -95,12 +95,12 @@ def tracing_iter(
     orig: Callable[[Any], Any],
     when: Callable[[], bool] | None = None,
     span: str | None = None,
-    started: Callable[[Any, int], None] | None = None,
+    started: Callable[[Any, Any, int], None] | None = None,
 ) -> Callable[[Any], Any]:
     """``DataLoader.__iter__`` made to call :func:`trace_workers` on the loader first
     (while ``when()`` is true, when given) and, with ``span``, to run inside a span of
-    that name (the workers' start), whose start ``started(iterator, start_ns)`` is told;
-    a failure is logged, never raised."""
+    that name (the workers' start), whose start ``started(loader, iterator, start_ns)``
+    is told; a failure is logged, never raised."""
 
     @functools.wraps(orig)
     def __iter__(loader: Any) -> Any:
@@ -115,7 +115,7 @@ def tracing_iter(
                 start = getattr(opened, "start_ns", None)
                 if started is not None and start:
                     try:
-                        started(iterator, start)
+                        started(loader, iterator, start)
                     except Exception:
                         _log.exception("ppetrace: noting the start of %r failed", loader)
                 return iterator

@@ -508,6 +508,67 @@ def test_profilers_step_once_per_batch_even_with_modules_inside_the_loader(
     assert (forward["ppetrace.module"] == "Linear").sum() == 2 * 16  # the transform, traced
 
 
+class _Stream(torch.utils.data.IterableDataset[Any]):
+    """An iterable dataset: its iterator's end is known only when it is found."""
+
+    def __iter__(self) -> Any:
+        return iter((torch.ones(16), torch.tensor(i % 4)) for i in range(16))
+
+
+def test_with_profilers_the_call_that_finds_a_map_style_loaders_end_is_loader_end(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    # profilers step around each batch, so the fetch is a span named before it runs:
+    # a map-style loader's end is known from its count, an iterable one's is not
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mapped = make_loader(32, 8)  # 4 batches
+    stream = torch.utils.data.DataLoader(_Stream(), batch_size=8)  # 2 batches
+    # per loader, over two epochs: steps, loader_end spans, fetch_batch spans
+    for data, steps, ends, fetches in ((mapped, 8, 2, 8), (stream, 4, 0, 4 + 2)):
+        path = tmp_path / "t.json"
+        with ppetrace.instrument(trace_path=path, profilers=[_Recording()]) as handle:
+            for _ in range(2):
+                _train(model, data, opt)
+        counts = _frame(path)["name"].value_counts()
+        assert handle.steps == handle.global_step == steps
+        assert counts.get("trainer.loader_end", 0) == ends, data.dataset
+        assert counts["trainer.fetch_batch"] == fetches, data.dataset
+        # the end's wait is no step's data wait: the report counts every step's fetch once
+        report = step_report(_frame(path), warmup_steps=0)
+        assert report.total_steps == handle.steps
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["in-process", "persistent-worker"])
+def test_an_epoch_left_early_ends_when_the_loader_is_iterated_again(
+    tmp_path: Path, make_loader: Loader, workers: int
+) -> None:
+    # a loop that stops each epoch after two batches (break): no fetch finds the end,
+    # so the epoch ends when the loop asks the loader for its next iterator (with
+    # persistent workers, the same iterator object again)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    options = {"num_workers": 1, "persistent_workers": True} if workers else {}
+    data = make_loader(32, 8, **options)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for _ in range(3):
+            for i, (x, y) in enumerate(data):
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if i == 1:
+                    break
+        left_early = handle.epoch
+        for x, y in data:  # a whole epoch after them: its end is found
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    assert left_early == 2  # the third epoch is still open: nothing iterated the loader since
+    assert handle.epoch == 4 and handle.steps == 3 * 2 + 4
+    steps = _names(_frame(tmp_path / "t.json"), "trainer.step")
+    assert steps["epoch"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 3, 3]
+
+
 TRAINER_AFTER_INSTRUMENT = """
 import sys
 import torch
