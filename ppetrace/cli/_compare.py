@@ -25,6 +25,7 @@ from ._parse import (
     _add_warmup,
     _alpha,
     _int_at_least,
+    fraction_note,
     parse_duration_ns,
     parse_gate,
     parse_percent,
@@ -194,6 +195,14 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             "Expected --noise-floor and --min-effect of at most 100%, but received "
             f"{args.noise_floor} and {args.min_effect}."
         )
+    for option, text in (
+        ("--threshold", args.threshold),
+        ("--noise-floor", args.noise_floor),
+        ("--min-effect", args.min_effect),
+    ):
+        note = fraction_note(text, option=option)
+        if note is not None:
+            _write(err, note)
     base = _summaries(args.base, "BASE", args.warmup, err, args.rank)
     candidate = _summaries(args.candidate, "CAND", args.warmup, err, args.rank)
     try:

@@ -14,6 +14,7 @@ __all__ = [
     "EXIT_REGRESSION",
     "parse_duration_ns",
     "parse_gate",
+    "fraction_note",
     "parse_percent",
     "parse_threshold",
 ]
@@ -69,6 +70,23 @@ def parse_percent(text: str, *, option: str = "--threshold") -> float:
     if value != value or not (0.0 <= value <= 10.0):
         raise ValueError(f"Expected a {option} between 0% and 1000%, but received {text!r}.")
     return value
+
+
+def fraction_note(text: str, *, option: str) -> str | None:
+    """The line that tells how a bare number given for a percentage option was read (a
+    fraction: ``0.5`` is 50%), or None when ``text`` has its percent sign. A gate that is
+    ten or a hundred times laxer than meant must not pass silently."""
+    raw = str(text).strip()
+    if raw.endswith("%"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return (
+        f"ppetrace: note: {option} {raw} is read as a fraction, {value:.4g} = {value * 100:.4g}%; "
+        f"for {raw} percent write '{raw}%'.\n"
+    )
 
 
 def parse_threshold(text: str) -> float:

@@ -112,6 +112,22 @@ def test_compare_same_run_exits_0(base: Path) -> None:
     assert "\ngate: trainer.step (Holm over 1 gated event, alpha 0.01); threshold 3.0%" in out
 
 
+def test_a_bare_number_for_a_percentage_is_read_as_a_fraction_and_said_so(base: Path) -> None:
+    # "--threshold 0.5" meant as half a percent would make a gate a hundred times laxer
+    code, _, err = run("compare", str(base), str(base), "--threshold", "0.5")
+    assert code == 0
+    assert err.splitlines()[0] == (
+        "ppetrace: note: --threshold 0.5 is read as a fraction, 0.5 = 50%; for 0.5 percent "
+        "write '0.5%'."
+    )
+    code, _, err = run(
+        "compare", str(base), str(base), "--threshold", "0.5%", "--min-effect", ".02"
+    )
+    assert code == 0
+    assert "--threshold" not in err
+    assert "ppetrace: note: --min-effect .02 is read as a fraction, 0.02 = 2%" in err
+
+
 def test_compare_a_slower_run_exits_1_with_a_markdown_comment(base: Path, tmp_path: Path) -> None:
     slow = write_run(tmp_path / "slow.json", _steps(2, 1_300_000))
     report = tmp_path / "comment.md"
