@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tracing
+from ..tracing._environment import refresh_environment
 from ..tracing._recorder import RECORDER, trace
 from ._detail import (
     DEFAULT_MAX_TRACE_BYTES,
@@ -75,6 +76,7 @@ class Instrumentation:
         #: ``(trace_detail, max_trace_bytes)`` (see :func:`instrument`)
         self.detail: tuple[Any, int] = ("auto", DEFAULT_MAX_TRACE_BYTES)
         self.closed = False
+        self._environment: dict[str, Any] = {}  # captured when the trace file opens
         timer = next((p for p in profilers if _is_span_wrapper(p)), None)
         self._tracker = StepTracker(profilers, timer)
         self._hooks = Hooks(
@@ -101,10 +103,11 @@ class Instrumentation:
         return self._tracker.steps
 
     def _refresh_environment(self) -> None:
-        """Before each drain until the trace's header is written (58 µs a time): take the
-        environment again. ``ppetrace run`` starts instrument() before the script sets its
-        threads (``torch.set_num_threads``), and the trace must say what the steps ran
-        with."""
+        """Before each drain until the trace's header is written: take the fields of the
+        environment that a script changes again (``refresh_environment``; the machine's
+        fields, which cost file reads, stay as captured at the start). ``ppetrace run``
+        starts instrument() before the script sets its threads (``torch.set_num_threads``),
+        and the trace must say what the steps ran with."""
         exporter = self.trace_exporter
         if exporter is None or exporter.bytes_written:
             with contextlib.suppress(ValueError):
@@ -112,7 +115,7 @@ class Instrumentation:
             return
         with contextlib.suppress(RuntimeError):  # the header was written meanwhile
             exporter.update_metadata(
-                environment=tracing.capture_environment(device=self.runtime.device_spec)
+                environment=refresh_environment(self._environment, device=self.runtime.device_spec)
             )
 
     def _start(self) -> None:
@@ -124,6 +127,7 @@ class Instrumentation:
                 options = dict(self.exporter_options)
                 # what it ran on, as the Trainer records it (report, compare --strict-env)
                 environment = tracing.capture_environment(device=self.runtime.device_spec)
+                self._environment = environment
                 options["metadata"] = {
                     "environment": environment,
                     "ppetrace.detail": detail_metadata(*self.detail),

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._version import __version__
 
-__all__ = ["ENVIRONMENT_FIELDS", "capture_environment"]
+__all__ = ["ENVIRONMENT_FIELDS", "capture_environment", "refresh_environment"]
 
 #: The fields of :func:`capture_environment`, in the order they are shown.
 ENVIRONMENT_FIELDS = (
@@ -112,6 +112,29 @@ def capture_environment(*, device: object = None) -> dict[str, Any]:
     with the GPU's name once CUDA is initialized; ``None`` when not given) and
     ``ppetrace`` (version). Never imports torch and never raises.
     """
+    machine = {
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": _cpu_count(),
+        "ppetrace": __version__,
+    }
+    return refresh_environment(machine, device=device)
+
+
+def refresh_environment(environment: dict[str, Any], *, device: object = None) -> dict[str, Any]:
+    """``environment`` (from :func:`capture_environment`) with the fields that a running
+    script changes read again: ``torch`` (imported since), ``torch_threads``
+    (``torch.set_num_threads``) and ``device`` (the GPU's name once CUDA is initialized).
+    The machine's fields are kept: reading the cgroup quota again opens files (tens of
+    µs each), which ``instrument()`` would pay at every drain before the header is
+    written. Never raises."""
+    fields = {**environment, **_torch_fields(device)}
+    ordered = {key: fields.pop(key, None) for key in ENVIRONMENT_FIELDS}
+    return {**ordered, **fields}
+
+
+def _torch_fields(device: object) -> dict[str, Any]:
+    """``torch``, ``torch_threads`` and ``device`` of :func:`capture_environment`."""
     torch = sys.modules.get("torch")
     torch_version = getattr(torch, "__version__", None) if torch is not None else None
     threads: int | None = None
@@ -124,11 +147,7 @@ def capture_environment(*, device: object = None) -> dict[str, Any]:
     if device_text is not None and torch is not None:
         device_text = _device_name(torch, device_text)
     return {
-        "python": platform.python_version(),
         "torch": None if torch_version is None else str(torch_version),
-        "cpu_model": _cpu_model(),
-        "cpu_count": _cpu_count(),
         "torch_threads": threads,
         "device": device_text,
-        "ppetrace": __version__,
     }

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import ppetrace
 from exporters import read_chrome_trace
 from ppetrace.tracing import ENVIRONMENT_FIELDS, capture_environment
+from ppetrace.tracing._environment import refresh_environment
 
 
 def test_the_record_has_every_field_and_reads_torch_when_it_is_imported() -> None:
@@ -29,6 +30,20 @@ def test_the_record_has_every_field_and_reads_torch_when_it_is_imported() -> Non
     assert capture_environment()["device"] is None
     # a CUDA device is named as given (with the GPU's name once CUDA is initialized)
     assert capture_environment(device=torch.device("cuda", 1))["device"].startswith("cuda:1")
+
+
+def test_a_refresh_reads_what_a_script_changes_and_keeps_the_machines_fields() -> None:
+    before = torch.get_num_threads()
+    env = {**capture_environment(device="cpu"), "cpu_count": 977, "extra": "kept"}
+    try:
+        torch.set_num_threads(1 if before != 1 else 2)
+        fresh = refresh_environment(env, device="cpu")
+    finally:
+        torch.set_num_threads(before)
+    assert tuple(fresh) == (*ENVIRONMENT_FIELDS, "extra")
+    assert fresh["torch_threads"] == (1 if before != 1 else 2)  # read again
+    assert fresh["cpu_count"] == 977 and fresh["extra"] == "kept"  # not read again
+    assert env["torch_threads"] == before  # the record given is not changed
 
 
 def test_it_never_imports_torch() -> None:
