@@ -264,6 +264,7 @@ def _expected_tree() -> list[Any]:
     ]
     run = [
         leaf("runtime.initialize_module"),
+        leaf("trainer.zero_grad"),
         ["trainer.epoch", epoch],
         ["trainer.epoch", epoch],
         leaf("runtime.train_cleanup"),
