@@ -8,7 +8,11 @@ A long run's summarised steps (:mod:`exporters._aggregates`) give their
 samples from their aggregates' totals, so every event is compared over every
 step, detailed or not; a summarised step whose aggregates cannot be read (its
 names list is in a part that was not read) gives no sample of its hooks.
-An event outside steps contributes one sample per span. Validation is left
+An event outside steps contributes one sample per span. One more "event",
+:data:`STEP_WALL` (``step.wall``), is no span: its samples are the counted steps'
+wall time as the step report gives it (the data wait, the step and the time
+between steps; see :mod:`exporters._steps`), so a slower loader or a slower loop
+around the steps shows in it, while ``trainer.step`` is the step's own span. Validation is left
 out, as in the step report: ``trainer.validation`` spans with everything below
 them, and spans whose ``stage`` (``ppetrace.stage``) is ``"val"`` or ``"test"``
 with everything below them (``instrument()`` marks its ``no_grad`` forwards so).
@@ -32,7 +36,7 @@ import pandas as pd
 from ._aggregates import parse_aggregates
 from ._compare_stats import log_median_se
 from ._report_data import VALIDATION
-from ._steps import NOT_TRAINING_STAGES, STEP, assign_steps, left_out_steps
+from ._steps import NOT_TRAINING_STAGES, STEP, STEP_WALL, assign_steps, left_out_steps
 from .frame import _inherit
 
 __all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
@@ -76,8 +80,9 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
         unit = np.concatenate([unit, counted.step_row])
         codes = np.concatenate([codes, as_code[counted.event]])
         dur = np.concatenate([dur, counted.total_ns])
+    wall = steps["wall_ns"].to_numpy(np.int64)[~(warmup | in_window)].astype(float)
     if not len(codes):
-        return {}, profiled
+        return ({STEP_WALL: wall} if len(wall) else {}), profiled
     order = np.lexsort((unit, codes))
     c, u, d = codes[order], unit[order], dur[order]
     first = np.ones(len(c), dtype=bool)
@@ -85,10 +90,13 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
     sums = np.add.reduceat(d, np.flatnonzero(first)).astype(float)
     events = c[first]
     cuts = np.flatnonzero(events[1:] != events[:-1]) + 1
-    return {
+    samples = {
         str(uniques[part_events[0]]): part
         for part_events, part in zip(np.split(events, cuts), np.split(sums, cuts), strict=True)
-    }, profiled
+    }
+    if len(wall):
+        samples[STEP_WALL] = wall  # each counted step's wall time, as the step report's
+    return samples, profiled
 
 
 def _validation(frame: pd.DataFrame, ppos: np.ndarray) -> np.ndarray:

@@ -25,8 +25,9 @@ DEFAULT_NOISE_FLOOR = 0.05
 DEFAULT_THRESHOLD = 0.03
 #: The significance level, after Holm's correction over the gated events.
 DEFAULT_ALPHA = 0.01
-#: The events that can fail a comparison by default: the wall time per step.
-DEFAULT_GATE = ("trainer.step",)
+#: The events that can fail a comparison by default: the step's own span, and the wall
+#: time per step (``step.wall``: the data wait and the time between steps too).
+DEFAULT_GATE = ("trainer.step", "step.wall")
 #: The minimum absolute effect, as a fraction of the base's median step time ...
 DEFAULT_MIN_EFFECT = 0.01
 #: ... and never less than this many nanoseconds.

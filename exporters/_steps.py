@@ -55,6 +55,7 @@ __all__ = [
     "FETCH",
     "NOT_STEP_TIME",
     "STEP",
+    "STEP_WALL",
     "StepAssignment",
     "assign_steps",
     "left_out_steps",
@@ -62,6 +63,8 @@ __all__ = [
 ]
 
 STEP = "trainer.step"
+#: compare's name for each step's wall time (``wall_ns``): no span has it
+STEP_WALL = "step.wall"
 FETCH = "trainer.fetch_batch"
 #: Sibling spans between steps that are not counted as step time.
 NOT_STEP_TIME = (

@@ -201,8 +201,8 @@ def _resolve_gate(
     if gate is None:
         found = [e for e in DEFAULT_GATE if e in common]
         if not found:
-            notes.append(
-                f"{', '.join(DEFAULT_GATE)} is not in both runs{warmup}, so nothing is gated "
+            notes.append(  # (step.wall has samples exactly when trainer.step has)
+                f"{DEFAULT_GATE[0]} is not in both runs{warmup}, so nothing is gated "
                 "and this comparison cannot fail; choose events to gate with gate=[...] "
                 "(--gate)."
             )

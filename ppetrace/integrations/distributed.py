@@ -10,7 +10,11 @@ other). Gives out:
   round trip minus the peer's turnaround. The round with the smallest round
   trip is kept, and its half round trip is the recorded error bound. The clock
   is the one ppetrace stamps spans with (``perf_counter_ns`` anchored to the
-  epoch), so the offset applies to the spans as recorded.
+  epoch), so the offset applies to the spans as recorded. Ranks on rank 0's
+  host (the same host name and Linux ``boot_id``) share its monotonic clock:
+  their offset is the difference of the two processes' epoch anchors, exact
+  (error 0), with no ping; a ping's error bound (half a round trip, often
+  hundreds of µs at start-up) would only blur it.
 - :func:`trace_collectives`: ``dist.all_reduce``, ``all_gather``,
   ``all_gather_into_tensor``, ``broadcast``, ``reduce_scatter``,
   ``reduce_scatter_tensor`` and ``barrier`` called as attributes of
@@ -55,6 +59,7 @@ __all__ = [
     "ClockSync",
     "RankTraces",
     "clock_ns",
+    "host_key",
     "rank_trace_path",
     "share_trace_id",
     "sync_clock",
@@ -94,7 +99,7 @@ class ClockSync:
     ``error_ns``: the true offset lies within ``offset_ns +- error_ns`` (half the
     kept round trip, minus the peer's turnaround). ``rtt_ns``: that round trip.
     ``at_ns``: this rank's clock when it was measured. ``rounds``: pings per rank.
-    Rank 0 has offset and error 0.
+    Rank 0 has offset and error 0; a rank on its host, error 0 and no rounds.
     """
 
     offset_ns: int
@@ -108,15 +113,33 @@ class ClockSync:
         return asdict(self)
 
 
+def host_key() -> str | None:
+    """What identifies this host's monotonic clock: the host name and the Linux
+    ``boot_id`` (a new one at each boot); None where there is no ``boot_id`` (not
+    Linux), and then no two processes are taken to share a clock."""
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        return None
+    return f"{socket.gethostname()}/{boot}" if boot else None
+
+
 def sync_clock(
     group: Any = None,
     *,
     rounds: int = DEFAULT_ROUNDS,
     clock: Callable[[], int] = clock_ns,
+    same_host: bool = True,
 ) -> ClockSync:
     """Measure this rank's clock offset to rank 0 over ``group`` (collective: every rank
     of the group calls it). ``group`` must take CPU tensors (gloo); ``clock`` is
-    injectable for tests. Costs ``rounds`` round trips per rank, one rank after the other."""
+    injectable for tests. Costs ``rounds`` round trips per rank, one rank after the other,
+    except for ranks on rank 0's host (:func:`host_key`), whose offset is the difference
+    of the epoch anchors (``rounds`` 0, error 0); ``same_host=False`` pings them too.
+    With an injected ``clock`` every rank is pinged."""
     import torch
     import torch.distributed as dist
 
@@ -129,12 +152,25 @@ def sync_clock(
     size = dist.get_world_size(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
     root = ranks[0]
+    # who shares rank 0's monotonic clock (the span clock is it plus each process's anchor)
+    shared: set[int] = set()
+    if same_host and clock is clock_ns and size > 1:
+        mine = (host_key(), RECORDER.offset_ns)
+        everyone: list[Any] = [None] * size
+        dist.all_gather_object(everyone, mine, group=group)
+        root_key, root_anchor = everyone[0]
+        shared = {r for r, (key, _) in zip(ranks, everyone, strict=True) if key and key == root_key}
+        if rank != root and rank in shared:
+            # span clock = monotonic + anchor on both: rank 0's = mine + (its anchor - mine)
+            return ClockSync(root_anchor - mine[1], 0, 0, clock(), 0)
     ping = torch.zeros(1, dtype=torch.int64)
     reply = torch.zeros(2, dtype=torch.int64)
     result = torch.zeros(5, dtype=torch.int64)
     if rank == root:
         now = clock()
         for peer in ranks[1:]:
+            if peer in shared:
+                continue  # on this host: no ping (see above)
             best: tuple[int, int, int] | None = None  # (rtt, offset, at)
             for _ in range(rounds):
                 t1 = clock()

@@ -90,7 +90,7 @@ def test_two_revisions_interleaved_then_the_fallback_then_one_that_cannot_run(
         assert spin <= steps.median() < spin * 1.5
         assert frame.attrs["metadata"]["environment"]["python"]
     comment = (out / "comment.md").read_text()
-    assert comment.startswith("### ppetrace compare: ❌ 1 gated regression")
+    assert comment.startswith("### ppetrace compare: ❌ 2 gated regressions")
     assert "3 runs vs 3 runs" in comment and comment in done.stdout
     assert _git(project, "worktree", "list").count("\n") == 0  # no worktree left behind
 

@@ -94,6 +94,33 @@ def test_samples_are_per_step_totals_and_single_spans_outside_steps(
     assert sorted(samples[STEP]) == [9_000, 9_000]
 
 
+def test_each_counted_step_also_gives_its_wall_time_as_step_wall(
+    run_builder: Callable[..., RunBuilder],
+) -> None:
+    rb = run_builder()
+    rb.training([9_000] * 4, fetch_ns=1_000, gap_ns=500)
+    samples = event_samples(spans_to_frame(rb.batch()), warmup_steps=1)
+    # the gap before the fetch, the fetch and the step: the step report's wall time
+    assert samples["step.wall"].tolist() == [10_500] * 3
+    assert samples[STEP].tolist() == [9_000] * 3
+
+
+def test_a_slower_loader_fails_the_default_gate_through_step_wall(
+    run_builder: Callable[..., RunBuilder],
+) -> None:
+    rng = np.random.default_rng(7)
+    steps = [int(v) for v in 100_000 * (1 + 0.02 * rng.standard_normal(60))]
+    runs = []
+    for fetch in (10_000, 40_000):  # the data wait grows, the steps do not
+        rb = run_builder()
+        rb.training(steps, fetch_ns=fetch, gap_ns=2_000)
+        runs.append(spans_to_frame(rb.batch()))
+    result = compare(runs[0], runs[1])
+    assert sorted(result.gate) == ["step.wall", "trainer.step"]
+    assert result.regressions == ["step.wall"]
+    assert _row(result, STEP)["verdict"] == Verdict.UNCHANGED
+
+
 def test_validation_spans_are_no_training_samples(
     run_builder: Callable[..., RunBuilder],
 ) -> None:

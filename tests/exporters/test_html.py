@@ -155,7 +155,7 @@ def test_the_comparison_page_shows_changes_with_their_intervals_and_both_distrib
         runs.append(spans_to_frame(rb.batch()))
     comparison = compare(runs[:2], runs[2:])
     page = render_comparison_html(comparison)
-    assert "default-src 'none'" in page and "1 gated regression" in page
+    assert "default-src 'none'" in page and "2 gated regressions" in page
     figs = figures(page)
     (regressed,) = [t for t in figs["changes"]["data"] if t["name"] == "regression"]
     row = comparison.events.set_index("event").loc["trainer.step"]

@@ -109,7 +109,10 @@ def test_compare_same_run_exits_0(base: Path) -> None:
     code, out, err = run("compare", str(base), str(base))
     assert code == 0, err
     assert out.startswith("ppetrace compare: no gated regression (1 run vs 1 run)")
-    assert "\ngate: trainer.step (Holm over 1 gated event, alpha 0.01); threshold 3.0%" in out
+    assert (
+        "\ngate: step.wall, trainer.step (Holm over 2 gated events, alpha 0.01); threshold 3.0%"
+        in out
+    )
 
 
 def test_a_bare_number_for_a_percentage_is_read_as_a_fraction_and_said_so(base: Path) -> None:
@@ -135,7 +138,7 @@ def test_compare_a_slower_run_exits_1_with_a_markdown_comment(base: Path, tmp_pa
     assert code == 1
     assert out == "" and err == f"ppetrace: wrote {report} (gated regression)\n"
     md = report.read_text()
-    assert md.startswith("### ppetrace compare: ❌ 1 gated regression")
+    assert md.startswith("### ppetrace compare: ❌ 2 gated regressions")
     assert "| `trainer.step` | gated |" in md and "❌ regression" in md
     # the same slowdown under a 50% threshold is not a regression
     code, _, _ = run("compare", str(base), str(slow), "--threshold", "50%")
@@ -146,10 +149,15 @@ def test_compare_a_slower_run_exits_1_with_a_markdown_comment(base: Path, tmp_pa
     code, out, _ = run("compare", str(base), str(slow), "--format", "json")
     assert code == 1
     doc = json.loads(out)
-    assert doc["regressions"] == ["trainer.step"]  # trainer.backward is informational
+    # trainer.backward is informational; the slower step is slower wall time too
+    assert doc["regressions"] == ["trainer.step", "step.wall"]
     assert {e["event"]: e["verdict"] for e in doc["events"]}["trainer.backward"] == "regression"
     code, out, _ = run("compare", str(base), str(slow), "--format", "json", "--gate", "all")
-    assert sorted(json.loads(out)["regressions"]) == ["trainer.backward", "trainer.step"]
+    assert sorted(json.loads(out)["regressions"]) == [
+        "step.wall",
+        "trainer.backward",
+        "trainer.step",
+    ]
 
 
 def _runs(folder: Path, seeds: Sequence[int], median: float) -> list[Path]:
@@ -163,7 +171,7 @@ def test_compare_takes_folders_and_quoted_globs_of_runs(tmp_path: Path) -> None:
     (tmp_path / "base" / "notes.txt").write_text("not a trace")  # left out
     code, out, err = run("compare", str(tmp_path / "base"), str(tmp_path / "cand"))
     assert code == 1, err
-    assert out.startswith("ppetrace compare: 1 gated regression (3 runs vs 3 runs)")
+    assert out.startswith("ppetrace compare: 2 gated regressions (3 runs vs 3 runs)")
     code, out, _ = run(
         "compare", str(tmp_path / "base" / "run-1[01].json"), str(tmp_path / "cand" / "*.json")
     )

@@ -41,8 +41,8 @@ def test_report_and_compare_write_their_pages(tmp_path: Path) -> None:
     code, out, err = run("compare", str(base), str(cand), "--html", str(page))
     assert code == 1  # a gated regression: the exit code is compare's
     text = page.read_text(encoding="utf-8")
-    assert "ppetrace compare: 1 gated regression" in text and 'id="changes"' in text
-    assert "ppetrace compare: 1 gated regression" in out
+    assert "ppetrace compare: 2 gated regressions" in text and 'id="changes"' in text
+    assert "ppetrace compare: 2 gated regressions" in out
 
 
 def test_an_unwritable_html_path_is_one_line_and_exit_code_2(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_report_and_compare_count_a_run_in_parts_once(tmp_path: Path) -> None:
     assert f"{STEPS} steps" in out
     code, out, err = run("compare", str(tmp_path / "base"), str(tmp_path / "cand"))
     assert code == 1, err
-    assert out.startswith("ppetrace compare: 1 gated regression (1 run vs 1 run)")
+    assert out.startswith("ppetrace compare: 2 gated regressions (1 run vs 1 run)")
     code, out, _ = run("compare", str(tmp_path / "base" / "*.json"), str(base[0]))
     assert code == 0 and "(1 run vs 1 run)" in out
 

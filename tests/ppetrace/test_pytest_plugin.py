@@ -78,7 +78,7 @@ def test_compare_fails_a_test_that_regressed_with_the_markdown_table(
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
     assert "gated regression against the baseline" in text
-    assert "### ppetrace compare: ❌ 1 gated regression" in text
+    assert "### ppetrace compare: ❌ 2 gated regressions" in text
     assert "| `trainer.step` | gated |" in text
 
 

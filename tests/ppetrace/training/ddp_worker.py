@@ -24,7 +24,8 @@ E. gradient accumulation: the gradients after each backward;
 F. a rank file that rank 0 cannot see (as without a shared filesystem: rank 0's
    ``os.path.isfile`` says no for rank 1's private folder) is sent over the group;
 G. a loader without ``len()`` and an odd batch count with ``grad_accumulation=2``: the
-   last group steps alone, after ppetrace's own gradient all-reduce, with a trace.
+   last group steps alone, after ppetrace's own gradient all-reduce, with a trace;
+H. the clock measured by pings (``sync_clock(same_host=False)``), as on two hosts.
 
 Phases A (checkpoints) and B (a cut run) also write traces: ppetrace's own collectives
 (the checkpoint barrier) must not be among them, and a cut run names its rank's file.
@@ -46,6 +47,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import ppetrace
+from ppetrace.integrations.distributed import sync_clock
 from ppetrace.tracing._recorder import RECORDER
 from ppetrace.training import _distributed
 
@@ -340,6 +342,10 @@ trainer.fit(
     loss_fn=F.cross_entropy,
 )
 results["G"] = {"digest": digest(partial), "steps": trainer.global_step}
+
+# -- H: the clock measured by pings, though both ranks share this host's clock -------------
+pinged = sync_clock(same_host=False)
+results["H"] = {"offset_ns": pinged.offset_ns, "error_ns": pinged.error_ns, "rounds": pinged.rounds}
 
 (OUT / f"result_rank{RANK}.json").write_text(json.dumps(results))
 dist.barrier()
