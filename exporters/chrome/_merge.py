@@ -4,7 +4,8 @@ Inputs are files or folders of them (a torchrun run's ``trace.ranks/``), put
 in rank order. Each input's times go onto the reference clock (rank 0's) by
 its ``otherData``: ``origin_ns + clock_offset_ns``, plus a linear drift
 correction when its ``clock_sync`` start and end measurements differ by more
-than their errors together. Three ways through an input, fastest first:
+than their errors together, and otherwise the one offset that both allow
+best (the middle of the range the two bounds leave). Three ways through an input, fastest first:
 
 - a complete ppetrace file that needs no change (its times already on the
   reference clock, no pid taken by an earlier input, no drift: what the
@@ -75,17 +76,22 @@ def _text_ns(num: bytes, path: str) -> int:
 
 @dataclass
 class _Drift:
-    """A linear clock drift: at own time ``t`` add ``rate * (t - at_ns)`` ns."""
+    """A correction of the start measurement's offset (which the file's times carry): at
+    own time ``t`` add ``shift + rate * (t - at_ns)`` ns."""
 
     at_ns: int
     rate: float
+    shift: int = 0
 
     def extra(self, t_ns: int) -> int:
-        return round(self.rate * (t_ns - self.at_ns))
+        return self.shift + round(self.rate * (t_ns - self.at_ns))
 
 
 def _drift(metadata: dict[str, Any]) -> _Drift | None:
-    """The drift between the start and end clock measurements, if it exceeds their errors."""
+    """The correction the start and end clock measurements call for, or None: a linear
+    drift when their offsets differ by more than their errors together; else one offset
+    for the whole file, the middle of the range both bounds allow (the end measurement is
+    often far tighter than the start's, taken while the group was still warming up)."""
     sync = metadata.get("clock_sync")
     if not isinstance(sync, dict):
         return None
@@ -93,14 +99,17 @@ def _drift(metadata: dict[str, Any]) -> _Drift | None:
     if not isinstance(start, dict) or not isinstance(end, dict):
         return None
     try:
-        delta = int(end["offset_ns"]) - int(start["offset_ns"])
+        first, last = int(start["offset_ns"]), int(end["offset_ns"])
         span = int(end["at_ns"]) - int(start["at_ns"])
-        errors = int(start["error_ns"]) + int(end["error_ns"])
+        e1, e2 = int(start["error_ns"]), int(end["error_ns"])
     except (KeyError, TypeError, ValueError):
         return None
-    if span <= 0 or abs(delta) <= errors:
-        return None
-    return _Drift(int(start["at_ns"]), delta / span)
+    delta = last - first
+    if span > 0 and abs(delta) > e1 + e2:
+        return _Drift(int(start["at_ns"]), delta / span)
+    low, high = max(first - e1, last - e2), min(first + e1, last + e2)
+    shift = (low + high) // 2 - first if low <= high else 0
+    return _Drift(int(start["at_ns"]), 0.0, shift) if shift else None
 
 
 @dataclass

@@ -146,12 +146,24 @@ def test_a_drift_beyond_the_errors_is_corrected_linearly(
     path = _rank_file(tmp_path / "r1.json", rb, 1, offset=-1_000_000, sync=sync)
     frame = read(merge_traces(tmp_path / "m.json", [path]).path).sort_values("start_ns")
     assert frame["start_ns"].tolist() == [t0 - 1_000_000, t0 + 1_000_000_000 - 3_000_000]
-    # within the errors, nothing but the constant offset
+    # within the errors, one constant offset: the middle of what both bounds allow
+    # (-1.01 ... -0.99 ms and -1.025 ... -1.005 ms leave -1.01 ... -1.005 ms)
     sync["end"]["offset_ns"] = -1_015_000
     path = _rank_file(tmp_path / "r1b.json", rb, 1, offset=-1_000_000, sync=sync)
     frame = read(merge_traces(tmp_path / "m2.json", [path]).path).sort_values("start_ns")
+    assert frame["start_ns"].tolist() == [t0 - 1_007_500, t0 + 1_000_000_000 - 1_007_500]
+    # a loose start (1.1 ms, as at a group's start-up) and a tight end: the end wins
+    sync["start"]["error_ns"], sync["end"]["error_ns"] = 1_100_000, 40_000
+    sync["start"]["offset_ns"], sync["end"]["offset_ns"] = -1_000_000, 0
+    path = _rank_file(tmp_path / "r1c.json", rb, 1, offset=-1_000_000, sync=sync)
+    frame = read(merge_traces(tmp_path / "m3.json", [path]).path).sort_values("start_ns")
+    assert frame["start_ns"].tolist() == [t0, t0 + 1_000_000_000]  # -0.04 ... 0.04 ms: 0
+    # equal measurements: nothing to correct
+    sync["end"] = dict(sync["start"], at_ns=t0 + 1_000_000_000)
+    path = _rank_file(tmp_path / "r1d.json", rb, 1, offset=-1_000_000, sync=sync)
+    frame = read(merge_traces(tmp_path / "m4.json", [path]).path).sort_values("start_ns")
     assert frame["start_ns"].tolist() == [t0 - 1_000_000, t0 + 1_000_000_000 - 1_000_000]
-    assert _Drift(10, 0.5).extra(14) == 2
+    assert _Drift(10, 0.5).extra(14) == 2 and _Drift(10, 0.0, -7).extra(99) == -7
 
 
 def test_the_merged_trace_carries_the_lowest_ranks_environment(
