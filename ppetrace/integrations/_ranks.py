@@ -39,7 +39,9 @@ class RankInfo:
 
 def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
     """This process's rank from ``RANK`` and ``WORLD_SIZE`` (both set, as under torchrun),
-    else None. Values that are not non-negative ints raise ``ValueError``."""
+    else None; None too for a world of one process (``torchrun --nproc-per-node 1``),
+    which writes its trace where asked, as the Trainer does, not a rank folder of one.
+    Values that are not non-negative ints raise ``ValueError``."""
     env = os.environ if environ is None else environ
     rank, world = env.get("RANK"), env.get("WORLD_SIZE")
     if rank is None or world is None:
@@ -50,6 +52,8 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
             f"torchrun sets them, but received RANK={rank!r}, WORLD_SIZE={world!r}. Start "
             "the script with torchrun, or unset both for a single process."
         )
+    if int(world) == 1:
+        return None
     return RankInfo(int(rank), int(world))
 
 

@@ -193,6 +193,7 @@ def test_the_default_trace_name_and_the_per_rank_layout(tmp_path: Path) -> None:
     assert rank_trace_path("t.json.gz", 0) == Path("t.ranks/rank0.json")
     assert rank_info({"RANK": "1", "WORLD_SIZE": "2"}).rank == 1  # type: ignore[union-attr]
     assert rank_info({"RANK": "1"}) is None
+    assert rank_info({"RANK": "0", "WORLD_SIZE": "1"}) is None  # alone: not distributed
     with pytest.raises(ValueError, match="RANK and WORLD_SIZE to be non-negative integers"):
         rank_info({"RANK": "one", "WORLD_SIZE": "2"})
     with pytest.raises(
@@ -215,6 +216,13 @@ def test_under_torchrun_each_rank_writes_its_file_and_only_rank_0_reports(
         assert read_chrome_trace(written)["name"].value_counts()["trainer.step"] == 4
         assert ("step report" in err) == (rank == 0)
     assert not (tmp_path / "trace.json").exists()  # merging the ranks is not run's job
+    # torchrun --nproc-per-node 1: one process, its trace where asked (no rank folder)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    code, err = _run("--trace", str(tmp_path / "alone.json"), str(script))
+    assert code == 0 and "step report" in err
+    assert read_chrome_trace(tmp_path / "alone.json")["name"].value_counts()["trainer.step"] == 4
+    assert not (tmp_path / "alone.ranks").exists()
 
 
 def test_profilers_on_a_schedule_write_their_windows(tmp_path: Path) -> None:
