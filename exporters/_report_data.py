@@ -155,8 +155,9 @@ class StepReport:
       ``device_total_ns`` and ``device_mean_ns`` when spans carry device time.
       Sorted by total time.
     - ``validation``: the same table for ``trainer.validation`` spans, spans of
-      stage ``val`` or ``test`` (``Trainer.validate``/``test`` and a standalone
-      ``Evaluator`` have no ``trainer.validation``) and every span below them
+      stage ``val``, ``test`` or ``predict`` (``Trainer.validate``/``test``, a standalone
+      ``Evaluator`` and a ``LightningProfiler`` stage other than ``fit`` have no
+      ``trainer.validation``) and every span below them
       (reported apart from the training steps), ``share`` being self time over
       the summed time of the outermost of them.
     - ``steps``: one row per counted step: ``step_index`` (per process),

@@ -99,7 +99,7 @@ STEP_COLUMNS = (
 )
 #: the ``stage`` values of spans that are not training: ``compare`` and the step report
 #: count them (and the spans below them) as validation
-NOT_TRAINING_STAGES = ("val", "test")
+NOT_TRAINING_STAGES = ("val", "test", "predict")
 
 
 @dataclass

@@ -100,9 +100,15 @@ _PROFILER_METHODS = ("setup", "step_begin", "step_end", "teardown")
 _STEP, _OPTIMIZER, _EPOCH, _VAL_START, _VAL_END = 1, 2, 3, 4, 5
 
 
-def _classify(action: str) -> tuple[str, int, dict[str, Any]]:
-    """(event name, kind, the attributes of its spans) of a Lightning action, computed once.
-    The attributes are shared by all of its spans: nothing writes to them (a CudaTimer
+#: ``ppetrace.stage`` of every action in a Lightning stage that does not train: its spans
+#: are no training time for the report and ``compare`` (fit's validation has its own span)
+_STAGE_LABELS = {"validate": "val", "test": "test", "predict": "predict"}
+
+
+def _classify(action: str, stage: str | None = None) -> tuple[str, int, dict[str, Any]]:
+    """(event name, kind, the attributes of its spans) of a Lightning action, computed once
+    per stage (``stage``: the ``ppetrace.stage`` of a stage that does not train). The
+    attributes are shared by all of its spans: nothing writes to them (a CudaTimer
     copies the attributes of the spans it times)."""
     event = ppetrace_event(action)
     if event == STEP:
@@ -117,6 +123,8 @@ def _classify(action: str) -> tuple[str, int, dict[str, Any]]:
         kind = _VAL_END
     else:
         kind = 0
+    if stage is not None:
+        return event, kind, {"lightning.action": action, "ppetrace.stage": stage}
     return event, kind, {"lightning.action": action}
 
 
@@ -255,6 +263,7 @@ class LightningProfiler(Profiler):
         self._batch_in_epoch = 0
         self._opt_depth = 0
         self._in_validation = False
+        self._stage_label: str | None = None
         self._active = False
         self._calls: dict[str, int] = {}
         self._warned = False
@@ -272,6 +281,9 @@ class LightningProfiler(Profiler):
         self._untrace_loaders = trace_loaders()  # Lightning's loaders' workers: this trace
         self._rows = RowBuffer()  # on the thread that runs Lightning's loop
         self._ids = next_ids()
+        name = str(getattr(stage, "value", stage) or "fit")
+        self._stage_label = _STAGE_LABELS.get(name)
+        self._actions = {}  # classified anew: the stage is in their attributes
         if self.trace_path is None and self.filename and self._given_dirpath is not None:
             # Lightning's profilers write under dirpath when given a filename: so does the
             # trace (the summary, which names it, goes to Lightning's text file beside it).
@@ -282,7 +294,7 @@ class LightningProfiler(Profiler):
         if self.trace_path is not None:
             from exporters.chrome import ChromeTraceExporter
 
-            path = self._next_path(str(getattr(stage, "value", stage) or "fit"))
+            path = self._next_path(name)
             path.parent.mkdir(parents=True, exist_ok=True)
             self.trace_exporter = ChromeTraceExporter(
                 path,
@@ -311,7 +323,7 @@ class LightningProfiler(Profiler):
             return
         known = self._actions.get(action_name)
         if known is None:
-            known = self._actions[action_name] = _classify(action_name)
+            known = self._actions[action_name] = _classify(action_name, self._stage_label)
         event, kind, attrs = known
         if kind:
             if kind == _STEP:
@@ -435,14 +447,20 @@ class LightningProfiler(Profiler):
             if self.filename:  # Lightning writes this to its file: never an empty one
                 return (
                     "ppetrace: no trace was written. Pass LightningProfiler(trace_path=...), "
-                    "or dirpath= with filename=, to write one."
+                    "or dirpath= with filename=, to write one.\n"
                 )
             return ""
         path = self.last_trace_path
         if not self.report:
+            if self._stage_label is not None:  # no training steps: the warmup means nothing
+                return (
+                    f"ppetrace: Lightning's actions are traced in {path} (a stage that does "
+                    f"not train: the report has no steps, its actions are in the validation "
+                    f"table); print the report with: ppetrace report {path}\n"
+                )
             return (
                 f"ppetrace: Lightning's actions are traced in {path}; print the step report "
-                f"with: ppetrace report {path} --warmup {self.warmup_steps}"
+                f"with: ppetrace report {path} --warmup {self.warmup_steps}\n"
             )
         try:
             import exporters

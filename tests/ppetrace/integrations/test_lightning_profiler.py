@@ -138,9 +138,14 @@ def test_a_lightning_fit_gives_the_trainer_spans_and_report(tmp_path: Path) -> N
     # a later stage writes its own file beside the first
     trainer.test(_Module(), _loader(8))
     assert profiler.trace_paths[-1] == tmp_path / "trace.test.json"
-    assert "[Strategy]SingleDeviceStrategy.test_step" in set(
-        read_chrome_trace(tmp_path / "trace.test.json")["name"]
-    )
+    tested = read_chrome_trace(tmp_path / "trace.test.json")
+    assert "[Strategy]SingleDeviceStrategy.test_step" in set(tested["name"])
+    # a stage that does not train: every action is test time, none is training time
+    assert set(tested["stage"]) == {"test"}
+    report = step_report(tested, warmup_steps=0)
+    assert report.total_steps == 0 and report.events.empty
+    assert "[Strategy]SingleDeviceStrategy.test_step" in set(report.validation["event"])
+    assert "--warmup" not in profiler.summary() and profiler.summary().endswith("\n")
 
 
 def test_cuda_timer_gives_device_time_under_the_lightning_profiler(
