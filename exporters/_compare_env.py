@@ -16,7 +16,8 @@ from typing import Any
 __all__ = ["FIELDS", "environment_warnings"]
 
 #: The fields that ppetrace records, in the order warnings name them; any other
-#: field found in both sides is compared too, after these.
+#: field found is compared too, after these (``ranks``: the ranks of a run of several,
+#: which ``summarize_run`` adds; a record without it has 1).
 FIELDS = ("python", "torch", "cpu_model", "cpu_count", "torch_threads", "device", "ppetrace")
 
 
@@ -28,11 +29,15 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+#: what a field that a record leaves out means: ``ranks`` is set for several ranks only
+_IMPLIED = {"ranks": 1}
+
+
 def _values(envs: Sequence[Mapping[str, Any]], key: str) -> list[str]:
     """The distinct values of ``key`` on one side, in first-seen order."""
     seen: list[str] = []
     for env in envs:
-        shown = _show(env.get(key))
+        shown = _show(env.get(key, _IMPLIED.get(key)))
         if shown not in seen:
             seen.append(shown)
     return seen

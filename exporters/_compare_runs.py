@@ -190,15 +190,18 @@ def summarize_run(
 
     ``warmup_steps`` steps at the start of each process are left out. The
     environment comes from ``frame.attrs["metadata"]["environment"]``, which
-    :func:`exporters.read_chrome_trace` fills from the file's ``otherData``;
-    ``source`` defaults to ``frame.attrs["path"]``. ``rank`` keeps one rank's
-    spans (of a merged trace); by default every rank's steps are samples.
+    :func:`exporters.read_chrome_trace` fills from the file's ``otherData``, with
+    ``ranks`` added for a run of several ranks (comparing runs of different world sizes
+    is then named as an environment difference); ``source`` defaults to
+    ``frame.attrs["path"]``. ``rank`` keeps one rank's spans (of a merged trace); by
+    default every rank's steps are samples.
     """
     if not isinstance(frame, pd.DataFrame) or "dur_ns" not in frame.columns:
         raise TypeError(
             "Expected a span frame (from exporters.spans_to_frame or read_chrome_trace), "
             f"but received {type(frame).__name__}."
         )
+    world = _world(frame)
     if rank is not None:
         ranks = pd.to_numeric(frame["rank"], errors="coerce")
         mine = frame.loc[(ranks == rank).to_numpy()]
@@ -217,11 +220,26 @@ def summarize_run(
     environment = metadata.get("environment") if isinstance(metadata, Mapping) else None
     if not isinstance(environment, Mapping):
         environment = None
+    elif world > 1:  # a 2-rank run against a 1-rank one measures the ranks too
+        environment = {**environment, "ranks": world}
     if source is None and frame.attrs.get("path") is not None:
         source = str(frame.attrs["path"])
     summary = RunSummary.from_samples(samples, environment=environment, source=source)
     steps = int((frame["name"].to_numpy(dtype=object) == STEP).sum())
     return dataclasses.replace(summary, step_count=steps, profiled_steps=profiled)
+
+
+def _world(frame: pd.DataFrame) -> int:
+    """How many ranks a run has: the distinct ranks of its spans, or the world size its
+    file records, if larger; 1 for a single process."""
+    found = 0
+    if "rank" in frame.columns:
+        found = int(pd.to_numeric(frame["rank"], errors="coerce").dropna().nunique())
+    meta = frame.attrs.get("metadata")
+    size = meta.get("world_size") if isinstance(meta, Mapping) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > found:
+        found = size
+    return max(found, 1)
 
 
 def _rank_of(frame: pd.DataFrame) -> int | None:

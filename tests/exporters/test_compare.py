@@ -396,6 +396,30 @@ def test_environments_that_differ_are_named_field_by_field() -> None:
     ]
 
 
+def test_runs_of_different_world_sizes_are_named_as_an_environment_difference(
+    run_builder: Callable[..., RunBuilder],
+) -> None:
+    env = {"python": "3.11.7", "torch_threads": 1}
+
+    def run(ranks: int) -> pd.DataFrame:
+        parts = []
+        for rank in range(ranks):
+            rb = run_builder(pid=100 + rank, rank=rank)
+            rb.training([10_000 + 7 * i for i in range(8)])
+            parts.append(spans_to_frame(rb.batch()))
+        frame = pd.concat(parts, ignore_index=True)
+        frame.attrs["metadata"] = {"environment": env}
+        return frame
+
+    two, one = run(2), run(1)
+    assert summarize_run(two).environment == {**env, "ranks": 2}
+    assert summarize_run(one).environment == env  # one process: nothing added
+    assert compare(two, one).environment_warnings == [
+        "environment differs: ranks: base 2, candidate 1"
+    ]
+    assert compare(two, run(2)).environment_warnings == []
+
+
 def test_events_in_one_run_only_are_added_or_removed(
     run_builder: Callable[..., RunBuilder],
 ) -> None:
