@@ -112,6 +112,43 @@ def _drift(metadata: dict[str, Any]) -> _Drift | None:
     return _Drift(int(start["at_ns"]), 0.0, shift) if shift else None
 
 
+def _check_one_run(items: Sequence[_Input]) -> None:
+    """Refuse rank files (and merged traces, by their ranks) that cannot be one run: a
+    rank given twice, or ranks of different runs (trace ids), which would give a timeline
+    and a per-rank report of runs that never ran together. Files without a rank (of
+    other processes) merge with anything."""
+    seen: dict[int, str] = {}
+    runs: dict[str, str] = {}
+    for item in items:
+        info = item.header.distributed_info if item.header is not None else None
+        world = info.get("world_size") if isinstance(info, dict) else None
+        if isinstance(world, int) and world > 1 and item.rank is not None:
+            ranks = [item.rank]  # a rank's file of a torchrun run
+        else:
+            ranks = item.metadata.get("ranks")  # a merged trace: its ranks
+            if not isinstance(ranks, list) or len(ranks) < 2:
+                continue  # one process's file: a process of its own
+        trace_id = item.metadata.get("trace_id")
+        if isinstance(trace_id, str) and trace_id:
+            runs.setdefault(trace_id, item.path)
+            if len(runs) > 1:
+                first, other = (runs[t] for t in runs)
+                raise TraceError(
+                    f"Expected the rank files of one run (one trace id), but {first} and "
+                    f"{other} come from different runs (trace ids {', '.join(runs)}). Merge "
+                    "the files of one run: its trace.ranks/ folder."
+                )
+        for rank in ranks:
+            if isinstance(rank, int) and rank in seen:
+                raise TraceError(
+                    f"Expected each rank once, but rank {rank} is in {seen[rank]} and in "
+                    f"{item.path}. Merge the rank files of one run, or its merged trace "
+                    "alone."
+                )
+            if isinstance(rank, int):
+                seen[rank] = item.path
+
+
 @dataclass
 class _Input:
     """One file to merge: its metadata, and its events as text (``body``) or parsed."""
@@ -499,6 +536,7 @@ def merge_traces(
     items = [_load_run(p) for p in expand_inputs(inputs, Path(out))]
     order = sorted(range(len(items)), key=lambda i: (items[i].rank is None, items[i].rank or 0, i))
     items = [items[i] for i in order]
+    _check_one_run(items)
     bases = [t.origin_ns + t.clock_offset_ns for t in items]
     origin = (min(bases) // _NS_PER_S) * _NS_PER_S
     used: set[int] = set()

@@ -166,6 +166,34 @@ def test_a_drift_beyond_the_errors_is_corrected_linearly(
     assert _Drift(10, 0.5).extra(14) == 2 and _Drift(10, 0.0, -7).extra(99) == -7
 
 
+def test_rank_files_that_cannot_be_one_run_are_refused(
+    tmp_path: Path, run_builder: Callable[..., RunBuilder]
+) -> None:
+    def rank_file(name: str, rank: int, trace_id: str) -> Path:
+        rb = run_builder(pid=300 + rank, rank=rank)
+        rb.training([1_000, 2_000])
+        exporter = ChromeTraceExporter(
+            tmp_path / name,
+            distributed_info={"rank": rank, "world_size": 2, "backend": "gloo"},
+            metadata={"trace_id": trace_id},
+        )
+        exporter.export_batch(rb.batch())
+        exporter.shutdown()
+        return tmp_path / name
+
+    a0, a1 = rank_file("a0.json", 0, "a" * 32), rank_file("a1.json", 1, "a" * 32)
+    b1 = rank_file("b1.json", 1, "b" * 32)
+    with pytest.raises(TraceError, match=r"Expected the rank files of one run \(one trace id\)"):
+        merge_traces(tmp_path / "mixed.json", [a0, b1])
+    with pytest.raises(TraceError, match=r"Expected each rank once, but rank 1 is in"):
+        merge_traces(tmp_path / "twice.json", [a0, a1, rank_file("c1.json", 1, "a" * 32)])
+    merged = merge_traces(tmp_path / "run.json", [a0, a1])  # one run: merged
+    assert merged.metadata["ranks"] == [0, 1]
+    # a merged trace counts with its ranks: not again with one of its rank files
+    with pytest.raises(TraceError, match=r"Expected each rank once, but rank 0 is in"):
+        merge_traces(tmp_path / "again.json", [tmp_path / "run.json", a0])
+
+
 def test_the_merged_trace_carries_the_lowest_ranks_environment(
     tmp_path: Path, run_builder: Callable[..., RunBuilder]
 ) -> None:
