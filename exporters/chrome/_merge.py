@@ -122,6 +122,7 @@ def _check_one_run(items: Sequence[_Input]) -> None:
     for item in items:
         info = item.header.distributed_info if item.header is not None else None
         world = info.get("world_size") if isinstance(info, dict) else None
+        ranks: Any
         if isinstance(world, int) and world > 1 and item.rank is not None:
             ranks = [item.rank]  # a rank's file of a torchrun run
         else:
