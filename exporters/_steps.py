@@ -6,13 +6,14 @@ and ``LightningProfiler`` alike (README, "What a step covers"):
 A training step is one ``trainer.step`` span; it starts when the loader has
 handed over its batch. Its wall time runs from the end of the previous
 ``trainer.step`` under the same parent span on the same thread (for the
-first step, from the start of its own ``trainer.fetch_batch`` or, without
+first step, from the start of its first ``trainer.fetch_batch`` or, without
 one, its own start) to its end. It splits into:
 
 - ``data_wait_ns``: the wait for the batch, counted once wherever the fetch
-  sits: the ``trainer.fetch_batch`` sibling just before the step (if it
-  starts after the previous step ended; the Trainer's and instrument()'s
-  layout), plus any ``trainer.fetch_batch`` inside the step (a loop that
+  sits: every ``trainer.fetch_batch`` sibling between the previous step and
+  this one (the Trainer's and instrument()'s layout: one fetch, or one per
+  loader when a loop zips two, or also one whose batch a ``break`` threw
+  away), plus any ``trainer.fetch_batch`` inside the step (a loop that
   fetches from inside its step), each taken once;
 - ``compute_ns``: the ``trainer.step`` span itself, less the fetches inside it;
 - ``between_ns``: the rest of the wall time (loop overhead between steps),
@@ -27,8 +28,8 @@ Parents come from span ids, and from time where ids cannot know them: a span
 recorded after the fact (``instrument()`` records ``trainer.step`` when it
 ends) encloses spans that were recorded as its siblings, and those are
 nested under it by time on the same thread (:mod:`exporters._nesting`).
-A span belongs to a step when it is that ``trainer.step``, that step's
-``trainer.fetch_batch``, or a descendant of either. Steps are numbered per
+A span belongs to a step when it is that ``trainer.step``, one of that step's
+``trainer.fetch_batch`` spans, or a descendant of either. Steps are numbered per
 process in start order (``step_index``); the first ``warmup_steps`` of each
 process are warmup. A step inside a window of a scheduled profiler
 (``frame.attrs["profile_windows"]``) is ``profiled``: its profiling slowed it,
@@ -212,10 +213,12 @@ def assign_steps(
     g_excl = group_all[m + len(fetch_rows) :]
     s_start, s_end = start[step_rows], end[step_rows]
 
-    # previous step in the same group, and the fetch between it and this step
+    # the previous step in the same group, and the fetches between it and this step: all
+    # of them (two loaders zipped, or a fetch whose batch a `break` threw away) are the
+    # step's data wait, not only the last one
     prev_end = np.full(m, np.nan)
-    fetch_of = np.full(m, -1, dtype=np.int64)  # frame row of the step's fetch
     k = len(fetch_rows)
+    owner = np.full(k, -1, dtype=np.int64)  # per fetch: the step (index) it waits for
     group = np.concatenate([g_fetch, g_step])
     time = np.concatenate([end[fetch_rows], s_start])
     kind = np.concatenate([np.zeros(k, np.int64), np.ones(m, np.int64)])  # fetch first
@@ -223,35 +226,41 @@ def assign_steps(
     if len(order):
         pos = np.arange(len(order))
         is_step = order >= k
-        last_fetch = np.maximum.accumulate(np.where(~is_step, pos, -1))
         last_step = np.maximum.accumulate(np.where(is_step, pos, -1))
         prev_step = np.concatenate([[-1], last_step[:-1]])  # strictly before
-        floor = np.maximum(prev_step, gstart - 1)
         sp = pos[is_step]
         step_i = order[sp] - k  # index into step_rows
         has_prev = prev_step[sp] >= gstart[sp]
         prev_end[step_i[has_prev]] = s_end[order[prev_step[sp][has_prev]] - k]
-        has_fetch = last_fetch[sp] > floor[sp]
-        f_i = order[last_fetch[sp][has_fetch]]  # index into fetch_rows
-        cand = fetch_rows[f_i]
-        ok = np.isnan(prev_end[step_i[has_fetch]]) | (start[cand] >= prev_end[step_i[has_fetch]])
-        fetch_of[step_i[has_fetch][ok]] = cand[ok]
-    got = fetch_of >= 0
+        # each fetch's next step in its group (scanning from the end)
+        big = len(order)
+        nxt = np.minimum.accumulate(np.where(is_step, pos, big)[::-1])[::-1]
+        fp = pos[~is_step]
+        nx = nxt[fp]
+        valid = nx < big
+        group_sorted = group[order]
+        valid[valid] &= group_sorted[nx[valid]] == group_sorted[fp[valid]]
+        f_i = order[fp[valid]]  # index into fetch_rows
+        s_i = order[nx[valid]] - k
+        ok = np.isnan(prev_end[s_i]) | (start[fetch_rows[f_i]] >= prev_end[s_i])
+        owner[f_i[ok]] = s_i[ok]
+    owned = owner >= 0
+    own_rows, own_steps = fetch_rows[owned], owner[owned]
     data_wait = np.zeros(m, dtype=np.int64)
-    data_wait[got] = end[fetch_of[got]] - start[fetch_of[got]]
+    np.add.at(data_wait, own_steps, end[own_rows] - start[own_rows])
     # which step each span belongs to: nearest ancestor (or self) that is a step or its fetch
     anchor = np.full(n, np.nan)
     anchor[step_rows] = step_rows
-    anchor[fetch_of[got]] = step_rows[got]
+    anchor[own_rows] = step_rows[own_steps]
     step_row = np.where(np.isnan(filled := _inherit(anchor, ppos)), -1, filled).astype(np.int64)
-    inner = _inner_fetches(fetch_rows, fetch_of[got], step_row, ppos, n)
+    inner = _inner_fetches(fetch_rows, own_rows, step_row, ppos, n)
     inner_wait = np.zeros(m, dtype=np.int64)
     if len(inner):
         index_of = np.full(n, -1, dtype=np.int64)
         index_of[step_rows] = np.arange(m)
         np.add.at(inner_wait, index_of[step_row[inner]], end[inner] - start[inner])
-    gap_start = s_start.astype(float)
-    gap_start[got] = start[fetch_of[got]]
+    gap_start = s_start.astype(float)  # without a step before it: from its first fetch
+    np.minimum.at(gap_start, own_steps, start[own_rows].astype(float))
     wall = s_end - np.where(np.isnan(prev_end), gap_start, prev_end)
 
     # validation / checkpoint siblings between two steps are not step time

@@ -69,6 +69,34 @@ def test_a_fetch_before_the_step_and_a_fetch_inside_it_count_the_same_data_wait(
         assert list(steps["other_ns"]) == list(steps["compute_ns"] + steps["between_ns"])
 
 
+def test_every_fetch_between_two_steps_is_the_next_steps_data_wait(
+    run_builder: Callable[..., RunBuilder],
+) -> None:
+    """Two loaders zipped (two fetches per step), and a fetch whose batch a ``break`` threw
+    away (no step right after it): every fetch counts once, as data wait, none as time
+    between steps or in no step at all."""
+    rb = run_builder()
+    rb.span("trainer.fetch_batch", 0, 300)  # loader a
+    rb.span("trainer.fetch_batch", 300, 700)  # loader b
+    rb.span("trainer.step", 700, 2_700, 0, {"ppetrace.step": 0})
+    rb.span("trainer.fetch_batch", 2_800, 3_000)
+    rb.span("trainer.fetch_batch", 3_000, 3_500)
+    rb.span("trainer.step", 3_500, 5_500, 0, {"ppetrace.step": 1})
+    rb.span("trainer.fetch_batch", 5_600, 6_100)  # its batch thrown away (a break)
+    rb.span("trainer.loader_start", 9_000, 9_400)  # the next epoch
+    rb.span("trainer.fetch_batch", 9_400, 9_600)
+    rb.span("trainer.step", 9_600, 11_600, 0, {"ppetrace.step": 2})
+    frame = spans_to_frame(rb.batch())
+    steps = step_report(frame, warmup_steps=0).steps
+    assert list(steps["data_wait_ns"]) == [700, 700, 700]
+    assert list(steps["compute_ns"]) == [2_000, 2_000, 2_000]
+    # the first step from its first fetch; the loader's start is not step time
+    assert list(steps["wall_ns"]) == [2_700, 2_800, 11_600 - 5_500 - 400]
+    assert list(steps["between_ns"]) == [0, 100, 5_700 - 700 - 2_000]
+    owned = assign_steps(frame, 0).step_row[frame["name"].to_numpy() == "trainer.fetch_batch"]
+    assert (owned >= 0).all()  # every fetch belongs to a step
+
+
 def test_steps_recorded_after_the_fact_own_the_spans_inside_them_by_time(
     run_builder: Callable[..., RunBuilder],
 ) -> None:
