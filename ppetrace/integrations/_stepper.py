@@ -430,10 +430,13 @@ class StepTracker:
                 self._started[iterator] = start
 
     def exhausted(self, st: ThreadState, iterator: Any, end: int) -> None:
-        """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration)."""
-        if st.last_was_val and st.val_start is not None:
+        """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration).
+        An evaluation loader's end is the validation's; a training loader's end right after
+        a validation is not (the loop validated after its last step)."""
+        trained = iterator in self._trained_iterators
+        if st.last_was_val and st.val_start is not None and not trained:
             st.val_end = max(st.val_end, end)
-        if iterator in self._trained_iterators:
+        if trained:
             self._trained_iterators.discard(iterator)
             self._last_trained = None
             self.epoch += 1

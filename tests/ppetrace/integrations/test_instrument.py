@@ -249,6 +249,31 @@ def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
     assert val_events.loc["module.forward", "count"] == 2 * 2 * 4
 
 
+def test_a_validation_after_an_epochs_last_step_leaves_the_training_loaders_end_out(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    # validation inside the loop, after the last batch's step: then the training loader
+    # finds its end, which is no part of the validation
+    model, train, val = _model(), make_loader(32, 8), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json"):
+        for i, (x, y) in enumerate(train):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 3:  # the last of 4 batches
+                with torch.no_grad():
+                    for vx, _vy in val:
+                        model(vx)
+    frame = _frame(tmp_path / "t.json")
+    (validation,) = _names(frame, "trainer.validation").itertuples()
+    ends = _names(frame, "trainer.loader_end")
+    inside = ends["end_ns"] <= validation.end_ns
+    assert inside.sum() == 1  # the evaluation loader's end, not the training loader's
+    assert validation.end_ns == ends.loc[inside, "end_ns"].iloc[0]
+    assert ends.loc[~inside, "start_ns"].iloc[0] >= validation.end_ns
+
+
 def test_an_inference_script_gets_forward_and_fetch_spans_and_no_steps(
     tmp_path: Path, make_loader: Loader
 ) -> None:
