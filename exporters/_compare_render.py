@@ -89,6 +89,8 @@ def _headline(comparison: Comparison) -> str:
     n = len(comparison.regressions)
     if n:
         return f"{n} gated regression{'s' if n != 1 else ''}"
+    if not comparison.decided:  # (ppetrace compare exits 2: it cannot catch a regression)
+        return "no verdict (no gated event could be decided)"
     return "no gated regression"
 
 

@@ -235,7 +235,7 @@ def render_table(report: StepReport, *, top: int | None = None) -> str:
     parts.append(text_table(header, rows))
     parts += _events_note(report, wrap=True)
     if top is not None and len(report.events) > len(events):
-        parts.append(f"({len(report.events) - len(events)} more events not shown)")
+        parts.append(f"({_more(len(report.events) - len(events))} not shown)")
     if len(report.validation):
         h, r = _event_rows(_top_of(report.validation, top))
         parts += ["", "Validation events (share: self time over validation time)"]
@@ -265,7 +265,7 @@ def render_markdown(report: StepReport, *, top: int | None = None) -> str:
     parts += ["#### Training events", "", markdown(header, rows)]
     parts += [f"\n_{line}_" for line in _events_note(report)]
     if top is not None and len(report.events) > len(events):
-        parts += ["", f"_{len(report.events) - len(events)} more events not shown._"]
+        parts += ["", f"_{_more(len(report.events) - len(events))} not shown._"]
     if len(report.validation):
         h, r = _event_rows(_top_of(report.validation, top))
         parts += ["", "#### Validation events", "", markdown(h, r)]
@@ -370,3 +370,8 @@ def render(report: StepReport, fmt: str = "table", *, top: int | None = None) ->
             f"Unknown report format {fmt!r}; expected one of {', '.join(REPORT_FORMATS)}."
         )
     return renderer(report, top=top)
+
+
+def _more(n: int) -> str:
+    """``"1 more event"``, ``"3 more events"``."""
+    return f"{n} more event{'s' if n != 1 else ''}"

@@ -203,8 +203,8 @@ def _resolve_gate(
         if not found:
             notes.append(  # (step.wall has samples exactly when trainer.step has)
                 f"{DEFAULT_GATE[0]} is not in both runs{warmup}, so nothing is gated "
-                "and this comparison cannot fail; choose events to gate with gate=[...] "
-                "(--gate)."
+                "and this comparison cannot fail; choose events to gate (gate=[...] in "
+                "Python, --gate on the command line)."
             )
         return found
     if isinstance(gate, str):

@@ -110,7 +110,8 @@ def render_html(report: StepReport, *, title: str = "ppetrace step report") -> s
     for line in _events_note(report):
         page.paragraph(line, cls="note")
     if len(report.events) > _TOP_EVENTS:
-        page.paragraph(f"{len(report.events) - _TOP_EVENTS} more events not shown.")
+        more = len(report.events) - _TOP_EVENTS
+        page.paragraph(f"{more} more event{'s' if more != 1 else ''} not shown.")
     if len(report.validation):
         page.heading("Validation events (apart from training steps)")
         header, rows = _event_rows(report.validation.head(_TOP_EVENTS))

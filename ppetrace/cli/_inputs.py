@@ -4,6 +4,7 @@ once, and the one-line errors of a file that cannot be read."""
 from __future__ import annotations
 
 import glob
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -31,6 +32,12 @@ def _unreadable(path: str, exc: OSError) -> _BadInput:
 def _read_frame(path: str, err: IO[str]) -> Any:
     import exporters
 
+    if os.path.isdir(path):
+        raise _BadInput(
+            f"Expected a trace file for TRACE, but {path} is a folder. Pass one file; for a "
+            f"folder of rank files, merge them first (ppetrace merge merged.json {path}) and "
+            "report on the merged file."
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", exporters.TraceTruncatedWarning)
         try:

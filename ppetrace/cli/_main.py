@@ -73,7 +73,7 @@ def main(
             if extra:  # reported by the command's own parser, which points to its help
                 command = parser.commands.get(args.command or "", parser)
                 hint = ""
-                if args.command == "report":
+                if args.command == "report" and not extra[0].startswith("-"):  # a 2nd trace
                     hint = (
                         "; report reads one trace (a run's parts are found from its first): "
                         "to set two traces side by side, use ppetrace compare BASE NEW"

@@ -31,7 +31,7 @@ from ._detail import (
     detail_metadata,
 )
 from ._hooks import Hooks
-from ._ranks import check_trace_path, rank_info, rank_trace_path
+from ._ranks import check_trace_path, profiler_device, rank_info, rank_trace_path
 from ._stepper import StepTracker
 from .dataloader import settle_workers
 from .distributed import HEADER_RESERVE
@@ -263,10 +263,7 @@ def instrument(
                 "Expected profilers with setup(trainer), step_begin(step), step_end(step) and "
                 f"teardown(), but profiler {i} ({type(prof).__name__}) lacks {', '.join(missing)}."
             )
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = profiler_device(device)
     with _lock:
         if _active:
             raise RuntimeError(

@@ -18,6 +18,7 @@ __all__ = [
     "RankInfo",
     "check_trace_path",
     "file_in_the_way",
+    "profiler_device",
     "rank_info",
     "rank_trace_path",
     "split_suffix",
@@ -83,6 +84,25 @@ def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:
         )
     stem, _ = split_suffix(path)
     return stem.with_name(stem.name + ".ranks") / f"rank{rank}.json"
+
+
+def profiler_device(device: Any) -> str:
+    """The device that profilers are told (``device`` of ``instrument()`` and
+    ``LightningProfiler``): ``"cuda"`` when CUDA is available and none is given, else
+    ``"cpu"``; a CUDA device on a machine without CUDA raises ``ValueError`` (its
+    profilers would time nothing)."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    text = str(device)
+    if text.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"Expected a device this machine has, but received device={device!r} and CUDA "
+            "is not available here. Pass device='cpu', or leave device out to use CUDA "
+            "where there is a GPU."
+        )
+    return text
 
 
 def check_trace_path(trace_path: Any) -> None:

@@ -58,7 +58,7 @@ from ._detail import (
     check_detail,
     detail_metadata,
 )
-from ._ranks import check_trace_path, rank_info, rank_trace_path, split_suffix
+from ._ranks import check_trace_path, profiler_device, rank_info, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
 from .dataloader import settle_workers, trace_loaders
 
@@ -232,10 +232,7 @@ class LightningProfiler(Profiler):
                     f"and teardown(), but profiler {i} ({type(prof).__name__}) lacks "
                     f"{', '.join(missing)}."
                 )
-        if device is None:
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = profiler_device(device)
         self.trace_path = None if trace_path is None else Path(trace_path)
         self.report = bool(report)
         self.warmup_steps = warmup_steps

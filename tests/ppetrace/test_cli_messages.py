@@ -60,6 +60,8 @@ def test_too_few_step_samples_and_all_warmup_steps_are_said_as_such(tmp_path: Pa
     code, out, err = run("compare", str(base), str(base), "--min-samples", "1000")
     # nothing gated can be decided: such a comparison cannot fail, so it is an error
     assert code == 2 and "so this comparison cannot catch a regression" in err.splitlines()[-1]
+    # the headline says so too, not "no gated regression" above an exit code of 2
+    assert out.startswith("ppetrace compare: no verdict (no gated event could be decided)")
     assert "(trainer.step has fewer than 1000 samples in every base run, at least" in out
     assert "no trainer.step" not in out
     code, out, _ = run("compare", str(base), str(base), "--warmup", "500", "--allow-no-verdict")
@@ -122,8 +124,19 @@ def test_an_argument_left_over_is_reported_by_its_command_with_its_help(tmp_path
     assert "use ppetrace compare BASE NEW" in line and line.endswith(
         "(see 'ppetrace report --help')"
     )
+    code, _, err = run("report", str(a), "--json")  # an unknown option: no compare hint
+    line = _one_error_line(err)
+    assert line == (
+        "ppetrace report: error: unrecognized arguments: --json (see 'ppetrace report --help')"
+    )
     code, _, err = run("compare", str(a), str(a), str(a))
     assert code == 2 and _one_error_line(err).endswith("(see 'ppetrace compare --help')")
+    code, _, err = run("report", str(tmp_path))  # a folder (of rank files): merge it first
+    assert code == 2 and _one_error_line(err) == (
+        f"ppetrace report: error: Expected a trace file for TRACE, but {tmp_path} is a folder. "
+        f"Pass one file; for a folder of rank files, merge them first (ppetrace merge "
+        f"merged.json {tmp_path}) and report on the merged file."
+    )
     code, _, err = run("--bogus")
     assert code == 2 and _one_error_line(err) == (
         "ppetrace: error: unrecognized arguments: --bogus (see 'ppetrace --help')"

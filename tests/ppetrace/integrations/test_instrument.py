@@ -137,6 +137,12 @@ def test_bad_arguments_are_refused_with_full_sentences() -> None:
         ppetrace.instrument(trace_path=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"profiler 0 \(object\) lacks setup, step_begin"):
         ppetrace.instrument(profilers=[object()])
+    if not torch.cuda.is_available():  # a device this machine does not have
+        with pytest.raises(ValueError, match=r"device='cuda' and CUDA is not available here"):
+            ppetrace.instrument(device="cuda")
+        lightning = pytest.importorskip("ppetrace.integrations.lightning")
+        with pytest.raises(ValueError, match=r"device='cuda:1' and CUDA is not available here"):
+            lightning.LightningProfiler(device="cuda:1")
 
 
 def test_gradient_accumulation_steps_per_batch_and_counts_optimizer_steps(
