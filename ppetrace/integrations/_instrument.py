@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import tracing
 from ..tracing._environment import refresh_environment
-from ..tracing._recorder import RECORDER, trace
+from ..tracing._recorder import RECORDER, _error_text, trace
 from ._detail import (
     DEFAULT_MAX_TRACE_BYTES,
     TRACE_PART_BYTES,
@@ -149,16 +149,18 @@ class Instrumentation:
                 tracing.remove_exporter(self.trace_exporter)
             raise
 
-    def end_steps(self) -> None:
+    def end_steps(self, error: BaseException | None = None) -> None:
         """Record what the steps hold open now: each thread's open step (at its last
         optimizer step, or now) and the validation after the last step. Under torchrun
         ``ppetrace run`` calls it before it closes the rank's file; :meth:`close` does it
-        too (a second call finds nothing open)."""
-        self._tracker.close()
+        too (a second call finds nothing open). ``error``: as for :meth:`close`."""
+        self._tracker.close(None if error is None else _error_text(error))
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
         """End the open step, tear the profilers down, remove every hook and patch (the
-        originals come back exactly) and write the trace. Closing twice does nothing."""
+        originals come back exactly) and write the trace. Closing twice does nothing.
+        ``error``: the exception that ended the loop (the ``with`` block passes it): the
+        step it broke off is recorded with ERROR status and the exception's text."""
         with _lock:
             if self.closed:
                 return
@@ -166,7 +168,11 @@ class Instrumentation:
             if self in _active:
                 _active.remove(self)
         errors: list[BaseException] = []
-        for step in (self._tracker.close, self._hooks.uninstall, self._tracker.release):
+        for step in (
+            lambda: self.end_steps(error),
+            self._hooks.uninstall,
+            self._tracker.release,
+        ):
             try:
                 step()
             except Exception as exc:
@@ -192,8 +198,8 @@ class Instrumentation:
     def __enter__(self) -> Instrumentation:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
+        self.close(exc)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "active"

@@ -439,16 +439,16 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
 
         ranked = RankRun(handle, given)
         ranked.install()
-    code, sig = 0, None
+    code, sig, failure = 0, None, None
     try:
-        code, sig = _execute(kind, target, opts.args, err)
+        code, sig, failure = _execute(kind, target, opts.args, err)
         if ranked is not None and code == 0 and sig is None:
             ranked.finish()  # the group is still alive: rank 0 merges now
     finally:
         try:
             if ranked is not None:
                 ranked.uninstall()
-            handle.close()
+            handle.close(failure)  # the step the script broke off: ERROR
         finally:
             err.write(f"ppetrace: wrote {trace}\n")
             if ranked is not None and ranked.merged_written and rank0:  # rank 0 merged
@@ -461,8 +461,11 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
     return RunResult(code, sig, trace)
 
 
-def _execute(kind: str, target: str, args: Sequence[str], err: IO[str]) -> tuple[int, int | None]:
-    """Run the target as ``__main__``; return (exit code, signal that ended it or None)."""
+def _execute(
+    kind: str, target: str, args: Sequence[str], err: IO[str]
+) -> tuple[int, int | None, BaseException | None]:
+    """Run the target as ``__main__``; return (exit code, signal that ended it or None,
+    the exception that ended it or None: not ``sys.exit``)."""
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     old_term: Any = None
     if threading.current_thread() is threading.main_thread():
@@ -480,18 +483,18 @@ def _execute(kind: str, target: str, args: Sequence[str], err: IO[str]) -> tuple
             sys.argv = [target, *args]  # runpy puts the module's file in argv[0]
             _set_path0(os.getcwd())
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-        return 0, None
+        return 0, None, None
     except SystemExit as exc:
-        return _exit_code(exc.code, err), None
+        return _exit_code(exc.code, err), None, None
     except KeyboardInterrupt as exc:
         _print_exception(exc, err)
-        return 130, signal.SIGINT
-    except _Terminated:
+        return 130, signal.SIGINT, exc
+    except _Terminated as exc:
         err.write("ppetrace: terminated (SIGTERM)\n")
-        return 143, signal.SIGTERM
+        return 143, signal.SIGTERM, exc
     except BaseException as exc:
         _print_exception(exc, err)
-        return 1, None
+        return 1, None, exc
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
@@ -501,7 +504,7 @@ def _execute(kind: str, target: str, args: Sequence[str], err: IO[str]) -> tuple
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated()
+    raise _Terminated("the process got SIGTERM")
 
 
 def _set_path0(folder: str) -> None:

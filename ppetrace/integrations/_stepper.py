@@ -445,9 +445,11 @@ class StepTracker:
             if loader is not None:
                 self._open_epochs.discard(loader)
 
-    def finalize(self, st: ThreadState, end: int) -> None:
+    def finalize(self, st: ThreadState, end: int, error: str | None = None) -> None:
         """Close the open candidate where the next fetch begins (``end``), or at the end
-        of its last optimizer step; record it if it trained."""
+        of its last optimizer step; record it if it trained. ``error``: the text of the
+        exception that ended the loop inside this candidate: a candidate that began to
+        train (a forward with gradients) is then recorded as a step with ERROR status."""
         if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
             self.flush_pending(st)  # before the step's row: the detail filter wants it so
         cand = st.cand
@@ -455,8 +457,8 @@ class StepTracker:
             return
         st.cand = None
         try:
-            if cand.trained:
-                self._record_step(st, cand, cand.opt_end or end)
+            if cand.trained or (error is not None and cand.train_seen):
+                self._record_step(st, cand, cand.opt_end or end, error)
             else:
                 self._not_a_step(st, cand)
         finally:
@@ -471,7 +473,9 @@ class StepTracker:
             for prof in self.profilers:
                 _call(prof.step_end, index)
 
-    def _record_step(self, st: ThreadState, cand: Candidate, end: int) -> None:
+    def _record_step(
+        self, st: ThreadState, cand: Candidate, end: int, error: str | None = None
+    ) -> None:
         if st.val_start is not None:
             self._emit_validation(st)  # the evaluation before this step
         st.last_was_val = False
@@ -484,7 +488,13 @@ class StepTracker:
         pair = cand.pair
         if pair is not None:
             _call(pair.__exit__, None, None, None)
-        st.rows.record("trainer.step", cand.start, end, cand.parent, cand.attrs)
+        if error is None:
+            st.rows.record("trainer.step", cand.start, end, cand.parent, cand.attrs)
+        else:  # the loop failed inside this step
+            rows = st.rows
+            rows.record(
+                "trainer.step", cand.start, end, cand.parent, cand.attrs, None, "ERROR", error
+            )
         st.had_step = True
         self.steps += 1
         iterator = cand.iterator
@@ -524,9 +534,11 @@ class StepTracker:
 
     # -- the end -------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, error: str | None = None) -> None:
         """Close every thread's open candidate (at its last optimizer step, or now) and the
-        validation run that follows the last training step."""
+        validation run that follows the last training step. ``error``: the text of the
+        exception that ended the loop; the open step of the thread that made the tracker
+        (the loop's) then ends with ERROR status, as the Trainer's spans do."""
         now = _perf_ns()
         with self._lock:
             states = list(self._states.values())
@@ -536,7 +548,7 @@ class StepTracker:
             if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 self.flush_pending(st)
             if st.cand is not None:
-                self.finalize(st, now)
+                self.finalize(st, now, error if st.profiled else None)
             if st.had_step:
                 self._emit_validation(st)
 

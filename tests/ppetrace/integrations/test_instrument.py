@@ -145,6 +145,37 @@ def test_bad_arguments_are_refused_with_full_sentences() -> None:
             lightning.LightningProfiler(device="cuda:1")
 
 
+def test_the_step_an_exception_breaks_off_ends_with_error_status(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    model, data = _model(), make_loader(32, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with (
+        pytest.raises(ValueError, match="boom"),
+        ppetrace.instrument(trace_path=tmp_path / "t.json"),
+    ):
+        for i, (x, y) in enumerate(data):
+            loss = nn.functional.cross_entropy(model(x), y)
+            if i == 2:  # after the forward, before the backward
+                raise ValueError("boom")
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    steps = _names(_frame(tmp_path / "t.json"), "trainer.step")
+    assert list(steps["status"]) == ["UNSET", "UNSET", "ERROR"]
+    assert steps["error"].iloc[2].startswith("ValueError: boom")
+    # closed without an exception, a batch that only ran a forward is no step
+    handle = ppetrace.instrument(trace_path=tmp_path / "u.json")
+    for i, (x, y) in enumerate(data):
+        loss = nn.functional.cross_entropy(model(x), y)
+        if i == 1:
+            break
+        loss.backward()
+        opt.step()
+    handle.close()
+    assert len(_names(_frame(tmp_path / "u.json"), "trainer.step")) == 1
+
+
 def test_gradient_accumulation_steps_per_batch_and_counts_optimizer_steps(
     tmp_path: Path, make_loader: Loader
 ) -> None:

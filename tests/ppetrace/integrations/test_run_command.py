@@ -109,6 +109,21 @@ def test_a_script_that_raises_exits_1_with_its_traceback_and_the_trace_written(
     assert "ValueError: boom" in err and f'File "{script}"' in err
     assert "runpy" not in err  # the traceback is the script's, as python prints it
     assert read_chrome_trace(trace)["name"].value_counts()["trainer.step"] == 4
+    # raised inside a step (after its forward): that step is in the trace, with ERROR
+    inside = LOOP.replace("for x, y in data:", "for i, (x, y) in enumerate(data):").replace(
+        "    nn.functional.cross_entropy(model(x), y).backward()",
+        "    loss = nn.functional.cross_entropy(model(x), y)\n"
+        "    if i == 1:\n"
+        "        raise ValueError('boom')\n"
+        "    loss.backward()",
+    )
+    script = _script(tmp_path, inside.format(out=str(tmp_path / "o.json")), "inside.py")
+    code, err = _run("--trace", str(tmp_path / "in.json"), str(script))
+    assert code == 1 and "ValueError: boom" in err
+    frame = read_chrome_trace(tmp_path / "in.json")
+    steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+    assert list(steps["status"]) == ["UNSET", "ERROR"]
+    assert steps["error"].iloc[1].startswith("ValueError: boom")
 
 
 def test_sys_exit_3_gives_exit_3_with_the_trace_written(tmp_path: Path) -> None:
