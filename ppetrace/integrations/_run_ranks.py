@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import tracing
 from ..tracing._recorder import RECORDER
-from .distributed import ClockSync, RankTraces, share_trace_id
+from .distributed import ClockSync, RankTraces, rank_traces
 
 __all__ = ["RankRun"]
 
@@ -113,12 +113,9 @@ class RankRun:
     def started(self) -> None:
         """Right after the script's ``init_process_group``: rank 0's trace id on every
         rank, and the first clock measurement."""
-        import torch.distributed as dist
-
-        backend = str(dist.get_backend())
-        group = None if "gloo" in backend else dist.new_group(backend="gloo")
-        share_trace_id(group)
-        traces = RankTraces(group, backend)
+        traces = rank_traces()
+        if traces is None:  # (no group: torch.distributed is not available)
+            return
         self._start = traces.measure_start()
         self.traces = traces
 

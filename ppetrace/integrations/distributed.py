@@ -61,6 +61,7 @@ __all__ = [
     "clock_ns",
     "host_key",
     "rank_trace_path",
+    "rank_traces",
     "share_trace_id",
     "sync_clock",
     "trace_collectives",
@@ -379,6 +380,23 @@ def _traced(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     traced.__ppetrace_original__ = fn  # type: ignore[attr-defined]
     return traced
+
+
+def rank_traces(made: tuple[Any, str] | None = None) -> RankTraces | None:
+    """A :class:`RankTraces` for the process group that is up (collective: every rank
+    calls it at the same point), with rank 0's trace id on every rank; None without one.
+    ``made``: the ``(gloo group, backend)`` of an earlier call, to reuse (a gloo group
+    beside a NCCL one is made once: making one is collective too)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if made is None:
+        backend = str(dist.get_backend())
+        made = (None if "gloo" in backend else dist.new_group(backend="gloo"), backend)
+    group, backend = made
+    share_trace_id(group)
+    return RankTraces(group, backend)
 
 
 def share_trace_id(group: Any = None) -> None:

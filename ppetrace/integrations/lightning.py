@@ -61,6 +61,7 @@ from ._detail import (
 from ._ranks import check_trace_path, profiler_device, rank_info, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
 from .dataloader import settle_workers, trace_loaders
+from .distributed import rank_traces
 
 _tuple_new = tuple.__new__
 
@@ -172,7 +173,8 @@ class LightningProfiler(Profiler):
       this profiler (``fit``, ``validate``, ``test``, ``predict``) writes
       ``trace_path``; later ones write beside it (``trace.test.json``,
       ``trace.fit2.json``), as ppetrace's Trainer does. Under torchrun each rank
-      writes ``trace.ranks/rank<R>.json``. Without it, spans go to whatever
+      writes ``trace.ranks/rank<R>.json`` (``distributedInfo``, rank 0's trace id and
+      clock) and rank 0 merges them into the stage's file when the stage ends well. Without it, spans go to whatever
       ``ppetrace.configure`` set up.
     - ``dirpath`` and ``filename``: as for Lightning's own profilers. Without
       ``trace_path``, both together put the trace in ``<dirpath>/<filename>.json``,
@@ -265,6 +267,11 @@ class LightningProfiler(Profiler):
         self._calls: dict[str, int] = {}
         self._warned = False
         self._profiled: dict[str, _Action] = {}
+        #: under torchrun: this stage's RankTraces and merged file, and the gloo group
+        #: (made once: every rank makes it at the same point, in setup)
+        self._rank_traces: Any = None
+        self._merged: Path | None = None
+        self._rank_group: tuple[Any, str] | None = None
 
     # -- Lightning's Profiler interface ---------------------------------------------------
 
@@ -291,13 +298,22 @@ class LightningProfiler(Profiler):
         if self.trace_path is not None:
             from exporters.chrome import ChromeTraceExporter
 
-            path = self._next_path(name)
+            merged = self._next_path(name)
+            path = self._ranked(merged)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.trace_exporter = ChromeTraceExporter(
-                path,
-                metadata={"ppetrace.detail": detail_metadata(*self.detail)},
-                max_part_bytes=TRACE_PART_BYTES,
-            )
+            options: dict[str, Any] = {"max_part_bytes": TRACE_PART_BYTES}
+            # under torchrun, with the strategy's process group up (Lightning starts it
+            # before the profiler): rank 0's trace id and clock, merged at the stage's end
+            self._rank_traces = None if rank_info() is None else rank_traces(self._rank_group)
+            if self._rank_traces is not None:
+                self._rank_group = (self._rank_traces.group, self._rank_traces.backend)
+                options.update(self._rank_traces.exporter_options())
+            self._merged = merged if self._rank_traces is not None else None
+            options["metadata"] = {
+                **options.get("metadata", {}),
+                "ppetrace.detail": detail_metadata(*self.detail),
+            }
+            self.trace_exporter = ChromeTraceExporter(path, **options)
             self.last_trace_path = path
             self.trace_paths.append(path)
             self._step_detail = StepDetail.create(self.trace_exporter, *self.detail, _notice)
@@ -448,6 +464,8 @@ class LightningProfiler(Profiler):
                 )
             return ""
         path = self.last_trace_path
+        if self._merged is not None and self._rank_traces is not None:  # merged at teardown
+            path = self._merged
         if not self.report:
             if self._stage_label is not None:  # no training steps: the warmup means nothing
                 return (
@@ -503,12 +521,29 @@ class LightningProfiler(Profiler):
                     tracing.remove_exporter(self.trace_exporter)
                 else:
                     tracing.flush()
+                self._merge_ranks(stage)
                 for error in errors:
                     _log.error("ppetrace: LightningProfiler teardown: %r", error)
         finally:
             super().teardown(stage)
 
     # -- internals -----------------------------------------------------------------------
+
+    def _merge_ranks(self, stage: str | None) -> None:
+        """Under torchrun, at the end of a stage that ended well (Lightning's ``describe``
+        passes the stage; a teardown from ``__del__`` or after an exception does not, and
+        the other ranks may be elsewhere): measure the clock again and let rank 0 merge the
+        ranks' files (collective, as the Trainer does)."""
+        traces, merged = self._rank_traces, self._merged
+        self._rank_traces = None
+        if traces is None or merged is None or stage is None or sys.exc_info()[0] is not None:
+            return
+        try:
+            if traces.finish(merged):
+                self.last_trace_path = merged
+                self.trace_paths.append(merged)
+        except Exception:
+            _log.exception("ppetrace: merging the rank traces into %s failed", merged)
 
     def _open(self, action: str | None, event: str, attrs: dict[str, Any]) -> None:
         """Begin a span: its id now (the spans begun inside it are its children), its row
@@ -558,8 +593,8 @@ class LightningProfiler(Profiler):
         self._batch_in_epoch += 1
 
     def _next_path(self, stage: str) -> Path:
-        """``trace_path`` for the first stage, ``<stem>.<stage>[n]<suffix>`` after it;
-        under torchrun, that file's per-rank path."""
+        """``trace_path`` for the first stage, ``<stem>.<stage>[n]<suffix>`` after it (under
+        torchrun, the merged file, whose per-rank path is :meth:`_ranked`)."""
         assert self.trace_path is not None
         count = self._calls.get(stage, 0) + 1
         self._calls[stage] = count
@@ -570,11 +605,10 @@ class LightningProfiler(Profiler):
             n = count
             while True:
                 candidate = stem.with_name(f"{stem.name}.{stage}{'' if n == 1 else n}{suffix}")
-                ranked = self._ranked(candidate)
-                if ranked not in written:
-                    return ranked
+                if self._ranked(candidate) not in written:
+                    return candidate
                 n += 1
-        return self._ranked(path)
+        return path
 
     @staticmethod
     def _ranked(path: Path) -> Path:
