@@ -16,7 +16,9 @@ started, ``ppetrace.stage``: ``train``, ``ppetrace.epoch``, and the batch's
 over). A batch without one is not a step: its forward calls under
 ``torch.no_grad()``/``inference_mode()`` carry ``ppetrace.stage = "val"``,
 and a run of such batches between training steps becomes one
-``trainer.validation`` span, left out of step time like the Trainer's. A
+``trainer.validation`` span, left out of step time like the Trainer's; so does
+a batch whose forwards had gradients but no backward followed (an evaluation
+loop without ``no_grad``). A
 forward under ``no_grad`` that turns out to be inside a training step (a
 teacher model's, before the student's forward) is not tagged when its loader
 trained before; on a loader's first batch it is tagged, and loses the tag when
@@ -460,7 +462,7 @@ class StepTracker:
             if cand.trained or (error is not None and cand.train_seen):
                 self._record_step(st, cand, cand.opt_end or end, error)
             else:
-                self._not_a_step(st, cand)
+                self._not_a_step(st, cand, end)
         finally:
             if cand.profiled >= 0:
                 self.profilers_end(cand)
@@ -506,12 +508,20 @@ class StepTracker:
             if loader is not None:
                 self._open_epochs.add(loader)
 
-    def _not_a_step(self, st: ThreadState, cand: Candidate) -> None:
+    def _not_a_step(self, st: ThreadState, cand: Candidate, end: int) -> None:
+        """``cand`` ended at ``end`` without training: evaluation when it ran a forward,
+        under ``no_grad`` (its tagged forwards) or not (an evaluation loop that forgot
+        ``no_grad``: its forwards had gradients but no backward followed). Both join the
+        validation run, which is not step time."""
         if cand.pair is not None:
             _cancel_pair(self.timer, cand.pair)
             RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
         if cand.val_start is not None:
             self._extend_val(st, cand.val_start, cand.val_end, cand.parent)
+            st.last_was_val = True
+        elif cand.train_seen:
+            begun = cand.fetched if cand.fetched is not None else cand.start
+            self._extend_val(st, begun, end, cand.parent)
             st.last_was_val = True
         else:
             st.last_was_val = False

@@ -174,8 +174,8 @@ class LightningProfiler(Profiler):
       ``trace_path``; later ones write beside it (``trace.test.json``,
       ``trace.fit2.json``), as ppetrace's Trainer does. Under torchrun each rank
       writes ``trace.ranks/rank<R>.json`` (``distributedInfo``, rank 0's trace id and
-      clock) and rank 0 merges them into the stage's file when the stage ends well. Without it, spans go to whatever
-      ``ppetrace.configure`` set up.
+      clock) and rank 0 merges them into the stage's file when the stage ends well.
+      Without it, spans go to whatever ``ppetrace.configure`` set up.
     - ``dirpath`` and ``filename``: as for Lightning's own profilers. Without
       ``trace_path``, both together put the trace in ``<dirpath>/<filename>.json``,
       and Lightning writes the summary, which names the trace and the command that

@@ -311,6 +311,30 @@ def test_a_validation_after_an_epochs_last_step_leaves_the_training_loaders_end_
     assert ends.loc[~inside, "start_ns"].iloc[0] >= validation.end_ns
 
 
+def test_an_evaluation_loop_without_no_grad_is_validation_not_the_next_steps_time(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    # forwards with gradients enabled but no backward after them: evaluation that forgot
+    # torch.no_grad(); before, they were the next training step's forward time
+    model, train, val = _model(), make_loader(32, 8), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for _ in range(2):
+            _train(model, train, opt)
+            model.eval()
+            for x, _y in val:
+                model(x).argmax(1)
+            model.train()
+    assert handle.steps == 8
+    frame = _frame(tmp_path / "t.json")
+    validations = _names(frame, "trainer.validation")
+    assert len(validations) == 2
+    report = step_report(frame, warmup_steps=0)
+    # the steps' forwards are their own: one per step, none of the evaluation's
+    assert report.events.set_index("event").loc["module.forward", "count"] == 8
+    assert report.validation.set_index("event").loc["module.forward", "count"] == 2 * 2
+
+
 def test_an_inference_script_gets_forward_and_fetch_spans_and_no_steps(
     tmp_path: Path, make_loader: Loader
 ) -> None:
