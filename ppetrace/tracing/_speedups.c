@@ -924,6 +924,11 @@ light_finish(void)
         }
         k += 4;
     }
+    if (rc == 0) {
+        /* names and ints only: no cycle can go through it, so the collector need not
+           walk it while the step waits for its row (each young collection did) */
+        PyObject_GC_UnTrack(agg);
+    }
     PyObject *publish = Py_NewRef(L->publish);
     light_free(L); /* can run code: the fold is unlinked, nothing is borrowed */
     if (rc == 0) {
