@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from exporters._defaults import DEFAULT_ALPHA, DEFAULT_NOISE_FLOOR, DEFAULT_THRESHOLD
-from ppetrace.cli import parse_gate, parse_percent, parse_threshold
+from ppetrace.cli import fraction_note, parse_gate, parse_percent, parse_threshold
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -122,10 +122,14 @@ def pytest_configure(config: pytest.Config) -> None:
         ("--ppetrace-threshold", parse_threshold),
         ("--ppetrace-noise-floor", lambda t: parse_percent(t, option="--ppetrace-noise-floor")),
     ):
+        text = config.getoption(option, default="5%")
         try:
-            parse(config.getoption(option, default="5%"))
+            parse(text)
         except ValueError as exc:
             raise pytest.UsageError(f"{option}: {exc}") from None
+        note = fraction_note(text, option=option)  # 0.5 is 50%: said, as by the CLI
+        if note is not None:
+            config.issue_config_time_warning(pytest.PytestConfigWarning(note.strip()), 2)
     alpha = config.getoption("--ppetrace-alpha", default=DEFAULT_ALPHA)
     if not (0.0 < alpha < 1.0):
         raise pytest.UsageError(

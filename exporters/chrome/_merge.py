@@ -519,8 +519,9 @@ def merge_traces(
     later one gets a new, unused pid and its process name the file name in
     brackets. Each input's ``otherData["clock_offset_ns"]`` is added to its
     times, and a drift between its ``clock_sync`` start and end measurements
-    is corrected linearly when it exceeds their errors together; all times
-    are rebased on the earliest origin. The merged ``otherData`` lists the
+    is corrected linearly when it exceeds their errors together (within them,
+    one shift to the offset both allow best; ``merged_from`` records it as
+    ``clock_correction_ns``); all times are rebased on the earliest origin. The merged ``otherData`` lists the
     inputs under ``merged_from``, each process's rank under ``processes``,
     the common ``trace_id`` if the inputs share one, ``ranks`` / ``world_size``,
     and the first input's ``environment`` (the lowest rank's) when it has one, and
@@ -578,6 +579,8 @@ def merge_traces(
         source = {
             "path": item.path,
             "clock_offset_ns": item.clock_offset_ns,
+            # the correction the merge added to that offset (a drift's: at the start)
+            "clock_correction_ns": 0 if drift is None else drift.shift,
             "origin_ns": item.origin_ns,
             "pids": {str(p): remap[p] for p in item.pids},
             "truncated": item.truncated,

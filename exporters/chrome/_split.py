@@ -185,7 +185,7 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]], out_path: Path) -> l
                 if not _is_output(f, target):
                     found.append(f)
                 elif "merged_from" not in (_other(f) or {}):  # a run's own trace: kept
-                    raise ValueError(
+                    raise TraceError(
                         f"Expected OUT to be a file that is not among the inputs, but "
                         f"{out_path} would overwrite the trace {f} of the folder {p} while "
                         "it is read. Write the merged trace to another path."
@@ -197,7 +197,7 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]], out_path: Path) -> l
                 )
             found_all.extend(found)
         elif _is_output(p, target):
-            raise ValueError(
+            raise TraceError(
                 f"Expected OUT to be a file that is not among the inputs, but {out_path} "
                 f"would overwrite the input {p} while it is read. Write the merged trace to "
                 "another path."
@@ -209,7 +209,7 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]], out_path: Path) -> l
     for p in runs:
         key = p.resolve()
         if key in seen:
-            raise ValueError(
+            raise TraceError(
                 f"Expected each trace once, but {p} is given more than once (also as "
                 f"{seen[key]}, or through its folder): its spans would be counted twice. "
                 "Drop the repeat."

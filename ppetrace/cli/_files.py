@@ -89,7 +89,7 @@ def merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             if exc.filename is None:  # a missing input, named in the message
                 raise _BadInput(str(exc)) from None
             raise _not_writable(args.out, exc) from None
-        except (exporters.TraceError, ValueError) as exc:  # (an input twice, OUT an input)
+        except exporters.TraceError as exc:
             raise _BadInput(str(exc)) from None
         except OSError as exc:
             if exc.filename is not None and str(exc.filename) in args.inputs:

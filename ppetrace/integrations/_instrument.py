@@ -199,7 +199,8 @@ class Instrumentation:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
-        self.close(exc)
+        # sys.exit() and a generator closed are no failure of the step (as in ppetrace run)
+        self.close(None if isinstance(exc, (SystemExit, GeneratorExit)) else exc)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "active"
@@ -234,8 +235,9 @@ def instrument(
     ``trace_path`` writes a Chrome trace (closed by :meth:`Instrumentation.close`), with
     the environment (:func:`ppetrace.tracing.capture_environment`) in its ``otherData``;
     without it the spans go to whatever :func:`ppetrace.configure` set up. Under
-    torchrun (``RANK`` and ``WORLD_SIZE`` set) each rank writes its own file,
-    ``trace.json`` -> ``trace.ranks/rank<R>.json`` (``handle.trace_path``).
+    torchrun (``RANK`` and ``WORLD_SIZE`` set, a world of two or more) each rank
+    writes its own file, ``trace.json`` -> ``trace.ranks/rank<R>.json``
+    (``handle.trace_path``).
     ``profilers`` are ``ppetrace.profilers`` objects (``Pyinstrument``,
     ``TorchProfiler``, ``CudaTimer``, ...), stepped per batch handed over with
     gradients enabled on this thread; ``device`` is what they read as the

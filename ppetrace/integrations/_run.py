@@ -57,6 +57,8 @@ class BadRunInput(Exception):
 class _Terminated(BaseException):
     """Raised in the main thread by SIGTERM, so that the trace gets written."""
 
+    __qualname__ = "Terminated"  # the broken-off step's error text: "Terminated: ..."
+
 
 @dataclass
 class RunOptions:

@@ -511,15 +511,17 @@ class StepTracker:
     def _not_a_step(self, st: ThreadState, cand: Candidate, end: int) -> None:
         """``cand`` ended at ``end`` without training: evaluation when it ran a forward,
         under ``no_grad`` (its tagged forwards) or not (an evaluation loop that forgot
-        ``no_grad``: its forwards had gradients but no backward followed). Both join the
-        validation run, which is not step time."""
+        ``no_grad``: its forwards had gradients but no backward followed, from a loader
+        that has not trained). Both join the validation run, which is not step time."""
         if cand.pair is not None:
             _cancel_pair(self.timer, cand.pair)
             RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
         if cand.val_start is not None:
             self._extend_val(st, cand.val_start, cand.val_end, cand.parent)
             st.last_was_val = True
-        elif cand.train_seen:
+        elif cand.train_seen and (
+            cand.iterator is None or cand.iterator not in self._trained_iterators
+        ):  # (a loader that trained: a batch whose loss waits for a later backward)
             begun = cand.fetched if cand.fetched is not None else cand.start
             self._extend_val(st, begun, end, cand.parent)
             st.last_was_val = True

@@ -276,12 +276,23 @@ class RankTraces:
                     mine.parent,
                 )
             return False
+        import torch
+
         files = self._collect(mine, merged)
+        written = torch.ones(1, dtype=torch.int64)
+        failure: Exception | None = None
         if self.rank == 0:
-            merge_traces(merged, files, max_part_bytes=TRACE_PART_BYTES)
-            _log.info("ppetrace: merged %d rank traces into %s", len(files), merged)
-        untraced("barrier")(group=self.group)  # the merged file exists when fit returns
-        return True
+            try:
+                merge_traces(merged, files, max_part_bytes=TRACE_PART_BYTES)
+                _log.info("ppetrace: merged %d rank traces into %s", len(files), merged)
+            except Exception as exc:  # every rank still meets the broadcast below
+                failure, written[0] = exc, 0
+        # every rank returns once the merged file is written (or failed): no rank waits
+        # in a collective that rank 0 skipped
+        untraced("broadcast")(written, src=0, group=self.group)
+        if failure is not None:
+            raise failure
+        return bool(written[0])
 
     def _collect(self, mine: Path, merged: Path) -> list[Path]:
         """Rank 0: every rank's file (its part 0: merging brings the later parts), the

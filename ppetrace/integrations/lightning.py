@@ -166,6 +166,19 @@ def _nothing() -> None:
     pass
 
 
+def _rank_now() -> int | None:
+    """This process's rank in a run of several: torchrun's ``RANK``, else the process
+    group's (Lightning's own launcher starts the ranks without ``RANK``); None alone."""
+    info = rank_info()
+    if info is not None:
+        return info.rank
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return int(dist.get_rank())
+    return None
+
+
 class LightningProfiler(Profiler):
     """A Lightning ``Profiler`` that records every action as a ppetrace span.
 
@@ -272,6 +285,7 @@ class LightningProfiler(Profiler):
         self._rank_traces: Any = None
         self._merged: Path | None = None
         self._rank_group: tuple[Any, str] | None = None
+        self._merging = False  # inside describe(): the one teardown that may merge
 
     # -- Lightning's Profiler interface ---------------------------------------------------
 
@@ -304,10 +318,17 @@ class LightningProfiler(Profiler):
             options: dict[str, Any] = {"max_part_bytes": TRACE_PART_BYTES}
             # under torchrun, with the strategy's process group up (Lightning starts it
             # before the profiler): rank 0's trace id and clock, merged at the stage's end
-            self._rank_traces = None if rank_info() is None else rank_traces(self._rank_group)
-            if self._rank_traces is not None:
-                self._rank_group = (self._rank_traces.group, self._rank_traces.backend)
-                options.update(self._rank_traces.exporter_options())
+            self._rank_traces = None
+            if _rank_now() is not None:
+                try:  # telemetry never breaks training: a plain rank file without it
+                    self._rank_traces = rank_traces(self._rank_group)
+                    if self._rank_traces is not None:
+                        self._rank_group = (self._rank_traces.group, self._rank_traces.backend)
+                        options.update(self._rank_traces.exporter_options())
+                except Exception:
+                    _log.exception("ppetrace: aligning the ranks' traces failed; not merged")
+                    self._rank_traces = None
+                    options = {"max_part_bytes": TRACE_PART_BYTES}
             self._merged = merged if self._rank_traces is not None else None
             options["metadata"] = {
                 **options.get("metadata", {}),
@@ -464,8 +485,12 @@ class LightningProfiler(Profiler):
                 )
             return ""
         path = self.last_trace_path
-        if self._merged is not None and self._rank_traces is not None:  # merged at teardown
-            path = self._merged
+        if not self.report and self._merged is not None and self._rank_traces is not None:
+            return (  # merged at the teardown after this summary, if all goes well
+                f"ppetrace: this rank's Lightning actions are traced in {path}; at the end of "
+                f"the stage rank 0 merges the ranks' files into {self._merged}. Print the "
+                f"step report with: ppetrace report {self._merged} --warmup {self.warmup_steps}\n"
+            )
         if not self.report:
             if self._stage_label is not None:  # no training steps: the warmup means nothing
                 return (
@@ -521,7 +546,7 @@ class LightningProfiler(Profiler):
                     tracing.remove_exporter(self.trace_exporter)
                 else:
                     tracing.flush()
-                self._merge_ranks(stage)
+                self._merge_ranks()
                 for error in errors:
                     _log.error("ppetrace: LightningProfiler teardown: %r", error)
         finally:
@@ -529,14 +554,22 @@ class LightningProfiler(Profiler):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _merge_ranks(self, stage: str | None) -> None:
-        """Under torchrun, at the end of a stage that ended well (Lightning's ``describe``
-        passes the stage; a teardown from ``__del__`` or after an exception does not, and
-        the other ranks may be elsewhere): measure the clock again and let rank 0 merge the
-        ranks' files (collective, as the Trainer does)."""
-        traces, merged = self._rank_traces, self._merged
-        self._rank_traces = None
-        if traces is None or merged is None or stage is None or sys.exc_info()[0] is not None:
+    def describe(self) -> None:
+        """Lightning's end of a stage that ended well (every rank calls it at the same
+        point): the summary, then :meth:`teardown`, which may merge the ranks' files."""
+        self._merging = True
+        try:
+            super().describe()
+        finally:
+            self._merging = False
+
+    def _merge_ranks(self) -> None:
+        """Under torchrun, in the teardown that :meth:`describe` runs (a stage that ended
+        well; a teardown from ``__del__``, after an exception, never merges: the other
+        ranks may be elsewhere, and a collective would wait for them): measure the clock
+        again and let rank 0 merge the ranks' files (collective, as the Trainer does)."""
+        traces, merged, self._rank_traces = self._rank_traces, self._merged, None
+        if traces is None or merged is None or not self._merging or sys.exc_info()[0]:
             return
         try:
             if traces.finish(merged):
@@ -612,5 +645,5 @@ class LightningProfiler(Profiler):
 
     @staticmethod
     def _ranked(path: Path) -> Path:
-        info = rank_info()
-        return path if info is None else rank_trace_path(path, info.rank)
+        rank = _rank_now()
+        return path if rank is None else rank_trace_path(path, rank)

@@ -144,6 +144,9 @@ def test_bad_arguments_and_options_are_refused(pytester: pytest.Pytester) -> Non
     result = pytester.runpytest("--ppetrace-threshold", "lots", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "Expected a percentage such as '5%'" in result.stderr.str()
+    result = pytester.runpytest("--ppetrace-threshold", "0.5", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, warnings=1)  # read as 50%, and said
+    assert "--ppetrace-threshold 0.5 is read as a fraction, 0.5 = 50%" in result.stdout.str()
 
 
 def test_importing_the_plugin_is_cheap() -> None:

@@ -152,6 +152,8 @@ def test_a_drift_beyond_the_errors_is_corrected_linearly(
     path = _rank_file(tmp_path / "r1b.json", rb, 1, offset=-1_000_000, sync=sync)
     frame = read(merge_traces(tmp_path / "m2.json", [path]).path).sort_values("start_ns")
     assert frame["start_ns"].tolist() == [t0 - 1_007_500, t0 + 1_000_000_000 - 1_007_500]
+    (source,) = load_chrome_trace(tmp_path / "m2.json").metadata["merged_from"]
+    assert source["clock_offset_ns"] == -1_000_000 and source["clock_correction_ns"] == -7_500
     # a loose start (1.1 ms, as at a group's start-up) and a tight end: the end wins
     sync["start"]["error_ns"], sync["end"]["error_ns"] = 1_100_000, 40_000
     sync["start"]["offset_ns"], sync["end"]["offset_ns"] = -1_000_000, 0

@@ -32,8 +32,10 @@ SKEW_NS = 5_000_000  # ddp_worker.SKEW_NS
 
 
 #: how far two processes' epoch anchors (``time_ns() - perf_counter_ns()``, read once at
-#: start) may disagree on one host: the two reads of each are not simultaneous
-ANCHOR_JITTER_NS = 50_000
+#: start) may disagree on one host: the two reads of each are not simultaneous (a context
+#: switch between them, or the wall clock stepped between the two starts); well below
+#: the 5 ms skew
+ANCHOR_JITTER_NS = 1_000_000
 
 
 def test_on_one_host_the_skew_is_the_anchors_difference_exactly(torchrun_run: Path) -> None:
@@ -67,10 +69,11 @@ def test_after_the_merge_the_ranks_leave_each_barrier_together(torchrun_run: Pat
     median over 40 barriers of (rank 1's exit - rank 0's) lies within twice the bound (a
     core taken away between a barrier and its span's end moves single exits, and by turns
     the ranks may fail to arrive last); in rank 1's own file, the skew is still there."""
-    # the clock error (0 on one host) plus the anchors' jitter; and for the median, gloo's
-    # one-way latency, which the alternating arrivals cancel only on the whole
+    # the clock error (0 on one host) plus room for the anchors' jitter (µs in practice);
+    # and for the median, gloo's one-way latency, which the alternating arrivals cancel
+    # only on the whole
     error = (
-        ANCHOR_JITTER_NS
+        250_000
         + read_header(  # type: ignore[union-attr]
             torchrun_run / "C" / "trace.ranks" / "rank1.json"
         ).other_data["clock_error_ns"]

@@ -173,7 +173,10 @@ def test_the_step_an_exception_breaks_off_ends_with_error_status(
         loss.backward()
         opt.step()
     handle.close()
-    assert len(_names(_frame(tmp_path / "u.json"), "trainer.step")) == 1
+    closed = _frame(tmp_path / "u.json")
+    assert len(_names(closed, "trainer.step")) == 1
+    # nor validation: its loader trained (a forward whose backward never came)
+    assert "trainer.validation" not in set(closed["name"])
 
 
 def test_gradient_accumulation_steps_per_batch_and_counts_optimizer_steps(

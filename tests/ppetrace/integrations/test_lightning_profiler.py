@@ -357,3 +357,23 @@ def test_a_filename_alone_writes_no_trace_in_the_log_folder_and_says_how(tmp_pat
     assert "ppetrace: no trace was written. Pass LightningProfiler(trace_path=" in (
         summary.read_text()
     )
+
+
+def test_rank_files_are_merged_only_in_the_teardown_that_describe_runs(tmp_path: Path) -> None:
+    """A teardown from ``__del__`` or after a failed stage must not start the merge's
+    collectives (the other ranks may be gone: it would wait for them); only the one that
+    Lightning's ``describe`` runs at the end of a stage that ended well merges."""
+    merged: list[Path] = []
+
+    class Traces:  # RankTraces.finish: the collective end of the stage
+        def finish(self, path: Path) -> bool:
+            merged.append(path)
+            return True
+
+    profiler = LightningProfiler(tmp_path / "trace.json")
+    for describing in (False, True):
+        profiler._rank_traces, profiler._merged = Traces(), tmp_path / "trace.json"
+        profiler._merging = describing
+        profiler._merge_ranks()
+    assert merged == [tmp_path / "trace.json"]
+    assert profiler.last_trace_path == tmp_path / "trace.json"
