@@ -28,7 +28,7 @@ from typing import Any
 
 from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
-from ._ranks import TraceHeader, _open_read, read_header
+from ._ranks import TraceHeader, _open_read, check_one_run, read_header
 from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
 from ._split import (
     _NAMING,
@@ -110,44 +110,6 @@ def _drift(metadata: dict[str, Any]) -> _Drift | None:
     low, high = max(first - e1, last - e2), min(first + e1, last + e2)
     shift = (low + high) // 2 - first if low <= high else 0
     return _Drift(int(start["at_ns"]), 0.0, shift) if shift else None
-
-
-def _check_one_run(items: Sequence[_Input]) -> None:
-    """Refuse rank files (and merged traces, by their ranks) that cannot be one run: a
-    rank given twice, or ranks of different runs (trace ids), which would give a timeline
-    and a per-rank report of runs that never ran together. Files without a rank (of
-    other processes) merge with anything."""
-    seen: dict[int, str] = {}
-    runs: dict[str, str] = {}
-    for item in items:
-        info = item.header.distributed_info if item.header is not None else None
-        world = info.get("world_size") if isinstance(info, dict) else None
-        ranks: Any
-        if isinstance(world, int) and world > 1 and item.rank is not None:
-            ranks = [item.rank]  # a rank's file of a torchrun run
-        else:
-            ranks = item.metadata.get("ranks")  # a merged trace: its ranks
-            if not isinstance(ranks, list) or len(ranks) < 2:
-                continue  # one process's file: a process of its own
-        trace_id = item.metadata.get("trace_id")
-        if isinstance(trace_id, str) and trace_id:
-            runs.setdefault(trace_id, item.path)
-            if len(runs) > 1:
-                first, other = (runs[t] for t in runs)
-                raise TraceError(
-                    f"Expected the rank files of one run (one trace id), but {first} and "
-                    f"{other} come from different runs (trace ids {', '.join(runs)}). Merge "
-                    "the files of one run: its trace.ranks/ folder."
-                )
-        for rank in ranks:
-            if isinstance(rank, int) and rank in seen:
-                raise TraceError(
-                    f"Expected each rank once, but rank {rank} is in {seen[rank]} and in "
-                    f"{item.path}. Merge the rank files of one run, or its merged trace "
-                    "alone."
-                )
-            if isinstance(rank, int):
-                seen[rank] = item.path
 
 
 @dataclass
@@ -521,9 +483,10 @@ def merge_traces(
     times, and a drift between its ``clock_sync`` start and end measurements
     is corrected linearly when it exceeds their errors together (within them,
     one shift to the offset both allow best; ``merged_from`` records it as
-    ``clock_correction_ns``); all times are rebased on the earliest origin. The merged ``otherData`` lists the
-    inputs under ``merged_from``, each process's rank under ``processes``,
-    the common ``trace_id`` if the inputs share one, ``ranks`` / ``world_size``,
+    ``clock_correction_ns``); all times are rebased on the earliest origin. The
+    merged ``otherData`` lists the inputs under ``merged_from``, each process's
+    rank under ``processes``, the common ``trace_id`` if the inputs share one,
+    ``ranks`` / ``world_size``,
     and the first input's ``environment`` (the lowest rank's) when it has one, and
     ``ppetrace.detail`` when every input that records one records the same.
     Returns the merged trace (its events are read from the file when first used);
@@ -538,7 +501,7 @@ def merge_traces(
     items = [_load_run(p) for p in expand_inputs(inputs, Path(out))]
     order = sorted(range(len(items)), key=lambda i: (items[i].rank is None, items[i].rank or 0, i))
     items = [items[i] for i in order]
-    _check_one_run(items)
+    check_one_run(items)
     bases = [t.origin_ns + t.clock_offset_ns for t in items]
     origin = (min(bases) // _NS_PER_S) * _NS_PER_S
     used: set[int] = set()

@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 from .._errors import TraceError
 from ._encode import _dumps
 
-__all__ = ["TraceHeader", "read_header", "trace_files", "update_other_data"]
+__all__ = ["TraceHeader", "check_one_run", "read_header", "trace_files", "update_other_data"]
 
 _HEAD = b'{"displayTimeUnit":"ns","otherData":'
 _EVENTS = b',"traceEvents":['
@@ -166,3 +167,42 @@ def trace_files(folder: str | os.PathLike[str]) -> list[Path]:
         return (1, 0, p.name) if rank is None else (0, rank, p.name)
 
     return sorted(found, key=key)
+
+
+def check_one_run(items: Sequence[Any]) -> None:
+    """Refuse rank files (and merged traces, by their ranks) that cannot be one run (the
+    inputs of :func:`merge_traces`, with ``header``, ``rank``, ``metadata`` and ``path``): a
+    rank given twice, or ranks of different runs (trace ids), which would give a timeline
+    and a per-rank report of runs that never ran together. Files without a rank (of
+    other processes) merge with anything."""
+    seen: dict[int, str] = {}
+    runs: dict[str, str] = {}
+    for item in items:
+        info = item.header.distributed_info if item.header is not None else None
+        world = info.get("world_size") if isinstance(info, dict) else None
+        ranks: Any
+        if isinstance(world, int) and world > 1 and item.rank is not None:
+            ranks = [item.rank]  # a rank's file of a torchrun run
+        else:
+            ranks = item.metadata.get("ranks")  # a merged trace: its ranks
+            if not isinstance(ranks, list) or len(ranks) < 2:
+                continue  # one process's file: a process of its own
+        trace_id = item.metadata.get("trace_id")
+        if isinstance(trace_id, str) and trace_id:
+            runs.setdefault(trace_id, item.path)
+            if len(runs) > 1:
+                first, other = (runs[t] for t in runs)
+                raise TraceError(
+                    f"Expected the rank files of one run (one trace id), but {first} and "
+                    f"{other} come from different runs (trace ids {', '.join(runs)}). Merge "
+                    "the files of one run: its trace.ranks/ folder."
+                )
+        for rank in ranks:
+            if isinstance(rank, int) and rank in seen:
+                raise TraceError(
+                    f"Expected each rank once, but rank {rank} is in {seen[rank]} and in "
+                    f"{item.path}. Merge the rank files of one run, or its merged trace "
+                    "alone."
+                )
+            if isinstance(rank, int):
+                seen[rank] = item.path
