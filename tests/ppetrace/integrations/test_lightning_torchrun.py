@@ -5,11 +5,8 @@ rank 0 merges them at the end of each stage, as the Trainer does."""
 from __future__ import annotations
 
 import io
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,31 +60,11 @@ with open(f"{sys.argv[1]}.paths{trainer.global_rank}", "w") as f:  # (stderr int
 
 
 def test_each_rank_writes_its_file_on_rank_0s_clock_and_rank_0_merges_each_stage(
-    tmp_path: Path,
+    tmp_path: Path, torchrun_two: Any
 ) -> None:
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
     script, trace = tmp_path / "fit.py", tmp_path / "out" / "trace.json"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "MASTER_ADDR": "127.0.0.1"}  # fmt: skip
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "2", str(script), str(trace),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        pytest.fail(f"the torchrun run did not end in 240 s:\n{err[-6000:]}")
-    assert proc.returncode == 0, err[-6000:]
+    torchrun_two(str(script), str(trace), timeout=240)
     out = trace.parent
     for rank in (0, 1):  # each rank names its own file and the merged ones
         assert Path(f"{trace}.paths{rank}").read_text() == (

@@ -8,11 +8,8 @@ each, then one more step, and destroys the group.
 from __future__ import annotations
 
 import io
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,30 +47,16 @@ dist.destroy_process_group()
 """
 
 
-def test_ppetrace_run_under_torchrun_merges_the_ranks_on_one_clock(tmp_path: Path) -> None:
+def test_ppetrace_run_under_torchrun_merges_the_ranks_on_one_clock(
+    tmp_path: Path, torchrun_two: Any
+) -> None:
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     script, trace = tmp_path / "ddp.py", tmp_path / "out" / "trace.json"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "MASTER_ADDR": "127.0.0.1"}  # fmt: skip
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "2", "-m", "ppetrace", "run", "--trace", str(trace), str(script),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        pytest.fail(f"the torchrun run did not end in 180 s:\n{err[-6000:]}")
-    assert proc.returncode == 0, err[-6000:]
+    err = torchrun_two("-m", "ppetrace", "run", "--trace", str(trace), str(script), timeout=180)
     assert err.count(f"ppetrace: merged the rank traces into {trace}") == 1  # rank 0 merged
     for rank in (0, 1):  # each rank says where its own file is
         assert (
