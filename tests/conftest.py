@@ -103,21 +103,18 @@ def _recorder_left_clean() -> Iterator[None]:
     )
 
 
-#: Seconds the shared torchrun run may take before it counts as hung.
+#: Seconds a torchrun launch of the tests may take before it counts as hung.
 TORCHRUN_TIMEOUT_S = 240
 
 
-@pytest.fixture(scope="session")
-def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 2-process torchrun run (gloo, CPU, loopback only) of
-    tests/ppetrace/training/ddp_worker.py, shared by the distributed tests; returns its
-    output folder (``result_rank<R>.json``, traces, checkpoints)."""
+def torchrun_two_processes(*argv: str, timeout: float = TORCHRUN_TIMEOUT_S) -> str:
+    """``torchrun --standalone --nproc_per_node 2 ARGV...`` (gloo over loopback, one torch
+    thread each); its stderr, after checking that it ended with exit code 0 within
+    ``timeout`` s (a run that hangs is killed with its workers). Skips without gloo."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    out = tmp_path_factory.mktemp("torchrun")
-    worker = Path(__file__).parent / "ppetrace" / "training" / "ddp_worker.py"
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -126,7 +123,7 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "2", str(worker), str(out),
+        "--nproc_per_node", "2", *argv,
     ]  # fmt: skip
     proc = subprocess.Popen(
         command,
@@ -137,14 +134,31 @@ def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         start_new_session=True,  # torchrun and its workers: one process group to end
     )
     try:
-        stdout, stderr = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        pytest.fail(f"the torchrun run did not end in {TORCHRUN_TIMEOUT_S} s:\n{stderr[-6000:]}")
+        pytest.fail(f"the torchrun run did not end in {timeout:g} s:\n{stderr[-6000:]}")
     if proc.returncode != 0:
         pytest.fail(
             f"the torchrun run failed with exit code {proc.returncode}:\n"
             f"{stdout[-3000:]}\n{stderr[-6000:]}"
         )
+    return stderr
+
+
+@pytest.fixture
+def torchrun_two() -> Callable[..., str]:
+    """:func:`torchrun_two_processes`, for tests that launch a 2-process run of their own."""
+    return torchrun_two_processes
+
+
+@pytest.fixture(scope="session")
+def torchrun_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-process torchrun run (gloo, CPU, loopback only) of
+    tests/ppetrace/training/ddp_worker.py, shared by the distributed tests; returns its
+    output folder (``result_rank<R>.json``, traces, checkpoints)."""
+    out = tmp_path_factory.mktemp("torchrun")
+    worker = Path(__file__).parent / "ppetrace" / "training" / "ddp_worker.py"
+    torchrun_two_processes(str(worker), str(out))
     return out

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,37 +69,3 @@ def loader(n: int = 32, batch_size: int = 8, **kwargs: Any) -> DataLoader[Any]:
 @pytest.fixture
 def make_loader() -> Any:
     return loader
-
-
-def _torchrun_two(*argv: str, timeout: float) -> str:
-    """``torchrun --standalone --nproc_per_node 2 ARGV...`` (gloo over loopback, one torch
-    thread); its stderr, after checking that it ended with 0 within ``timeout`` s (a run
-    that hangs is killed with its workers)."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "MASTER_ADDR": "127.0.0.1"}  # fmt: skip
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "2", *argv,
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,  # torchrun and its workers: one process group to end
-    )  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        pytest.fail(f"the torchrun run did not end in {timeout:g} s:\n{err[-6000:]}")
-    assert proc.returncode == 0, err[-6000:]
-    return err
-
-
-@pytest.fixture
-def torchrun_two() -> Any:
-    """:func:`_torchrun_two`: a 2-process torchrun launch, its stderr."""
-    return _torchrun_two
