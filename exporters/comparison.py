@@ -173,8 +173,8 @@ def _runs(
 
 def _names(names: set[str]) -> str:
     shown = sorted(names)
-    if not shown:
-        return "no events"
+    if not shown:  # (a test or predict stage's trace has spans, but none is a sample)
+        return "no training events (validation, test and predict spans are no samples)"
     head = ", ".join(shown[:5])
     noun = "event" if len(shown) == 1 else "events"
     return f"{len(shown)} {noun} ({head}{', ...' if len(shown) > 5 else ''})"

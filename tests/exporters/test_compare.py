@@ -437,6 +437,13 @@ def test_runs_with_no_event_in_common_are_refused(
     b = _frame(run_builder, [], extra="user.b", backward=False)
     with pytest.raises(TraceError, match="Expected the two runs to have at least one event in co"):
         compare(a, b)
+    # a test stage's trace has spans, but none of them is a training sample
+    rb = run_builder()
+    rb.span("[Strategy]SingleDeviceStrategy.test_step", 0, 1_000, 0, {"ppetrace.stage": "test"})
+    tested = spans_to_frame(rb.batch())
+    fit = _frame(run_builder, [1_000] * 4)
+    with pytest.raises(TraceError, match=r"the candidate has no training events \(validation"):
+        compare(fit, tested)
 
 
 @pytest.mark.parametrize(
