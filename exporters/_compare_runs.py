@@ -61,8 +61,9 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
     steps = assignment.steps
     warm = np.zeros(n, dtype=bool)
     # the warmup and the profiled steps (their profiling slowed them) are left out
-    warmup, in_window = left_out_steps(steps)
+    warmup, in_window, failed = left_out_steps(steps)
     profiled = int(in_window.sum())
+    in_window = in_window | failed  # a step cut off by an exception is no sample either
     warm[steps.index[warmup | in_window].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0

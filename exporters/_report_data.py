@@ -171,7 +171,9 @@ class StepReport:
     - ``warmup_steps``: the requested warmup; ``excluded_steps``: how many
       steps it removed; ``profiled_steps``: how many other steps were left out
       because a profiler's window held them (``profilers``: which profilers
-      recorded windows); ``total_steps``: steps found; ``spans``: spans counted.
+      recorded windows); ``failed_steps``: how many more were left out for ending
+      with ERROR status (cut off by an exception); ``total_steps``: steps found;
+      ``spans``: spans counted.
     - ``tables``: extra named tables: those stored in the trace file (the
       Pyinstrument profiler stores ``top_functions``) and any that other code
       adds; the renderers print them last.
@@ -206,6 +208,8 @@ class StepReport:
     environment: dict[str, Any] = field(default_factory=dict)
     detail: Detail | None = None
     profiled_steps: int = 0
+    #: steps with ERROR status (cut off by an exception), left out like the warmup
+    failed_steps: int = 0
     profilers: tuple[str, ...] = ()
 
     @property

@@ -57,6 +57,12 @@ def _headline(report: StepReport) -> list[str]:
             f"windows of {by}, whose profiling slows steps down; their spans stay in the "
             "trace)."
         )
+    if report.failed_steps:
+        k = report.failed_steps
+        lines.append(
+            f"{fmt_count(k)} failed step{'s' if k != 1 else ''} excluded (ERROR status: cut "
+            "off by an exception; its spans stay in the trace)."
+        )
     if report.detail is not None:
         lines.append(report.detail.describe())
     env = report.environment
@@ -304,6 +310,7 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
         "warmup_steps": report.warmup_steps,
         "excluded_steps": report.excluded_steps,
         "profiled_steps": report.profiled_steps,
+        "failed_steps": report.failed_steps,
         "profilers": list(report.profilers),
         "total_steps": report.total_steps,
         "spans": report.spans,

@@ -97,6 +97,7 @@ STEP_COLUMNS = (
     "device_ns",
     "warmup",
     "profiled",
+    "failed",
 )
 #: the ``stage`` values of spans that are not training: ``compare`` and the step report
 #: count them (and the spans below them) as validation
@@ -108,7 +109,7 @@ class StepAssignment:
     """``step_row``: for each frame row, the row of its ``trainer.step`` (-1 if none).
     ``steps``: one row per ``trainer.step``, indexed by its frame row, in start order
     per process, with ``step_index``, ``warmup``, ``profiled`` (inside a profiled
-    window) and the wall-time split.
+    window), ``failed`` (ERROR status) and the wall-time split.
     ``self_ns``: each row's self time with the parents found by time, or ``None``
     when time changed no parent (the frame's ``self_ns`` is right then).
     ``ppos``: each row's parent position (by id, then by time; -1 for none).
@@ -342,6 +343,12 @@ def assign_steps(
             "profiled": _profiled(
                 frame.attrs.get("profile_windows"), pid[step_rows], s_start + t0, s_end + t0
             ),
+            # cut off by an exception (ERROR status): no sample of a whole step
+            "failed": (
+                frame["status"].iloc[step_rows].to_numpy(dtype=object) == "ERROR"
+                if "status" in frame.columns
+                else np.zeros(m, dtype=bool)
+            ),
         },
         index=pd.Index(step_rows, name="row"),
     ).iloc[by_start]
@@ -350,11 +357,13 @@ def assign_steps(
     )
 
 
-def left_out_steps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def left_out_steps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The steps that reports and comparisons leave out, as bool arrays over ``steps``
-    (of :func:`assign_steps`): the warmup, and the profiled steps past the warmup."""
+    (of :func:`assign_steps`): the warmup, the profiled steps past the warmup, and the
+    failed steps (ERROR status: cut off by an exception) that are neither."""
     warmup = steps["warmup"].to_numpy(dtype=bool)
-    return warmup, steps["profiled"].to_numpy(dtype=bool) & ~warmup
+    profiled = steps["profiled"].to_numpy(dtype=bool) & ~warmup
+    return warmup, profiled, steps["failed"].to_numpy(dtype=bool) & ~warmup & ~profiled
 
 
 def _profiled(windows: Any, pid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

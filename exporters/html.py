@@ -137,6 +137,9 @@ def _summary(page: Page, report: StepReport) -> None:
         ),
         ("spans", fmt_count(report.spans)),
     ]
+    if report.failed_steps:
+        k = report.failed_steps
+        facts.append(("failed excluded", f"{k} step{'s' if k != 1 else ''} (ERROR status)"))
     if report.profiled_steps:
         k = report.profiled_steps
         facts.append(

@@ -124,8 +124,8 @@ def step_report(
     steps = assignment.steps
     n = len(frame)
     warm = np.zeros(n, dtype=bool)
-    warmup, profiled = left_out_steps(steps)
-    left_out = warmup | profiled
+    warmup, profiled, failed = left_out_steps(steps)
+    left_out = warmup | profiled | failed
     warm[steps.index[left_out].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0
@@ -169,11 +169,12 @@ def step_report(
     validation = table(in_val, val_share, val_total)
     return StepReport(
         events=events,
-        steps=kept_steps.drop(columns=["warmup", "profiled"]).reset_index(drop=True),
+        steps=kept_steps.drop(columns=["warmup", "profiled", "failed"]).reset_index(drop=True),
         throughput=_throughput(kept_steps),
         warmup_steps=warmup_steps,
         excluded_steps=int(warmup.sum()),
         profiled_steps=int(profiled.sum()),
+        failed_steps=int(failed.sum()),
         profilers=_profilers(frame),
         total_steps=len(steps),
         spans=int(train.sum() + in_val.sum()),

@@ -16,7 +16,7 @@ from torch import nn
 from torch.optim import optimizer as optim_mod
 
 import ppetrace
-from exporters import load_chrome_trace, read_chrome_trace, step_report
+from exporters import event_samples, load_chrome_trace, read_chrome_trace, render, step_report
 from ppetrace.integrations import Instrumentation
 from ppetrace.tracing import ENVIRONMENT_FIELDS
 
@@ -161,9 +161,15 @@ def test_the_step_an_exception_breaks_off_ends_with_error_status(
             loss.backward()
             opt.step()
             opt.zero_grad()
-    steps = _names(_frame(tmp_path / "t.json"), "trainer.step")
+    frame = _frame(tmp_path / "t.json")
+    steps = _names(frame, "trainer.step")
     assert list(steps["status"]) == ["UNSET", "UNSET", "ERROR"]
     assert steps["error"].iloc[2].startswith("ValueError: boom")
+    # a step cut off is no whole step: the report and compare leave it out, and say so
+    report = step_report(frame, warmup_steps=0)
+    assert (report.total_steps, report.failed_steps, len(report.steps)) == (3, 1, 2)
+    assert "1 failed step excluded (ERROR status" in render(report, "table")
+    assert len(event_samples(frame, warmup_steps=0)["trainer.step"]) == 2
     # closed without an exception, a batch that only ran a forward is no step
     handle = ppetrace.instrument(trace_path=tmp_path / "u.json")
     for i, (x, y) in enumerate(data):
