@@ -63,8 +63,8 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
     # the warmup and the profiled steps (their profiling slowed them) are left out
     warmup, in_window, failed = left_out_steps(steps)
     profiled = int(in_window.sum())
-    in_window = in_window | failed  # a step cut off by an exception is no sample either
-    warm[steps.index[warmup | in_window].to_numpy()] = True
+    left_out = warmup | in_window | failed  # (a step cut off by an exception: no sample)
+    warm[steps.index[left_out].to_numpy()] = True
     step_row = assignment.step_row
     in_step = step_row >= 0
     keep = ~(in_step & warm[np.where(in_step, step_row, 0)]) & ~_validation(frame, assignment.ppos)
@@ -81,7 +81,7 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
         unit = np.concatenate([unit, counted.step_row])
         codes = np.concatenate([codes, as_code[counted.event]])
         dur = np.concatenate([dur, counted.total_ns])
-    wall = steps["wall_ns"].to_numpy(np.int64)[~(warmup | in_window)].astype(float)
+    wall = steps["wall_ns"].to_numpy(np.int64)[~left_out].astype(float)
     if not len(codes):
         return ({STEP_WALL: wall} if len(wall) else {}), profiled
     order = np.lexsort((unit, codes))

@@ -12,9 +12,9 @@ __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_OK",
     "EXIT_REGRESSION",
+    "fraction_note",
     "parse_duration_ns",
     "parse_gate",
-    "fraction_note",
     "parse_percent",
     "parse_threshold",
 ]

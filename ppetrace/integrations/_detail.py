@@ -30,7 +30,6 @@ from typing import Any
 from exporters import STEP_LEVEL_EVENTS
 
 from ..profilers._schedule import Schedule
-from ..tracing import _recorder
 from ..tracing._fold import begin_light
 from ..tracing._recorder import RECORDER
 from ..tracing._setup import FLUSHER
@@ -131,10 +130,6 @@ class StepDetail:
         maker = getattr(exporter, "light_summariser", None)
         self._publish_light = None if maker is None else maker(self._tid)
         self._sinks: Any = None  # the sink list last seen, and whether it was this alone
-        #: begin_light, or its C twin called directly (:meth:`begin`): same checks, in C
-        self._light_begin: Callable[..., Any] = (
-            begin_light if _recorder._speedups is None else _recorder._speedups.light_begin
-        )
         self._alone = False
         #: False while no step can be due: "auto" before the trace reaches the budget, as
         #: the exporter's byte alarm tells (``on_bytes``). The loops test it before
@@ -215,39 +210,6 @@ class StepDetail:
             except (AttributeError, TypeError):
                 return  # not a ppetrace span (no start_ns): the step stays in full
             self._publish(start)
-
-    def begin(self, span: Any, step: int, light: bool) -> None:
-        """``if due(step): summarise(span, light)`` in one call, for the loops' per-step
-        path (the caller has tested :attr:`armed`): about half the interpreter's work of
-        the two calls, which a summarised step must not spend more on than a full one."""
-        if not self._switched:
-            if self.exporter.bytes_written < self.max_trace_bytes:
-                return
-            self._switch(step)
-        rel = step - self._skip
-        if not (rel < 0 or (self._until and rel >= self._until) or rel % self._cycle < self._idle):
-            return
-        rec = RECORDER
-        if not rec.enabled:
-            return  # no step row comes
-        publish = self._publish_light
-        if light and publish is not None:
-            alone = self._alone if FLUSHER.sinks is self._sinks else self._only_sink()
-            if alone:
-                fast = self._light_begin
-                try:
-                    if fast(span, publish, STEP_LEVEL_EVENTS):
-                        return
-                except TypeError:  # not the C span type: the checks of begin_light
-                    if fast is begin_light:
-                        raise
-                    if begin_light(span, publish, STEP_LEVEL_EVENTS):
-                        return
-        try:
-            start = span.start_ns + rec.offset_ns
-        except (AttributeError, TypeError):
-            return  # not a ppetrace span (no start_ns): the step stays in full
-        self._publish(start)
 
     def _only_sink(self) -> bool:
         """Whether the exporter is the recorder's only sink (others would lose the rows

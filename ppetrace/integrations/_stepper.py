@@ -201,10 +201,9 @@ class StepTracker:
         #: iterator -> the start of its ``trainer.loader_start`` (``DataLoader.__iter__``)
         self._started: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._last_trained: Any = None  # the iterator added last (adding is not free)
-        #: loader -> its latest iterator (a weak reference), and whether that iterator
-        #: trained and has not run out: a loop that leaves an epoch early (``break``)
-        #: ends it when it asks the loader for the next iterator
-        self._latest: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        #: iterator -> its loader (a weak reference), and the loaders whose current
+        #: iterator trained and has not run out: a loop that leaves an epoch early
+        #: (``break``) ends it when it asks the loader for the next iterator
         self._loader_of: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._open_epochs: weakref.WeakSet[Any] = weakref.WeakSet()
         #: ``{"ppetrace.step": global_step}``, shared by the spans that carry nothing else
@@ -417,19 +416,13 @@ class StepTracker:
         """``iterator`` came from ``loader.__iter__``, whose span started at ``start``. If
         the loader's previous iterator trained and did not run out, the loop left that
         epoch early (a ``break``): it ends now."""
-        with contextlib.suppress(TypeError):  # a loader that takes no weak reference
+        with contextlib.suppress(TypeError):  # a loader or iterator without weak references
             if loader in self._open_epochs:
                 self._open_epochs.discard(loader)
-                ref = self._latest.get(loader)
-                previous = ref() if ref is not None else None
-                if previous is not None:  # (with persistent workers: this same iterator)
-                    self._trained_iterators.discard(previous)
-                self._last_trained = None
+                self._last_trained = None  # its next step opens the new epoch again
                 self.epoch += 1
-            with contextlib.suppress(TypeError):  # an iterator that takes no weak reference
-                self._latest[loader] = weakref.ref(iterator)
-                self._loader_of[iterator] = weakref.ref(loader)
-                self._started[iterator] = start
+            self._loader_of[iterator] = weakref.ref(loader)
+            self._started[iterator] = start
 
     def exhausted(self, st: ThreadState, iterator: Any, end: int) -> None:
         """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration).

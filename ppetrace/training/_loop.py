@@ -124,8 +124,8 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
         # the runtime hooks, each span through its runtime's trace while a torch profiler records
         pre, convert_open, convert, post = ranged if flags._is_profiler_enabled else plain
         with step_open.again(attrs) as step_span:
-            if detail is not None and detail.armed:  # as aggregates, when due
-                detail.begin(step_span, seen, light and not flags._is_profiler_enabled)
+            if detail is not None and detail.armed and detail.due(seen):  # as aggregates
+                detail.summarise(step_span, light and not flags._is_profiler_enabled)
             for open_hook, sub, fn in pre:
                 if fn is None:  # the span of a no-op hook: nothing to enter
                     open_hook.mark(attrs)
