@@ -36,7 +36,15 @@ import pandas as pd
 from ._aggregates import parse_aggregates
 from ._compare_stats import log_median_se
 from ._report_data import VALIDATION
-from ._steps import NOT_TRAINING_STAGES, STEP, STEP_WALL, assign_steps, left_out_steps
+from ._steps import (
+    NOT_TRAINING_STAGES,
+    STEP,
+    STEP_WALL,
+    assign_steps,
+    event_labels,
+    left_out_steps,
+    name_codes,
+)
 from .frame import _inherit
 
 __all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
@@ -55,8 +63,9 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
     n = len(frame)
     if n == 0:
         return {}, 0
-    aggregates = parse_aggregates(frame)
-    assignment = assign_steps(frame, warmup_steps)
+    coded = name_codes(frame)
+    aggregates = parse_aggregates(frame, coded)
+    assignment = assign_steps(frame, warmup_steps, aggregates, coded)
     assert assignment.ppos is not None
     steps = assignment.steps
     warm = np.zeros(n, dtype=bool)
@@ -69,7 +78,8 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
     in_step = step_row >= 0
     keep = ~(in_step & warm[np.where(in_step, step_row, 0)]) & ~_validation(frame, assignment.ppos)
     unit = np.where(in_step, step_row, -1 - np.arange(n))[keep]
-    codes, uniques = pd.factorize(frame["name"].to_numpy(dtype=object)[keep])
+    all_codes, uniques = event_labels(frame, coded)
+    codes, uniques = pd.factorize(np.asarray(uniques, dtype=object)[all_codes[keep]])
     dur = frame["dur_ns"].to_numpy(np.int64)[keep]
     if len(aggregates):  # the summarised steps' totals, in the counted steps
         counted = aggregates.only(~warm)

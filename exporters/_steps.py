@@ -54,11 +54,13 @@ from .frame import _inherit, _parent_positions
 
 __all__ = [
     "FETCH",
+    "MODULE_FORWARD",
     "NOT_STEP_TIME",
     "STEP",
     "STEP_WALL",
     "StepAssignment",
     "assign_steps",
+    "event_labels",
     "left_out_steps",
     "name_codes",
 ]
@@ -164,6 +166,41 @@ def name_codes(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         return np.frombuffer(codes, dtype=np.int32).astype(np.int64), objects(uniques)
     codes, uniques = pd.factorize(names)
     return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
+
+
+#: the span of a module call; with ``instrument(module_depth > 1)`` its ``ppetrace.module``
+#: is the class name for the outermost call and a dotted path for the submodules inside it
+MODULE_FORWARD = "module.forward"
+_MODULE = "ppetrace.module"
+
+
+def event_labels(
+    frame: pd.DataFrame, coded: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The events the tables and ``compare`` count, as ``coded`` (:func:`name_codes`): each
+    name, except that a ``module.forward`` of a submodule (``ppetrace.module`` a dotted
+    path, such as ``Net.encoder``) is the event ``module.forward [Net.encoder]``. Those
+    calls run inside the outermost module's ``module.forward``: under one name, their
+    time would count twice in its inclusive total and per-step sum, and its count, mean
+    and percentiles would mix the model with its parts."""
+    codes, uniques = coded
+    if _MODULE not in frame.columns:
+        return coded
+    at = np.flatnonzero(uniques == MODULE_FORWARD)
+    if not len(at):
+        return coded
+    rows = np.flatnonzero(codes == at[0])
+    modules = frame[_MODULE].to_numpy(dtype=object)[rows]
+    inner = np.fromiter(
+        (isinstance(m, str) and "." in m for m in modules), dtype=bool, count=len(rows)
+    )
+    if not inner.any():
+        return coded
+    sub, paths = pd.factorize(modules[inner])
+    out = codes.copy()
+    out[rows[inner]] = len(uniques) + np.asarray(sub, dtype=np.int64)
+    labels = np.array([f"{MODULE_FORWARD} [{p}]" for p in paths], dtype=object)
+    return out, np.concatenate([np.asarray(uniques, dtype=object), labels])
 
 
 def assign_steps(

@@ -55,7 +55,13 @@ from ._report_render import (
     render_table,
     short_path,
 )
-from ._steps import NOT_TRAINING_STAGES, assign_steps, left_out_steps, name_codes
+from ._steps import (
+    NOT_TRAINING_STAGES,
+    assign_steps,
+    event_labels,
+    left_out_steps,
+    name_codes,
+)
 from ._stragglers import DEFAULT_STRAGGLER_MARGIN, RankReport, rank_report
 from .frame import _inherit
 
@@ -143,7 +149,7 @@ def step_report(
     dur = frame["dur_ns"].to_numpy(np.int64)
     device = _device_times(frame)
     assert assignment.names is not None
-    codes, uniques = assignment.names
+    codes, uniques = event_labels(frame, assignment.names)
 
     def table(rows: np.ndarray, in_step: np.ndarray, total: float) -> pd.DataFrame:
         """The event table of the rows where ``rows`` is true."""

@@ -292,7 +292,42 @@ def test_evaluation_between_epochs_is_val_and_left_out_of_step_time(
     assert "trainer.validation" not in set(report.events["event"])
     val_events = report.validation.set_index("event")
     assert val_events.loc["trainer.validation", "count"] == 2
-    assert val_events.loc["module.forward", "count"] == 2 * 2 * 4
+    # the model's calls, and each submodule's as an event of its own
+    assert val_events.loc["module.forward", "count"] == 2 * 2
+    for part in ("Sequential.0", "Sequential.1", "Sequential.2"):
+        assert val_events.loc[f"module.forward [{part}]", "count"] == 2 * 2
+
+
+def test_submodule_forwards_are_events_of_their_own_in_the_report_and_compare(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """With module_depth=2 the submodules' module.forward spans run inside the model's:
+    under one name, the report's inclusive total and compare's per-step sum counted their
+    time twice."""
+    model, loader = _model(), make_loader(48, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json", module_depth=2):
+        _train(model, loader, opt)
+    frame = _frame(tmp_path / "t.json")
+    forward = frame[frame["name"] == "module.forward"]
+    outer = forward[forward["ppetrace.module"] == "Sequential"]
+    assert len(outer) == 6 and len(forward) == 6 * 4
+    report = step_report(frame, warmup_steps=0)
+    events = report.events.set_index("event")
+    assert events.loc["module.forward", "count"] == 6
+    assert events.loc["module.forward", "total_ns"] == outer["dur_ns"].sum()
+    parts = [f"module.forward [Sequential.{i}]" for i in range(3)]
+    for part in parts:
+        assert events.loc[part, "count"] == 6
+    # the parts lie inside the model's calls; the forward share is every call's self time
+    assert events.loc[parts, "total_ns"].sum() <= events.loc["module.forward", "total_ns"]
+    assert events.loc[["module.forward", *parts], "self_ns"].sum() == report.steps[
+        "forward_ns"
+    ].sum()
+    samples = event_samples(frame, warmup_steps=0)
+    assert sorted(samples["module.forward"]) == sorted(outer["dur_ns"])
+    for part in parts:
+        assert len(samples[part]) == 6
 
 
 def test_a_validation_after_an_epochs_last_step_leaves_the_training_loaders_end_out(
