@@ -33,6 +33,20 @@ _MARK = {
 }
 
 
+#: what an informational (not gated) event's significant change reads as: it fails nothing
+_INFO = {Verdict.REGRESSION: "slower (not gated)", Verdict.IMPROVEMENT: "faster (not gated)"}
+
+
+def shown_verdict(record: dict[str, Any], *, marks: bool = True) -> str:
+    """The verdict of a row of :attr:`Comparison.records` as the tables show it: a gated
+    event's (with its mark), or for an informational event a change that fails nothing
+    (``slower (not gated)``), never ``regression``."""
+    verdict = str(record["verdict"])
+    if not record["gated"] and verdict in _INFO:
+        return _INFO[verdict]
+    return _MARK[verdict] if marks else verdict
+
+
 def _p(value: float) -> str:
     if value != value:
         return "–"
@@ -77,7 +91,7 @@ def _rows(comparison: Comparison, *, marks: bool) -> tuple[list[str], list[list[
                 ci,
                 _p(float(r["p_holm"])),
                 _noise(r),
-                _MARK[str(r["verdict"])] if marks else str(r["verdict"]),
+                shown_verdict(r, marks=marks),
                 f"{r['base_runs']}/{r['cand_runs']}",
                 f"{r['base_n']}/{r['cand_n']}",
             ]

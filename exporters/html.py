@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._compare_render import _headline, _rows, _runs, _settings
+from ._compare_render import _headline, _rows, _runs, _settings, shown_verdict
 from ._compare_result import Comparison, Verdict
 from ._html import HTML_EXTRA_HINT, Page, plotly_js
 from ._parts import PART_COLUMNS, PART_NAMES
@@ -62,6 +62,9 @@ _VERDICT_COLORS = {
     Verdict.BELOW_NOISE: "#9e9e9e",
     Verdict.UNCHANGED: "#1f77b4",
     Verdict.INSUFFICIENT: "#cfcfcf",
+    # an informational event's significant change (it fails nothing)
+    "slower (not gated)": "#e08a00",
+    "faster (not gated)": "#7cc48e",
 }
 
 
@@ -421,7 +424,10 @@ def render_comparison_html(comparison: Comparison, *, title: str = "ppetrace com
     _distributions(page, comparison)
     page.heading("Events")
     header, rows = _rows(comparison, marks=False)
-    classes = [f"verdict-{str(r['verdict']).replace(' ', '-')}" for r in comparison.records]
+    classes = [
+        f"verdict-{str(r['verdict']).replace(' ', '-')}" if r["gated"] else "verdict-info"
+        for r in comparison.records
+    ]
     page.table(header, rows, row_classes=classes, table_id="comparison")
     if comparison.added:
         page.paragraph(f"added (only in the candidate): {', '.join(comparison.added)}")
@@ -436,7 +442,7 @@ def _changes(page: Page, comparison: Comparison) -> None:
         return
     data = []
     for verdict, color in _VERDICT_COLORS.items():
-        chosen = [r for r in records if r["verdict"] == verdict]
+        chosen = [r for r in records if shown_verdict(r, marks=False) == verdict]
         if not chosen:
             continue
         change = np.array([float(r["change"]) for r in chosen]) * 100

@@ -137,6 +137,30 @@ def test_markdown_and_json_carry_the_same_verdicts() -> None:
         render_comparison(result, "csv")
 
 
+def test_an_informational_event_that_slowed_never_reads_regression() -> None:
+    """Only a gated event fails the comparison: a significant change of an informational
+    one reads "slower (not gated)", in the text, Markdown and HTML tables alike."""
+    from exporters import render_comparison_html
+
+    result = compare(
+        [_summary(1e6, **{"user.load": 1e5})] * 3,
+        [_summary(1e6, **{"user.load": 2e5})] * 3,
+        noise_floor=0.0001,
+    )
+    (row,) = [r for r in result.records if r["event"] == "user.load"]
+    assert not row["gated"] and row["verdict"] == "regression"  # the data keeps the test's
+    assert not result.has_regression
+    text = render_comparison_table(result)
+    (line,) = [x for x in text.splitlines() if x.startswith("user.load ")]
+    assert line.split()[1] == "info" and "slower (not gated)" in line
+    assert "regression" not in line
+    md = render_comparison_markdown(result)
+    (md_line,) = [x for x in md.splitlines() if "user.load" in x and x.startswith("|")]
+    assert "slower (not gated)" in md_line and "regression" not in md_line
+    html = render_comparison_html(result)
+    assert "slower (not gated)" in html and 'class="verdict-info"' in html
+
+
 def test_no_regression_headline() -> None:
     same = _summary(1e6)
     md = render_comparison_markdown(compare(same, same))
