@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -39,6 +40,7 @@ __all__ = ["FINAL_EVENT", "ChromeTraceExporter"]
 FINAL_EVENT = "ppetrace.final"
 
 _log = logging.getLogger("exporters")
+_START = operator.attrgetter("start_ns")  # a row's start, without a generator's frames
 
 
 class ChromeTraceExporter(SummaryAPI, SpanExporter):
@@ -478,7 +480,7 @@ class ChromeTraceExporter(SummaryAPI, SpanExporter):
             written = 0
             try:
                 self._take_resource(batch)
-                earliest = min(r.start_ns for r in rows) if not self._header_written else None
+                earliest = min(map(_START, rows)) if not self._header_written else None
                 if not self._header_written:
                     self._fix_origin(earliest)
                 pid = batch.pid
