@@ -135,6 +135,7 @@ class ThreadState:
         "bwd_attrs",
         "bwd_parent",
         "fetch_cand",
+        "undecided",
     )
 
     def __init__(self, profiled: bool) -> None:
@@ -170,6 +171,11 @@ class ThreadState:
         self.bwd_parent = (0, 0)
         #: the candidate whose fetch (``fetched`` to ``start``) is still to be recorded
         self.fetch_cand: Candidate | None = None
+        #: (candidate, end) of batches that ran a forward with gradients and no backward,
+        #: from a loader that has not trained yet: training steps if a later batch of the
+        #: same iterator trains (gradient accumulation over a summed loss), else evaluation
+        #: (a loop that forgot ``no_grad``); see :meth:`StepTracker._decide`
+        self.undecided: list[tuple[Candidate, int]] = []
 
 
 class StepTracker:
@@ -211,6 +217,7 @@ class StepTracker:
         #: module class -> the attributes of its outermost forward spans in this optimizer
         #: step (shared; cleared when the step count changes)
         self.forward_attrs: dict[type, FrozenAttributes] = {}
+        self._closing = False  # close() ends the open steps
 
     # -- threads -------------------------------------------------------------------------
 
@@ -428,6 +435,8 @@ class StepTracker:
         """A DataLoader iterator ran out at ``end`` (its last fetch raised StopIteration).
         An evaluation loader's end is the validation's; a training loader's end right after
         a validation is not (the loop validated after its last step)."""
+        if st.undecided:
+            self._decide(st, None)  # its batches that did not train were evaluation
         trained = iterator in self._trained_iterators
         if st.last_was_val and st.val_start is not None and not trained:
             st.val_end = max(st.val_end, end)
@@ -471,6 +480,8 @@ class StepTracker:
     def _record_step(
         self, st: ThreadState, cand: Candidate, end: int, error: str | None = None
     ) -> None:
+        if st.undecided:
+            self._decide(st, cand.iterator)  # before it: steps of its group, or evaluation
         if st.val_start is not None:
             self._emit_validation(st)  # the evaluation before this step
         st.last_was_val = False
@@ -509,17 +520,42 @@ class StepTracker:
         if cand.pair is not None:
             _cancel_pair(self.timer, cand.pair)
             RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
+            cand.pair = None
+        iterator = cand.iterator
         if cand.val_start is not None:
             self._extend_val(st, cand.val_start, cand.val_end, cand.parent)
             st.last_was_val = True
-        elif cand.train_seen and (
-            cand.iterator is None or cand.iterator not in self._trained_iterators
-        ):  # (a loader that trained: a batch whose loss waits for a later backward)
-            begun = cand.fetched if cand.fetched is not None else cand.start
-            self._extend_val(st, begun, end, cand.parent)
-            st.last_was_val = True
-        else:
+        elif not cand.train_seen:
             st.last_was_val = False
+        elif iterator is None:
+            self._as_validation(st, cand, end)
+        elif iterator in self._trained_iterators:
+            # a batch whose loss waits for a later backward (gradient accumulation over a
+            # summed loss): a step of the group, as in the Trainer (one step per batch);
+            # not the batch that instrument() closes on (the loop left it: no next fetch
+            # says where it ended)
+            if not self._closing:
+                self._record_step(st, cand, end)
+            else:
+                st.last_was_val = False
+        else:  # a loader that has not trained: known when it trains or runs out
+            st.undecided.append((cand, end))
+
+    def _as_validation(self, st: ThreadState, cand: Candidate, end: int) -> None:
+        begun = cand.fetched if cand.fetched is not None else cand.start
+        self._extend_val(st, begun, end, cand.parent)
+        st.last_was_val = True
+
+    def _decide(self, st: ThreadState, trained: Any) -> None:
+        """The undecided batches (:attr:`ThreadState.undecided`) of the iterator ``trained``
+        (a batch of it trains now) are training steps; the others are evaluation (their
+        iterator ran out, or another loader's batch trains, without training them)."""
+        undecided, st.undecided = st.undecided, []
+        for cand, end in undecided:
+            if trained is not None and cand.iterator is trained:
+                self._record_step(st, cand, end)
+            else:
+                self._as_validation(st, cand, end)
 
     def _extend_val(self, st: ThreadState, start: int, end: int, parent: tuple[int, int]) -> None:
         if st.val_start is None:
@@ -547,6 +583,7 @@ class StepTracker:
         now = _perf_ns()
         with self._lock:
             states = list(self._states.values())
+        self._closing = True
         for st in states:
             if not st.rows.alive():
                 continue  # its thread ended: nothing more can be recorded for it
@@ -554,6 +591,8 @@ class StepTracker:
                 self.flush_pending(st)
             if st.cand is not None:
                 self.finalize(st, now, error if st.profiled else None)
+            if st.undecided:
+                self._decide(st, None)
             if st.had_step:
                 self._emit_validation(st)
 

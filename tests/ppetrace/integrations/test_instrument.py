@@ -204,6 +204,57 @@ def test_gradient_accumulation_steps_per_batch_and_counts_optimizer_steps(
     assert list(ends[[2, 5]]) == list(opt_ends)
 
 
+def test_accumulation_over_a_summed_loss_steps_per_batch_from_the_first_group(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """One backward per group of 4 batches, over their summed losses: every batch is a
+    step, each with its own fetch as data wait. Before, a batch without a backward was
+    evaluation while its loader had not trained (the first group of each epoch) and no
+    step at all after that: 8 of 32 steps, and two validations that were not."""
+    model, data = _model(), make_loader(128, 8)  # 16 batches
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for _ in range(2):
+            total: Any = 0
+            for i, (x, y) in enumerate(data):
+                total = total + nn.functional.cross_entropy(model(x), y)
+                if (i + 1) % 4 == 0:
+                    total.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    total = 0
+    assert (handle.steps, handle.global_step) == (32, 8)
+    frame = _frame(tmp_path / "t.json")
+    assert "trainer.validation" not in set(frame["name"])
+    steps = _names(frame, "trainer.step")
+    assert list(steps["step"]) == [s for s in range(8) for _ in range(4)]
+    report = step_report(frame, warmup_steps=0)
+    assert len(report.steps) == 32 and report.validation.empty
+    fetches = _names(frame, "trainer.fetch_batch")
+    assert len(fetches) == 32
+    assert report.steps["data_wait_ns"].sum() == fetches["dur_ns"].sum()
+
+
+def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """Forwards with gradients from a loader that never trains (an evaluation loop that
+    forgot no_grad) are validation, also when a training loader's batch trains next."""
+    model, train, val = _model(), make_loader(32, 8), make_loader(24, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for x, _y in val:  # before any training
+            model(x)
+        _train(model, train, opt)
+        for x, _y in val:  # after it
+            model(x)
+        _train(model, train, opt)
+    assert handle.steps == 8
+    frame = _frame(tmp_path / "t.json")
+    assert len(_names(frame, "trainer.validation")) == 2
+    assert len(step_report(frame, warmup_steps=0).steps) == 8
+
+
 def test_a_loop_without_a_dataloader_steps_once_per_optimizer_step(tmp_path: Path) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -321,9 +372,9 @@ def test_submodule_forwards_are_events_of_their_own_in_the_report_and_compare(
         assert events.loc[part, "count"] == 6
     # the parts lie inside the model's calls; the forward share is every call's self time
     assert events.loc[parts, "total_ns"].sum() <= events.loc["module.forward", "total_ns"]
-    assert events.loc[["module.forward", *parts], "self_ns"].sum() == report.steps[
-        "forward_ns"
-    ].sum()
+    assert (
+        events.loc[["module.forward", *parts], "self_ns"].sum() == report.steps["forward_ns"].sum()
+    )
     samples = event_samples(frame, warmup_steps=0)
     assert sorted(samples["module.forward"]) == sorted(outer["dur_ns"])
     for part in parts:
