@@ -576,6 +576,9 @@ def merge_traces(
     known = [p for p in policies if isinstance(p, dict)]
     if known and all(p == known[0] for p in known):
         other["ppetrace.detail"] = known[0]
+    stages = {t.metadata.get("ppetrace.stage") for t in items} - {None}
+    if len(stages) == 1:  # a LightningProfiler stage's (check_one_run refuses two)
+        other["ppetrace.stage"] = stages.pop()
     if ranks:
         other["ranks"] = ranks
         sizes = {(t.header.distributed_info or {}).get("world_size") for t in items if t.header} - {

@@ -172,11 +172,13 @@ def trace_files(folder: str | os.PathLike[str]) -> list[Path]:
 def check_one_run(items: Sequence[Any]) -> None:
     """Refuse rank files (and merged traces, by their ranks) that cannot be one run (the
     inputs of :func:`merge_traces`, with ``header``, ``rank``, ``metadata`` and ``path``): a
-    rank given twice, or ranks of different runs (trace ids), which would give a timeline
+    rank given twice, or ranks of different runs (trace ids) or of different
+    ``LightningProfiler`` stages of one run (``ppetrace.stage``), which would give a timeline
     and a per-rank report of runs that never ran together. Files without a rank (of
     other processes) merge with anything."""
     seen: dict[int, str] = {}
     runs: dict[str, str] = {}
+    stages: dict[str, str] = {}
     for item in items:
         info = item.header.distributed_info if item.header is not None else None
         world = info.get("world_size") if isinstance(info, dict) else None
@@ -196,6 +198,16 @@ def check_one_run(items: Sequence[Any]) -> None:
                     f"Expected the rank files of one run (one trace id), but {first} and "
                     f"{other} come from different runs (trace ids {', '.join(runs)}). Merge "
                     "the files of one run: its trace.ranks/ folder."
+                )
+        stage = item.metadata.get("ppetrace.stage")  # a LightningProfiler stage's file
+        if isinstance(stage, str):
+            stages.setdefault(stage, item.path)
+            if len(stages) > 1:
+                first, other = (stages[s] for s in stages)
+                raise TraceError(
+                    f"Expected the rank files of one stage, but {first} and {other} come "
+                    f"from different Lightning stages ({', '.join(stages)}) of the run. "
+                    "Merge the rank files of one stage."
                 )
         for rank in ranks:
             if isinstance(rank, int) and rank in seen:

@@ -333,6 +333,7 @@ class LightningProfiler(Profiler):
             options["metadata"] = {
                 **options.get("metadata", {}),
                 "ppetrace.detail": detail_metadata(*self.detail),
+                "ppetrace.stage": name,  # merge refuses rank files of different stages
             }
             self.trace_exporter = ChromeTraceExporter(path, **options)
             self.last_trace_path = path

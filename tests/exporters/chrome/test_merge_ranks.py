@@ -171,13 +171,16 @@ def test_a_drift_beyond_the_errors_is_corrected_linearly(
 def test_rank_files_that_cannot_be_one_run_are_refused(
     tmp_path: Path, run_builder: Callable[..., RunBuilder]
 ) -> None:
-    def rank_file(name: str, rank: int, trace_id: str) -> Path:
+    def rank_file(name: str, rank: int, trace_id: str, stage: str | None = None) -> Path:
         rb = run_builder(pid=300 + rank, rank=rank)
         rb.training([1_000, 2_000])
+        metadata = {"trace_id": trace_id}
+        if stage is not None:  # a LightningProfiler stage's file
+            metadata["ppetrace.stage"] = stage
         exporter = ChromeTraceExporter(
             tmp_path / name,
             distributed_info={"rank": rank, "world_size": 2, "backend": "gloo"},
-            metadata={"trace_id": trace_id},
+            metadata=metadata,
         )
         exporter.export_batch(rb.batch())
         exporter.shutdown()
@@ -194,6 +197,15 @@ def test_rank_files_that_cannot_be_one_run_are_refused(
     # a merged trace counts with its ranks: not again with one of its rank files
     with pytest.raises(TraceError, match=r"Expected each rank once, but rank 0 is in"):
         merge_traces(tmp_path / "again.json", [tmp_path / "run.json", a0])
+    # one run's fit and test stages (LightningProfiler): one trace id, two timelines
+    fit0, test1 = (
+        rank_file("f0.json", 0, "a" * 32, "fit"),
+        rank_file("t1.json", 1, "a" * 32, "test"),
+    )
+    with pytest.raises(TraceError, match=r"from different Lightning stages \(fit, test\)"):
+        merge_traces(tmp_path / "stages.json", [fit0, test1])
+    fit1 = rank_file("f1.json", 1, "a" * 32, "fit")
+    assert merge_traces(tmp_path / "fit.json", [fit0, fit1]).metadata["ppetrace.stage"] == "fit"
 
 
 def test_the_merged_trace_carries_the_lowest_ranks_environment(
