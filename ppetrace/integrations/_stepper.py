@@ -392,13 +392,18 @@ class StepTracker:
             return
         cand.val_attrs.append((attrs, start, end))
         if cand.val_start is None:
-            cand.val_start = cand.fetched if cand.fetched is not None else start
-            # an evaluation loader's first batch: its start (the workers' start-up) is
-            # the validation's too, as the loader's end is
-            begun = self._started.pop(cand.iterator, None) if cand.iterator is not None else None
-            if begun is not None and cand.attrs.get("ppetrace.batch_idx") == 0:
-                cand.val_start = min(cand.val_start, begun)
+            cand.val_start = self._val_begin(cand, start)
         cand.val_end = end
+
+    def _val_begin(self, cand: Candidate, start: int) -> int:
+        """Where the evaluation of ``cand`` begins: its fetch (or ``start``), and for an
+        evaluation loader's first batch the loader's start (``iter()``, the workers'
+        start-up), as the loader's end is the validation's too."""
+        begun = cand.fetched if cand.fetched is not None else start
+        loader_start = self._started.pop(cand.iterator, None) if cand.iterator is not None else None
+        if loader_start is not None and cand.attrs.get("ppetrace.batch_idx") == 0:
+            return min(begun, loader_start)
+        return begun
 
     def optimizer_end(self, st: ThreadState) -> int:
         """The outermost optimizer step ends now: count it, and return the time it ended
@@ -542,8 +547,7 @@ class StepTracker:
             st.undecided.append((cand, end))
 
     def _as_validation(self, st: ThreadState, cand: Candidate, end: int) -> None:
-        begun = cand.fetched if cand.fetched is not None else cand.start
-        self._extend_val(st, begun, end, cand.parent)
+        self._extend_val(st, self._val_begin(cand, cand.start), end, cand.parent)
         st.last_was_val = True
 
     def _decide(self, st: ThreadState, trained: Any) -> None:

@@ -255,6 +255,32 @@ def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
     assert len(step_report(frame, warmup_steps=0).steps) == 8
 
 
+@pytest.mark.parametrize("no_grad", [True, False])
+def test_an_evaluation_loaders_start_is_the_validations_with_or_without_no_grad(
+    tmp_path: Path, make_loader: Loader, no_grad: bool
+) -> None:
+    """The evaluation loader's iter() (its workers' start-up) is validation time, as its
+    end is, whether the evaluation runs under no_grad or forgot it. Before, without
+    no_grad, it counted in the training table instead."""
+    model, train, val = _model(), make_loader(32, 8), make_loader(24, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json"):
+        for _ in range(2):
+            _train(model, train, opt)
+            with torch.set_grad_enabled(not no_grad):
+                for x, _y in val:
+                    model(x)
+    frame = _frame(tmp_path / "t.json")
+    validations = _names(frame, "trainer.validation")
+    starts = _names(frame, "trainer.loader_start")
+    assert len(validations) == 2 and len(starts) == 4  # train, val, train, val
+    assert list(validations["start_ns"]) == list(starts["start_ns"].iloc[[1, 3]])
+    report = step_report(frame, warmup_steps=0)
+    val_events = report.validation.set_index("event")
+    assert val_events.loc["trainer.loader_start", "count"] == 2
+    assert report.events.set_index("event").loc["trainer.loader_start", "count"] == 2
+
+
 def test_a_loop_without_a_dataloader_steps_once_per_optimizer_step(tmp_path: Path) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
