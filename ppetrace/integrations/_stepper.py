@@ -312,7 +312,9 @@ class StepTracker:
         :meth:`summarise` with its start."""
         st.cand = cand
         detail = self.detail
-        return detail is not None and detail.armed and detail.due(self.steps) and _grad_enabled()
+        # (the batches still undecided count: they become steps before this one, if any)
+        steps = self.steps + len(st.undecided)
+        return detail is not None and detail.armed and detail.due(steps) and _grad_enabled()
 
     def summarise(self, st: ThreadState, start: int) -> None:
         """Publish the start of a step to summarise (see :meth:`open_untimed`)."""
@@ -331,7 +333,8 @@ class StepTracker:
         attrs = cand.attrs
         detail = self.detail
         # a batch handed over under no_grad is evaluation: no step row will come
-        if detail is not None and detail.armed and detail.due(self.steps) and _grad_enabled():
+        steps = self.steps + len(st.undecided)  # (as in open_untimed)
+        if detail is not None and detail.armed and detail.due(steps) and _grad_enabled():
             detail.summarise_at(start + RECORDER.offset_ns, st.rows.tid)
         if st.profiled and (self.profilers or self.timer is not None) and _grad_enabled():
             cand.profiled = self._profiled_batches

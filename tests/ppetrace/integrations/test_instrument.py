@@ -235,6 +235,35 @@ def test_accumulation_over_a_summed_loss_steps_per_batch_from_the_first_group(
     assert report.steps["data_wait_ns"].sum() == fetches["dur_ns"].sum()
 
 
+def test_accumulation_over_a_summed_loss_with_summarised_steps(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """The batches that wait for their group's backward count in the schedule of detailed
+    steps where they fall (every 4th step in full, from the 4th), and the aggregates of
+    the summarised ones give every step's hooks."""
+    model, data = _model(), make_loader(160, 8)  # 20 batches
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    detail = ppetrace.Schedule(wait=3, warmup=0, active=1, repeat=0)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json", trace_detail=detail) as handle:
+        for _ in range(2):
+            total: Any = 0
+            for i, (x, y) in enumerate(data):
+                total = total + nn.functional.cross_entropy(model(x), y)
+                if (i + 1) % 4 == 0:
+                    total.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    total = 0
+    assert (handle.steps, handle.global_step) == (40, 10)
+    report = step_report(_frame(tmp_path / "t.json"), warmup_steps=0)
+    assert report.detail is not None
+    assert (report.detail.detailed, report.detail.summarised) == (10, 30)
+    assert [r[1] for r in report.detail.ranges] == list(range(3, 40, 4))
+    events = report.events.set_index("event")
+    assert events.loc["module.forward", "count"] == 40
+    assert events.loc["trainer.backward", "count"] == 10
+
+
 def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
     tmp_path: Path, make_loader: Loader
 ) -> None:
