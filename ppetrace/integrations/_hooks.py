@@ -8,7 +8,9 @@
   ``trainer.fetch_batch``; the batch it hands over opens a candidate step. The
   call that finds the end is ``trainer.loader_end`` (while profilers step around
   the batches, that span is named before it runs: from the count of batches handed
-  over for a map-style dataset, ``trainer.fetch_batch`` for an iterable one).
+  over for a map-style dataset, ``trainer.fetch_batch`` for an iterable one). A
+  worker-process iterator let go before its end (``break``) shuts its workers down in
+  ``trainer.loader_end`` too (``_MultiProcessingDataLoaderIter._shutdown_workers``).
 - Modules: ``torch.nn.Module.__call__`` runs a call at depth <= ``module_depth``
   (1: the outermost module calls) inside ``module.forward``, with
   ``ppetrace.module`` = the class name at depth 1 and the dotted path below.
@@ -128,6 +130,8 @@ class Hooks:
         standing_aside()  # finds the Trainer's flag if the training package is imported
         base = _dl._BaseDataLoaderIter
         self._patch(base, "__next__", self._fetch_wrapper(base.__next__))
+        workers = _dl._MultiProcessingDataLoaderIter
+        self._patch(workers, "_shutdown_workers", self._shutdown_wrapper(workers._shutdown_workers))
         # the workers of each loader iterated, traced; not while the Trainer or a
         # LightningProfiler drives the loop (they trace their loaders themselves)
         loader = _dl.DataLoader
@@ -261,6 +265,34 @@ class Hooks:
             return batch
 
         return __next__
+
+    def _shutdown_wrapper(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """The workers' shutdown of a DataLoader iterator let go before its end (a loop
+        that leaves the epoch with ``break``: the iterator's ``__del__``) is
+        ``trainer.loader_end``; at the end, the fetch that finds it already is."""
+        hooks, tracker = self, self.tracker
+        drivers, sessions = _drivers, _session
+
+        @functools.wraps(orig)
+        def _shutdown_workers(it: Any) -> Any:
+            session = sessions[0]
+            if (
+                not hooks.on
+                or it.__dict__.get("_shutdown", True)  # shut down already (or not started)
+                or drivers[0]
+                or (session is not None and session.running)
+            ):
+                return orig(it)
+            try:
+                inside = tracker.state().in_fetch  # the fetch that found the end
+            except Exception:
+                inside = True
+            if inside:
+                return orig(it)
+            with trace("trainer.loader_end", tracker.step_attrs):
+                return orig(it)
+
+        return _shutdown_workers
 
     def _fetch_span(self, orig: Callable[[Any], Any], it: Any) -> Any:
         """A fetch while profilers step around each batch: a span, the step opened after

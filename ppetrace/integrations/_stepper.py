@@ -98,6 +98,9 @@ class Candidate:
         #: the evaluation forwards in it: their spans' attributes, start and end
         self.val_attrs: list[tuple[list[dict[str, Any]], int, int]] = []
         self.opt_end = 0
+        #: a weak reference to the DataLoader iterator that handed the batch over, or None:
+        #: ppetrace never keeps an iterator alive (a loop that leaves it with ``break``
+        #: shuts its workers down when it lets it go, not at a later step)
         self.iterator: Any = None
         self.profiled = -1
         self.pair: Any = None
@@ -206,7 +209,8 @@ class StepTracker:
         self._trained_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         #: iterator -> the start of its ``trainer.loader_start`` (``DataLoader.__iter__``)
         self._started: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self._last_trained: Any = None  # the iterator added last (adding is not free)
+        #: a weak reference to the iterator added last (adding is not free)
+        self._last_trained: Any = None
         #: iterator -> its loader (a weak reference), and the loaders whose current
         #: iterator trained and has not run out: a loop that leaves an epoch early
         #: (``break``) ends it when it asks the loader for the next iterator
@@ -303,7 +307,7 @@ class StepTracker:
         if size is not None:
             attrs["ppetrace.batch_size"] = size
         cand = Candidate(0, attrs, fetched, parent)
-        cand.iterator = iterator
+        cand.iterator = _weak(iterator)
         return cand
 
     def open_untimed(self, st: ThreadState, cand: Candidate) -> bool:
@@ -382,8 +386,17 @@ class StepTracker:
             return True
         if cand.train_seen:
             return False
-        iterator = cand.iterator
-        return iterator is None or iterator not in self._trained_iterators
+        return not self._trained(cand.iterator)
+
+    def _trained(self, weak: Any) -> bool:
+        """Whether the iterator of the weak reference ``weak`` (None: no DataLoader) trained:
+        the last one that did (also when the loop let it go since), or one in the set."""
+        if weak is None:
+            return False
+        if weak is self._last_trained:
+            return True
+        iterator = weak()
+        return iterator is not None and iterator in self._trained_iterators
 
     def val_forward(
         self, st: ThreadState, attrs: list[dict[str, Any]], start: int, end: int
@@ -403,7 +416,8 @@ class StepTracker:
         evaluation loader's first batch the loader's start (``iter()``, the workers'
         start-up), as the loader's end is the validation's too."""
         begun = cand.fetched if cand.fetched is not None else start
-        loader_start = self._started.pop(cand.iterator, None) if cand.iterator is not None else None
+        iterator = _deref(cand.iterator)
+        loader_start = self._started.pop(iterator, None) if iterator is not None else None
         if loader_start is not None and cand.attrs.get("ppetrace.batch_idx") == 0:
             return min(begun, loader_start)
         return begun
@@ -511,10 +525,11 @@ class StepTracker:
             )
         st.had_step = True
         self.steps += 1
-        iterator = cand.iterator
-        if iterator is not None and iterator is not self._last_trained:
+        weak = cand.iterator
+        iterator = _deref(weak)
+        if iterator is not None and weak is not self._last_trained:
             self._trained_iterators.add(iterator)
-            self._last_trained = iterator
+            self._last_trained = weak
             ref = self._loader_of.get(iterator)
             loader = ref() if ref is not None else None
             if loader is not None:
@@ -529,15 +544,14 @@ class StepTracker:
             _cancel_pair(self.timer, cand.pair)
             RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
             cand.pair = None
-        iterator = cand.iterator
         if cand.val_start is not None:
             self._extend_val(st, cand.val_start, cand.val_end, cand.parent)
             st.last_was_val = True
         elif not cand.train_seen:
             st.last_was_val = False
-        elif iterator is None:
+        elif cand.iterator is None:
             self._as_validation(st, cand, end)
-        elif iterator in self._trained_iterators:
+        elif self._trained(cand.iterator):
             # a batch whose loss waits for a later backward (gradient accumulation over a
             # summed loss): a step of the group, as in the Trainer (one step per batch);
             # not the batch that instrument() closes on (the loop left it: no next fetch
@@ -554,9 +568,10 @@ class StepTracker:
         st.last_was_val = True
 
     def _decide(self, st: ThreadState, trained: Any) -> None:
-        """The undecided batches (:attr:`ThreadState.undecided`) of the iterator ``trained``
-        (a batch of it trains now) are training steps; the others are evaluation (their
-        iterator ran out, or another loader's batch trains, without training them)."""
+        """The undecided batches (:attr:`ThreadState.undecided`) of the iterator whose weak
+        reference is ``trained`` (a batch of it trains now) are training steps; the others
+        are evaluation (their iterator ran out, or another loader's batch trains, without
+        training them)."""
         undecided, st.undecided = st.undecided, []
         for cand, end in undecided:
             if trained is not None and cand.iterator is trained:
@@ -610,6 +625,20 @@ class StepTracker:
             states = list(self._states.values())
         for st in states:
             st.rows.close()
+
+
+def _weak(iterator: Any) -> Any:
+    """A weak reference to ``iterator`` (the same object for the same live iterator), or
+    None for one that takes none."""
+    try:
+        return weakref.ref(iterator)
+    except TypeError:
+        return None
+
+
+def _deref(ref: Any) -> Any:
+    """The object of a weak reference from :func:`_weak`, or None (None, or gone)."""
+    return None if ref is None else ref()
 
 
 def _call(fn: Any, *args: Any) -> None:

@@ -601,6 +601,44 @@ def test_workers_forked_or_spawned_run_under_instrument(
         assert counts["trainer.fetch_batch"] == 4 and counts["trainer.loader_end"] == 1, method
 
 
+def test_a_break_shuts_the_workers_down_inside_loader_end(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """A loop that leaves an epoch with ``break`` lets its iterator go: the workers'
+    shutdown (the iterator's ``__del__``) is ``trainer.loader_end``, not untraced time
+    outside every span. Once per iterator: not again at its end."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = make_loader(64, 8, num_workers=1, multiprocessing_context="fork")
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for _ in range(2):
+            for i, (x, y) in enumerate(data):
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if i == 2:
+                    break
+        _train(model, data, opt)  # a whole epoch: its end is the fetch that finds it
+    assert handle.steps == 3 + 3 + 8
+    frame = _frame(tmp_path / "t.json")
+    ends = _names(frame, "trainer.loader_end")
+    assert len(ends) == 3
+    steps = _names(frame, "trainer.step")
+    # the first two: after the third step of their epoch, before the loop went on
+    for k, end in enumerate(ends.iloc[:2].itertuples()):
+        assert end.start_ns >= steps["end_ns"].iloc[3 * k + 2]
+        assert end.end_ns <= steps["start_ns"].iloc[3 * k + 3]
+        # and not inside the next epoch's first fetch (its data wait): the iterator was let
+        # go at the break, not kept alive by ppetrace until then
+        (first,) = _names(frame, "trainer.loader_start")["start_ns"].iloc[[k + 1]]
+        assert end.end_ns <= first
+    # the hook is gone with close(): a shutdown after it is not traced
+    it = iter(data)
+    next(it)
+    del it
+    assert len(_names(_frame(tmp_path / "t.json"), "trainer.loader_end")) == 3
+
+
 def test_torch_compile_gives_the_same_graphs_with_and_without_instrument() -> None:
     torch._dynamo.reset()
 
