@@ -340,7 +340,7 @@ class Benchmark:
         if self.comparison.has_regression:
             pytest.fail(
                 "ppetrace: gated regression against the baseline "
-                f"{baseline}\n\n" + exporters.render_comparison_markdown(self.comparison),
+                f"{baseline}\n\n" + exporters.render_comparison_table(self.comparison),
                 pytrace=False,
             )
 

@@ -68,7 +68,7 @@ def test_save_writes_a_baseline_trace(pytester: pytest.Pytester) -> None:
     assert environment == capture_environment()  # same process kind, same machine
 
 
-def test_compare_fails_a_test_that_regressed_with_the_markdown_table(
+def test_compare_fails_a_test_that_regressed_with_the_text_table(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_bench=BENCH)
@@ -78,8 +78,11 @@ def test_compare_fails_a_test_that_regressed_with_the_markdown_table(
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
     assert "gated regression against the baseline" in text
-    assert "### ppetrace compare: ❌ 2 gated regressions" in text
-    assert "| `trainer.step` | gated |" in text
+    # the text table, for a terminal: no Markdown, no HTML entities (p "<1e-4")
+    assert "ppetrace compare: 2 gated regressions" in text and "###" not in text
+    (row,) = [line for line in text.splitlines() if line.startswith("trainer.step ")]
+    assert row.split()[1] == "gated" and "<1e-4" in row
+    assert "&lt;" not in text and "`" not in text
 
 
 def test_compare_passes_when_the_run_is_not_slower(pytester: pytest.Pytester) -> None:
