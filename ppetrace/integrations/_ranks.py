@@ -20,6 +20,7 @@ __all__ = [
     "file_in_the_way",
     "profiler_device",
     "rank_info",
+    "rank_now",
     "rank_trace_path",
     "split_suffix",
 ]
@@ -56,6 +57,19 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo | None:
     if int(world) == 1:
         return None
     return RankInfo(int(rank), int(world))
+
+
+def rank_now() -> int | None:
+    """This process's rank in a run of several: torchrun's ``RANK``, else the process
+    group's (Lightning's own launcher starts the ranks without ``RANK``); None alone."""
+    info = rank_info()
+    if info is not None:
+        return info.rank
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return int(dist.get_rank())
+    return None
 
 
 def split_suffix(path: str | os.PathLike[str]) -> tuple[Path, str]:

@@ -58,7 +58,7 @@ from ._detail import (
     check_detail,
     detail_metadata,
 )
-from ._ranks import check_trace_path, profiler_device, rank_info, rank_trace_path, split_suffix
+from ._ranks import check_trace_path, profiler_device, rank_now, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
 from .dataloader import settle_workers, trace_loaders
 from .distributed import rank_traces
@@ -164,19 +164,6 @@ class _Action:
 
 def _nothing() -> None:
     pass
-
-
-def _rank_now() -> int | None:
-    """This process's rank in a run of several: torchrun's ``RANK``, else the process
-    group's (Lightning's own launcher starts the ranks without ``RANK``); None alone."""
-    info = rank_info()
-    if info is not None:
-        return info.rank
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return int(dist.get_rank())
-    return None
 
 
 class LightningProfiler(Profiler):
@@ -319,7 +306,7 @@ class LightningProfiler(Profiler):
             # under torchrun, with the strategy's process group up (Lightning starts it
             # before the profiler): rank 0's trace id and clock, merged at the stage's end
             self._rank_traces = None
-            if _rank_now() is not None:
+            if rank_now() is not None:
                 try:  # telemetry never breaks training: a plain rank file without it
                     self._rank_traces = rank_traces(self._rank_group)
                     if self._rank_traces is not None:
@@ -334,6 +321,8 @@ class LightningProfiler(Profiler):
                 **options.get("metadata", {}),
                 "ppetrace.detail": detail_metadata(*self.detail),
                 "ppetrace.stage": name,  # merge refuses rank files of different stages
+                # what it ran on, as the Trainer and instrument() record it (report, compare)
+                "environment": tracing.capture_environment(device=self.runtime.device_spec),
             }
             self.trace_exporter = ChromeTraceExporter(path, **options)
             self.last_trace_path = path
@@ -646,5 +635,5 @@ class LightningProfiler(Profiler):
 
     @staticmethod
     def _ranked(path: Path) -> Path:
-        rank = _rank_now()
+        rank = rank_now()
         return path if rank is None else rank_trace_path(path, rank)

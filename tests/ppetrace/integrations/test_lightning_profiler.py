@@ -17,10 +17,11 @@ pytest.importorskip("lightning")
 import lightning as L
 
 import ppetrace
-from exporters import read_chrome_trace, step_report
+from exporters import compare, read_chrome_trace, step_report, summarize_run
 from ppetrace.integrations import _precedence
 from ppetrace.integrations.lightning import LightningProfiler, ppetrace_event
 from ppetrace.profilers import CudaTimer
+from ppetrace.tracing import capture_environment
 
 FORWARD_NS, BACKWARD_NS, OPTIMIZER_NS = 1_000, 10_000, 100_000
 
@@ -146,6 +147,14 @@ def test_a_lightning_fit_gives_the_trainer_spans_and_report(tmp_path: Path) -> N
     assert report.total_steps == 0 and report.events.empty
     assert "[Strategy]SingleDeviceStrategy.test_step" in set(report.validation["event"])
     assert "--warmup" not in profiler.summary() and profiler.summary().endswith("\n")
+    # each stage's file says what it ran on, as the Trainer's, and which stage it is
+    for path, stage in ((tmp_path / "trace.json", "fit"), (tmp_path / "trace.test.json", "test")):
+        metadata = read_chrome_trace(path).attrs["metadata"]
+        assert metadata["environment"] == capture_environment(device="cpu")
+        assert metadata["ppetrace.stage"] == stage
+    # so compare --strict-env of two Lightning runs has environments to compare
+    result = compare(summarize_run(frame), summarize_run(frame))
+    assert result.environment_recorded and not result.environment_warnings
 
 
 def test_cuda_timer_gives_device_time_under_the_lightning_profiler(
