@@ -174,11 +174,12 @@ class ThreadState:
         self.bwd_parent = (0, 0)
         #: the candidate whose fetch (``fetched`` to ``start``) is still to be recorded
         self.fetch_cand: Candidate | None = None
-        #: (candidate, end) of batches that ran a forward with gradients and no backward,
-        #: from a loader that has not trained yet: training steps if a later batch of the
-        #: same iterator trains (gradient accumulation over a summed loss), else evaluation
-        #: (a loop that forgot ``no_grad``); see :meth:`StepTracker._decide`
-        self.undecided: list[tuple[Candidate, int]] = []
+        #: (candidate, end, optimizer steps done then) of batches that ran a forward with
+        #: gradients and no backward, from a loader that has not trained yet: training
+        #: steps if a later batch of the same iterator trains (gradient accumulation over
+        #: a summed loss), else evaluation (a loop that forgot ``no_grad``); see
+        #: :meth:`StepTracker._decide`
+        self.undecided: list[tuple[Candidate, int, int]] = []
 
 
 class StepTracker:
@@ -561,10 +562,16 @@ class StepTracker:
             else:
                 st.last_was_val = False
         else:  # a loader that has not trained: known when it trains or runs out
-            st.undecided.append((cand, end))
+            st.undecided.append((cand, end, self.global_step))
 
-    def _as_validation(self, st: ThreadState, cand: Candidate, end: int) -> None:
+    def _as_validation(
+        self, st: ThreadState, cand: Candidate, end: int, step: int | None = None
+    ) -> None:
+        """``cand``, which ended at ``end`` after ``step`` optimizer steps (default: now),
+        joins the validation run."""
         self._extend_val(st, self._val_begin(cand, cand.start), end, cand.parent)
+        if step is not None:  # decided later (undecided): the steps done when it ended
+            st.val_step = step
         st.last_was_val = True
 
     def _decide(self, st: ThreadState, trained: Any) -> None:
@@ -573,11 +580,11 @@ class StepTracker:
         are evaluation (their iterator ran out, or another loader's batch trains, without
         training them)."""
         undecided, st.undecided = st.undecided, []
-        for cand, end in undecided:
+        for cand, end, step in undecided:
             if trained is not None and cand.iterator is trained:
                 self._record_step(st, cand, end)
             else:
-                self._as_validation(st, cand, end)
+                self._as_validation(st, cand, end, step)
 
     def _extend_val(self, st: ThreadState, start: int, end: int, parent: tuple[int, int]) -> None:
         if st.val_start is None:

@@ -278,10 +278,14 @@ def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
         for x, _y in val:  # after it
             model(x)
         _train(model, train, opt)
-    assert handle.steps == 8
+        x, _y = next(iter(val))  # one batch: decided when the next batch trains
+        model(x)
+        _train(model, train, opt)
+    assert handle.steps == 12
     frame = _frame(tmp_path / "t.json")
-    assert len(_names(frame, "trainer.validation")) == 2
-    assert len(step_report(frame, warmup_steps=0).steps) == 8
+    # each with the optimizer steps done when it ended, not when it was found to be one
+    assert list(_names(frame, "trainer.validation")["step"]) == [0, 4, 8]
+    assert len(step_report(frame, warmup_steps=0).steps) == 12
 
 
 @pytest.mark.parametrize("no_grad", [True, False])
