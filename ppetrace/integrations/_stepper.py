@@ -76,6 +76,7 @@ class Candidate:
         "profiled",
         "pair",
         "fetch_attrs",
+        "loader",
     )
 
     def __init__(
@@ -102,6 +103,8 @@ class Candidate:
         #: ppetrace never keeps an iterator alive (a loop that leaves it with ``break``
         #: shuts its workers down when it lets it go, not at a later step)
         self.iterator: Any = None
+        #: a weak reference to the DataLoader of that iterator (``iter()`` noted it), or None
+        self.loader: Any = None
         self.profiled = -1
         self.pair: Any = None
         #: the attributes of the fetch that handed the batch over (recorded after the fact)
@@ -212,6 +215,9 @@ class StepTracker:
         self._started: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         #: a weak reference to the iterator added last (adding is not free)
         self._last_trained: Any = None
+        #: the weak reference of the last iterator that handed a batch over, and its loader's
+        self._weak_prev: Any = None
+        self._loader_prev: Any = None
         #: iterator -> its loader (a weak reference), and the loaders whose current
         #: iterator trained and has not run out: a loop that leaves an epoch early
         #: (``break``) ends it when it asks the loader for the next iterator
@@ -308,7 +314,11 @@ class StepTracker:
         if size is not None:
             attrs["ppetrace.batch_size"] = size
         cand = Candidate(0, attrs, fetched, parent)
-        cand.iterator = _weak(iterator)
+        weak = _weak(iterator)
+        if weak is not self._weak_prev:  # a new iterator: its loader, once
+            self._weak_prev = weak
+            self._loader_prev = self._loader_of.get(iterator) if weak is not None else None
+        cand.iterator, cand.loader = weak, self._loader_prev
         return cand
 
     def open_untimed(self, st: ThreadState, cand: Candidate) -> bool:
@@ -445,7 +455,13 @@ class StepTracker:
     def iter_started(self, loader: Any, iterator: Any, start: int) -> None:
         """``iterator`` came from ``loader.__iter__``, whose span started at ``start``. If
         the loader's previous iterator trained and did not run out, the loop left that
-        epoch early (a ``break``): it ends now."""
+        epoch early (a ``break``): it ends now. The step open on this thread ends where
+        ``iter()`` began, as it would at the next fetch (``next(iter(loader))`` each step
+        starts a new epoch each time; a validation loader's start is not the last training
+        step's time)."""
+        st = self.state()
+        if st.cand is not None and not (st.in_fetch or st.depth or st.in_backward):
+            self.finalize(st, start)
         with contextlib.suppress(TypeError):  # a loader or iterator without weak references
             if loader in self._open_epochs:
                 self._open_epochs.discard(loader)
@@ -527,12 +543,14 @@ class StepTracker:
         st.had_step = True
         self.steps += 1
         weak = cand.iterator
-        iterator = _deref(weak)
-        if iterator is not None and weak is not self._last_trained:
-            self._trained_iterators.add(iterator)
+        if weak is not None and weak is not self._last_trained:
+            # (an iterator the loop let go already, as next(iter(loader)) does, still
+            # trained: its loader's epoch is open, and its batches were training steps)
+            iterator = weak()
+            if iterator is not None:
+                self._trained_iterators.add(iterator)
             self._last_trained = weak
-            ref = self._loader_of.get(iterator)
-            loader = ref() if ref is not None else None
+            loader = _deref(cand.loader)
             if loader is not None:
                 self._open_epochs.add(loader)
 

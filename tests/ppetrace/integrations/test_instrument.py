@@ -264,6 +264,37 @@ def test_accumulation_over_a_summed_loss_with_summarised_steps(
     assert events.loc["trainer.backward", "count"] == 10
 
 
+def test_a_fresh_iterator_each_step_is_an_epoch_each_and_ends_the_step_before(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """``next(iter(loader))`` each step: each iterator is an epoch left early, also when
+    the loop lets it go at once (ppetrace holds iterators weakly); and the step open when
+    the loop calls ``iter()`` ends where ``iter()`` began, so that a validation loader's
+    start never lies inside the training step before it."""
+    model, train, val = _model(), make_loader(64, 8), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for _ in range(5):
+            x, y = next(iter(train))
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        x, y = next(iter(train))
+        nn.functional.cross_entropy(model(x), y).backward()  # no optimizer step yet
+        with torch.no_grad():
+            for x, _y in val:
+                model(x)
+    assert (handle.steps, handle.epoch) == (6, 5)
+    frame = _frame(tmp_path / "t.json")
+    steps = _names(frame, "trainer.step")
+    assert list(steps["epoch"]) == [0, 1, 2, 3, 4, 5]
+    (validation,) = _names(frame, "trainer.validation").itertuples()
+    starts = _names(frame, "trainer.loader_start")
+    assert len(starts) == 7 and validation.start_ns == starts["start_ns"].iloc[-1]
+    assert steps["end_ns"].iloc[-1] == validation.start_ns  # ends where iter(val) began
+    assert (steps["end_ns"].to_numpy() <= starts["start_ns"].iloc[1:].to_numpy()).all()
+
+
 def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
     tmp_path: Path, make_loader: Loader
 ) -> None:
