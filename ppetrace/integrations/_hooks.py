@@ -397,8 +397,13 @@ class Hooks:
             if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 tracker.flush_pending(st)  # the rows of the hooks before
             cand = st.cand
+            after = False  # a forward after its batch's optimizer step (evaluation, or a GAN's)
             if cand is not None and (cand.train_seen or cand.fetched is not None):
                 cand.train_seen = True  # the common case, without a call
+                if cand.opt_end:
+                    after = True
+                    if cand.post_start is None:
+                        cand.post_start = start
             else:
                 try:
                     tracker.train_forward(st, start)
@@ -426,7 +431,9 @@ class Hooks:
                     hooks.failed("module call")
                 raise
             st.depth = 0
-            st.fwd_end = _perf_ns()
+            st.fwd_end = end = _perf_ns()
+            if after:
+                cand.post_end = end
             return result
 
         return __call__
@@ -514,6 +521,7 @@ class Hooks:
             cand = st.cand
             if cand is not None and (cand.train_seen or cand.fetched is not None):
                 cand.train_seen = cand.trained = True  # the common case, without a call
+                cand.post_start = None  # the forwards after an optimizer step trained
             else:
                 try:
                     tracker.training(st, start)
@@ -572,6 +580,7 @@ class Hooks:
                 cand = st.cand
                 if cand is not None and (cand.train_seen or cand.fetched is not None):
                     cand.train_seen = cand.trained = True  # the common case, without a call
+                    cand.post_start = None
                 else:
                     tracker.training(st, now)
                 if st.fwd_end or st.bwd_end or st.fetch_cand is not None:

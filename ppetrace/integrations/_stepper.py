@@ -77,6 +77,8 @@ class Candidate:
         "pair",
         "fetch_attrs",
         "loader",
+        "post_start",
+        "post_end",
     )
 
     def __init__(
@@ -105,6 +107,11 @@ class Candidate:
         self.iterator: Any = None
         #: a weak reference to the DataLoader of that iterator (``iter()`` noted it), or None
         self.loader: Any = None
+        #: the start of the first forward with gradients after the batch's optimizer step
+        #: that no backward or optimizer step followed (yet), and the end of the last:
+        #: an evaluation that forgot ``no_grad`` (a GAN's generator step clears it)
+        self.post_start: int | None = None
+        self.post_end = 0
         self.profiled = -1
         self.pair: Any = None
         #: the attributes of the fetch that handed the batch over (recorded after the fact)
@@ -386,6 +393,7 @@ class StepTracker:
         """A backward or an optimizer step starts at ``now``: the candidate trains."""
         cand = self.ensure(st, now)
         cand.train_seen = cand.trained = True
+        cand.post_start = None
 
     def is_val(self, st: ThreadState) -> bool:
         """Whether a forward with gradients disabled, starting now, is outside training: no
@@ -502,6 +510,11 @@ class StepTracker:
         try:
             if cand.trained or (error is not None and cand.train_seen):
                 self._record_step(st, cand, cand.opt_end or end, error)
+                if cand.post_start is not None and cand.opt_end and error is None:
+                    # forwards with gradients after the optimizer step that nothing trained
+                    # (an evaluation that forgot no_grad), to where the batch ends
+                    self._extend_val(st, cand.post_start, max(end, cand.post_end), cand.parent)
+                    st.last_was_val = True
             else:
                 self._not_a_step(st, cand, end)
         finally:

@@ -295,6 +295,52 @@ def test_a_fresh_iterator_each_step_is_an_epoch_each_and_ends_the_step_before(
     assert (steps["end_ns"].to_numpy() <= starts["start_ns"].iloc[1:].to_numpy()).all()
 
 
+def test_an_evaluation_on_tensors_after_the_optimizer_step_that_forgot_no_grad_is_validation(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """A forward with gradients after the batch's optimizer step that no backward follows
+    (``model(val_x)`` on tensors, no loader, no ``no_grad``) is an evaluation: a
+    ``trainer.validation`` from it to where the batch ends, left out of the next step's
+    wall time. Before, it was a training forward between steps (its time in the next
+    step's wall, and counted twice in the events table's self column)."""
+    model, data = _model(), make_loader(64, 8)  # 8 batches
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    val_x = torch.randn(256, 16)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json"):
+        for i, (x, y) in enumerate(data):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            if i % 4 == 1:
+                model(val_x).argmax(1)
+    frame = _frame(tmp_path / "t.json")
+    steps = _names(frame, "trainer.step")
+    validations = _names(frame, "trainer.validation")
+    assert len(steps) == 8 and list(validations["step"]) == [2, 6]
+    forward = _names(frame, "module.forward")
+    report = step_report(frame, warmup_steps=0)
+    assert report.validation.set_index("event").loc["module.forward", "count"] == 2
+    assert report.events.set_index("event").loc["module.forward", "count"] == 8
+    for k, val in zip((1, 5), validations.itertuples(), strict=True):
+        (inside,) = forward[
+            (forward["start_ns"] >= val.start_ns) & (forward["end_ns"] <= val.end_ns)
+        ].itertuples()
+        assert val.start_ns == inside.start_ns and val.end_ns > inside.end_ns
+        # the step after: its wall leaves the evaluation out
+        since = steps["end_ns"].iloc[k + 1] - steps["end_ns"].iloc[k]
+        assert report.steps["wall_ns"].iloc[k + 1] == since - val.dur_ns
+    # a GAN: the generator's forward after the discriminator's optimizer step trains
+    gen, disc = _model(), _model()
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (gen, disc)]
+    with ppetrace.instrument(trace_path=tmp_path / "g.json"):
+        for x, y in data:
+            nn.functional.cross_entropy(disc(x), y).backward()
+            opts[1].step()
+            nn.functional.cross_entropy(gen(x), y).backward()
+            opts[0].step()
+    assert "trainer.validation" not in set(_frame(tmp_path / "g.json")["name"])
+
+
 def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
     tmp_path: Path, make_loader: Loader
 ) -> None:
