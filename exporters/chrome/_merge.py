@@ -340,11 +340,19 @@ class _Rewriter:
             out.event(self.event(json.loads(line)).encode("ascii"))
 
 
+#: a summarised step's aggregates; its names list; an event's process and thread
+_HOOKS = b'"ppetrace.hooks"'
+_NAMES_RE = re.compile(rb'"ppetrace\.hook_names":("(?:[^"\\]|\\.)*")')
+_THREAD_RE = re.compile(rb'"pid":-?\d+,"tid":-?\d+')
+
+
 class _EventWriter:
     """Writes the merged ``traceEvents`` at ``path``, separated by ``,\n``: one file, or
     with ``max_part_bytes`` a run in parts as :class:`ChromeTraceExporter` writes them
     (each part a whole trace whose ``otherData`` adds ``part`` and ``first_part``, and
-    which repeats the ``M`` events that named processes and threads before it)."""
+    which repeats the ``M`` events that named processes and threads before it, and on
+    each thread's first summarised step the names list in force, so that a part read
+    alone reads whole)."""
 
     def __init__(self, path: Path, other: dict[str, Any], max_part_bytes: int | None) -> None:
         self.path, self.other, self.max_part = path, other, max_part_bytes
@@ -353,6 +361,8 @@ class _EventWriter:
         self.pending: list[bytes] = []
         self.held = 0  # bytes pending
         self.count = 0  # events written one by one; -1 once a file was copied whole
+        self.lists: dict[bytes, bytes] = {}  # thread -> its names list in force (JSON)
+        self.listed: set[bytes] = set()  # the threads whose list is in this part
         self.f: Any = None
         self._open()
 
@@ -412,10 +422,29 @@ class _EventWriter:
             self._open()
             here = set(self.pending)
             self.pending = [e for e in self.naming if e not in here] + self.pending
+            self.listed = set()
+        if self.max_part is not None:
+            self.pending = [(_HOOKS in e and self._listed(e)) or e for e in self.pending]
         data = (b"" if self.first else b",\n") + b",\n".join(self.pending)
         self.f.write(data)
         self.size += len(data)
         self.first, self.pending, self.held = False, [], 0
+
+    def _listed(self, text: bytes) -> bytes:
+        """A summarised step's event, with its thread's names list when this part has not
+        given it yet."""
+        thread = _THREAD_RE.search(text)
+        key = thread.group(0) if thread else b""
+        names = _NAMES_RE.search(text)
+        if names is not None:
+            self.lists[key] = names.group(1)
+            self.listed.add(key)
+            return text
+        if key in self.listed or key not in self.lists or b'"attrs":{' not in text:
+            return text
+        self.listed.add(key)
+        field = b'"attrs":{"ppetrace.hook_names":' + self.lists[key] + b","
+        return text.replace(b'"attrs":{', field, 1)
 
     def close(self) -> None:
         self.flush()

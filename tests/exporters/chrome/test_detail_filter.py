@@ -269,6 +269,35 @@ def test_each_part_has_the_names_list(tmp_path: Path) -> None:
     assert got == want and n == 60
 
 
+def test_each_part_of_a_merge_has_the_names_list(tmp_path: Path) -> None:
+    """``merge --max-part-bytes`` keeps the writer's promise: each part gives the names list
+    on each thread's first summarised step, so a part read alone reads whole."""
+    from exporters import merge_traces
+    from exporters._aggregates import parse_aggregates
+
+    run = Run()
+    for i in range(60):
+        run.step(i)
+    exporter = _write(tmp_path / "t.json", [run.batch()], run.steps)  # one list, at the start
+    merged = merge_traces(
+        tmp_path / "m.json", [exporter.path], max_part_bytes=3_000, _min_part_bytes=1
+    )
+    assert len(merged.parts) > 2
+    summarised = 0
+    for part in merged.parts:
+        frame = read_chrome_trace(part, parts=False)
+        aggregates = parse_aggregates(frame)
+        assert not len(aggregates.unknown), part
+        summarised += len(aggregates.summarised)
+        steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
+        if len(steps):
+            assert isinstance(steps.iloc[0][_detail.HOOK_NAMES], str), part
+    assert summarised == 60
+    want, _ = _aggregates(_read(exporter.path))
+    got, n = _aggregates(_read(tmp_path / "m.json"))
+    assert got == want and n == 60
+
+
 def test_a_step_whose_row_never_comes_gives_its_rows_back(tmp_path: Path) -> None:
     run = Run()
     lost = run.step(0)
