@@ -165,6 +165,20 @@ def _warn_truncated(p: Path, count: int) -> None:
     )
 
 
+def _warn_cut_part(p: Path, index: int, count: int, events: int) -> None:
+    """A part before the run's last is cut off: the run went on, its spans did not reach
+    the file (a disk that filled, a copy cut short)."""
+    warnings.warn(
+        f"Part {index} of the {count} parts of the run, {p}, is cut off after its first "
+        f"{events} complete events, and the parts after it were read: the spans it lost are "
+        "missing (their steps are not counted), and the first step after the gap holds the "
+        "gap in its wall time. Recover the part, or read the run up to it (`parts=False` "
+        "on each part).",
+        TraceTruncatedWarning,
+        stacklevel=3,
+    )
+
+
 def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     """Read a Chrome trace (JSON object or array form, plain or gzip) into a :class:`ChromeTrace`.
 
@@ -268,7 +282,9 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
         for i, q in enumerate(paths):
             with _naming(str(q)):
                 columns, meta, truncated, count = _read_columns(q, columns)
-            if truncated:
+            if truncated and i < len(paths) - 1:
+                _warn_cut_part(q, i, len(paths), count)
+            elif truncated:
                 _warn_truncated(q, count)
             cut = cut or truncated
             if i == 0:

@@ -142,6 +142,28 @@ def test_a_cut_off_last_part_is_read_with_a_warning(
     assert before < len(frame) < len(builder.rows)
 
 
+def test_a_part_cut_off_before_the_last_is_named_as_such(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    """Not "the process probably stopped early": the run went on in later parts. The
+    warning says which part, that its spans are missing and that the step after the gap
+    holds it."""
+    builder = run_builder()
+    parts = _write(tmp_path / "trace.json", _batches(builder), PART_BYTES)
+    assert len(parts) >= 3
+    middle = parts[1]
+    data = middle.read_bytes()
+    middle.write_bytes(data[: len(data) // 2])
+    with pytest.warns(TraceTruncatedWarning) as caught:
+        frame = read_chrome_trace(parts[0])
+    (warning,) = [str(w.message) for w in caught]
+    assert f"Part 1 of the {len(parts)} parts of the run, {middle}, is cut off" in warning
+    assert "the spans it lost are missing" in warning and "probably stopped" not in warning
+    assert frame.attrs["truncated"] is True
+    later = sum(len(read_chrome_trace(p, parts=False)) for p in parts[2:])
+    assert len(frame) > later + len(read_chrome_trace(parts[0], parts=False))
+
+
 def test_merge_takes_a_run_in_parts_as_one_process(
     tmp_path: Path, run_builder: Callable[..., Any]
 ) -> None:
