@@ -18,7 +18,9 @@
   straight through, so a compiled module is traced from outside and compiles
   to the same graphs as without ppetrace.
 - Backward: ``torch.Tensor.backward`` and ``torch.autograd.backward`` run inside
-  ``trainer.backward`` (the outermost call only; the first calls the second).
+  ``trainer.backward`` (the outermost call only; the first calls the second), and so
+  does ``torch.autograd.grad`` (a gradient penalty's), which alone makes no batch a
+  training step.
 - Optimizer steps: torch's global optimizer step hooks
   (``register_optimizer_step_pre_hook``/``..._post_hook``) bracket
   ``trainer.optimizer_step``, recorded after the fact: the hooks give a start
@@ -151,6 +153,8 @@ class Hooks:
         # Tensor.backward calls torch.autograd.backward: the outer one opens the span
         self._patch(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
         self._patch(torch.autograd, "backward", self._backward_wrapper(torch.autograd.backward))
+        grad = self._backward_wrapper(torch.autograd.grad, trains=False)
+        self._patch(torch.autograd, "grad", grad)
         pre, post = self._optimizer_hooks()
         self._handles.append(_optim.register_optimizer_step_pre_hook(pre))
         self._handles.append(_optim.register_optimizer_step_post_hook(post))
@@ -492,7 +496,12 @@ class Hooks:
                     self.failed("module call")
                 st.val_attrs = None
 
-    def _backward_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _backward_wrapper(
+        self, orig: Callable[..., Any], *, trains: bool = True
+    ) -> Callable[..., Any]:
+        """``trains``: the call makes its batch a training step (``backward``); not for
+        ``torch.autograd.grad`` (a gradient penalty's batch trains by its backward; an
+        evaluation's input gradients do not train)."""
         hooks, tracker, span = self, self.tracker, self.span
         tls = tracker.tls
         dynamo, compiler = _dynamo_compiling, _compiler
@@ -519,7 +528,9 @@ class Hooks:
             if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 tracker.flush_pending(st)
             cand = st.cand
-            if cand is not None and (cand.train_seen or cand.fetched is not None):
+            if not trains:
+                pass
+            elif cand is not None and (cand.train_seen or cand.fetched is not None):
                 cand.train_seen = cand.trained = True  # the common case, without a call
                 cand.post_start = None  # the forwards after an optimizer step trained
             else:

@@ -226,7 +226,8 @@ def instrument(
       ``DataLoader.__iter__`` (the workers' start) is ``trainer.loader_start``;
     - each module call at depth <= ``module_depth`` (1: the outermost only; 0: none)
       is a ``module.forward`` span, ``ppetrace.module`` = class name or dotted path;
-    - ``Tensor.backward``/``torch.autograd.backward`` is ``trainer.backward``;
+    - ``Tensor.backward``/``torch.autograd.backward`` is ``trainer.backward``, and so is
+      ``torch.autograd.grad`` (which alone makes no batch a training step);
     - ``Optimizer.step`` is ``trainer.optimizer_step`` (torch's global optimizer hooks);
     - each batch that trains becomes a ``trainer.step``, as in ``ppetrace.Trainer``
       (README, "What a step covers"); forward calls under ``no_grad`` outside a

@@ -341,6 +341,36 @@ def test_an_evaluation_on_tensors_after_the_optimizer_step_that_forgot_no_grad_i
     assert "trainer.validation" not in set(_frame(tmp_path / "g.json")["name"])
 
 
+def test_autograd_grad_is_backward_time_but_makes_no_training_step(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """``torch.autograd.grad`` (a gradient penalty, input gradients) is a
+    ``trainer.backward`` span, in the step's backward part; it does not make an
+    evaluation batch a training step."""
+    model, train, val = _model(), make_loader(32, 8), make_loader(16, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
+        for x, y in train:
+            x = x.requires_grad_(True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            (g,) = torch.autograd.grad(loss, x, create_graph=True)  # a gradient penalty
+            (loss + g.pow(2).sum()).backward()
+            opt.step()
+            opt.zero_grad()
+        for x, _y in val:  # input gradients of an evaluation: no training
+            x = x.requires_grad_(True)
+            torch.autograd.grad(model(x).sum(), x)
+    assert handle.steps == 4
+    frame = _frame(tmp_path / "t.json")
+    assert len(_names(frame, "trainer.backward")) == 4 * 2 + 2
+    report = step_report(frame, warmup_steps=0)
+    assert len(report.steps) == 4 and len(_names(frame, "trainer.validation")) == 1
+    assert report.validation.set_index("event").loc["trainer.backward", "count"] == 2
+    backward = _names(frame, "trainer.backward")
+    in_steps = backward[backward["end_ns"] <= _names(frame, "trainer.step")["end_ns"].max()]
+    assert report.steps["backward_ns"].sum() == in_steps["dur_ns"].sum()
+
+
 def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
     tmp_path: Path, make_loader: Loader
 ) -> None:
