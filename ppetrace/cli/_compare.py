@@ -165,12 +165,21 @@ def _summaries(
 
 
 def _same_files(base: str, candidate: str) -> str:
-    """``"file x.json"`` (``"files ..."``) when BASE and CAND name the same trace files,
+    """A warning's text when BASE and CAND share trace files: ``"are the same file x.json,
+    so they can only match"`` (``"... N files ..."``), ``"share ..."`` for some of them;
     else ``""``."""
     files = [sorted({Path(p).resolve() for p in _trace_paths(s, "")}) for s in (base, candidate)]
-    if files[0] != files[1]:
+    if files[0] == files[1]:
+        same = f"file {base}" if len(files[0]) == 1 else f"{len(files[0])} files"
+        return f"are the same {same}, so they can only match"
+    shared = sorted(set(files[0]) & set(files[1]))
+    if not shared:
         return ""
-    return f"file {base}" if len(files[0]) == 1 else f"{len(files[0])} files"
+    names = ", ".join(str(p) for p in shared[:3]) + (", ..." if len(shared) > 3 else "")
+    return (
+        f"share {len(shared)} run{'s' if len(shared) != 1 else ''} ({names}): the same run on "
+        "both sides makes them look alike"
+    )
 
 
 def _compare_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -217,9 +226,7 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         raise _BadInput(str(exc)) from None
     same = _same_files(args.base, args.candidate)
     if same:
-        _write(
-            err, f"ppetrace: warning: BASE and CAND are the same {same}, so they can only match.\n"
-        )
+        _write(err, f"ppetrace: warning: BASE and CAND {same}.\n")
     if args.fmt != "table" or args.output is not None:  # the table shows them itself
         for warning in comparison.environment_warnings:
             _write(err, f"ppetrace: warning: {warning}\n")

@@ -78,6 +78,11 @@ def main(
                         "; report reads one trace (a run's parts are found from its first): "
                         "to set two traces side by side, use ppetrace compare BASE NEW"
                     )
+                if args.command == "compare" and not extra[0].startswith("-"):  # a glob
+                    hint = (
+                        "; compare takes one BASE and one CAND: quote a glob so that ppetrace "
+                        "expands it ('base/*.json'), or give a folder of runs"
+                    )
                 command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as exc:  # --help, --version or a usage error
         code = exc.code

@@ -102,6 +102,17 @@ def test_the_same_file_on_both_sides_is_warned_about(tmp_path: Path) -> None:
     other = write_run(tmp_path / "other.json", [1_000_000] * 8)
     code, _, err = run("compare", str(base), str(other))
     assert code == 0 and err == ""
+    # a run on both sides among others: said too
+    third = write_run(tmp_path / "third.json", [1_000_000] * 8)
+    code, _, err = run("compare", str(tmp_path / "[bo]*.json"), str(tmp_path / "[ot]*.json"))
+    assert code == 0
+    assert err == (
+        f"ppetrace: warning: BASE and CAND share 1 run ({other}): the same run on both sides "
+        "makes them look alike.\n"
+    )
+    # an unquoted glob: more than one BASE and CAND, and a hint
+    code, _, err = run("compare", str(base), str(other), str(third))
+    assert code == 2 and "quote a glob so that ppetrace expands it" in err
 
 
 def test_report_writes_into_a_new_folder_and_counts_one_step_in_the_singular(
