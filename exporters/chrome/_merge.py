@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
@@ -29,7 +30,7 @@ from typing import Any
 from .._errors import TraceError
 from ._encode import _CHUNK, _NS_PER_S, RANK_RE, _dumps, _open_binary, _us
 from ._ranks import TraceHeader, _open_read, check_one_run, read_header
-from ._reader import ChromeTrace, _clock_offset, load_chrome_trace
+from ._reader import ChromeTrace, TraceTruncatedWarning, _clock_offset, load_chrome_trace
 from ._split import (
     _NAMING,
     MIN_PART_BYTES,
@@ -143,8 +144,10 @@ class _Input:
         return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
     def events(self) -> list[dict[str, Any]]:
-        """The events of a parsed file (read again: one file in memory at a time)."""
-        return load_chrome_trace(self.path).events
+        """The events of a parsed file, read again (one in memory at a time; warned once)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceTruncatedWarning)
+            return load_chrome_trace(self.path).events
 
     def body(self) -> Iterator[bytes]:
         """The traceEvents text of a complete ppetrace file, in parts of at most 16 MB."""
@@ -431,8 +434,7 @@ class _EventWriter:
         self.first, self.pending, self.held = False, [], 0
 
     def _listed(self, text: bytes) -> bytes:
-        """A summarised step's event, with its thread's names list when this part has not
-        given it yet."""
+        """A summarised step's event, with its thread's names list if this part lacks it."""
         thread = _THREAD_RE.search(text)
         key = thread.group(0) if thread else b""
         names = _NAMES_RE.search(text)

@@ -291,6 +291,8 @@ def test_a_truncated_trace_is_read_with_a_warning(base: Path, tmp_path: Path) ->
     assert code == 0
     assert "warning" in _one_error_line(err) and "cut off" in err
     assert "trainer.step" in out
+    code, _, err = run("merge", str(tmp_path / "merged.json"), str(cut))  # warned once
+    assert code == 0 and "cut off" in _one_error_line(err)
     header_only = tmp_path / "header.json"
     header_only.write_bytes(data[:150])
     code, _, err = run("report", str(header_only))
