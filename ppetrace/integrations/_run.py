@@ -408,7 +408,7 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
         raise BadRunInput(str(exc)) from None
     # absolute now: the script may change the working directory (os.chdir, Hydra)
     if opts.trace:
-        given = Path(opts.trace).absolute()
+        given = Path(os.path.abspath(opts.trace))  # (absolute and without "..")
     else:
         given = default_trace_path(opts.module or target, ranks).absolute()
         if ranks is None:
