@@ -114,6 +114,13 @@ def test_a_lightning_fit_gives_the_trainer_spans_and_report(tmp_path: Path) -> N
     assert counts["trainer.backward"] == 16 and counts["trainer.optimizer_step"] == 8
     assert counts["trainer.fetch_batch"] == 16
     assert counts["trainer.validation"] == 3  # the sanity check and one per epoch
+    # from the evaluation loop's first hooks: none of its actions is training time
+    report = step_report(frame, warmup_steps=1)
+    for hook in ("on_validation_model_zero_grad", "on_validation_model_eval"):
+        action = f"[LightningModule]_Module.{hook}"
+        assert action in set(report.validation["event"]) and action not in set(
+            report.events["event"]
+        )
     assert "module.forward" not in counts  # instrument()'s hooks stood aside
     steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
     assert set(steps["lightning.action"]) == {"run_training_batch"}
