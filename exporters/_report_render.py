@@ -227,6 +227,11 @@ def short_path(path: str) -> str:
     return path
 
 
+#: the heading of the table of validation, test and predict time (``StepReport.validation``)
+_EVALUATION = "Validation and test events"
+_NO_TRAINING = "No training events: the run did not train (its evaluation events follow)."
+
+
 def render_table(report: StepReport, *, top: int | None = None) -> str:
     """The report as aligned plain text for a terminal; ``top`` keeps the K largest events."""
     events = _top(report, top)
@@ -236,15 +241,18 @@ def render_table(report: StepReport, *, top: int | None = None) -> str:
     if report.ranks is not None:
         h, r = _rank_rows(report.ranks)
         parts += [*_rank_lines(report.ranks), text_table(h, r), report.ranks.verdict, ""]
-    header, rows = _event_rows(events)
-    parts += ["Training events (share: self time inside steps over step time)"]
-    parts.append(text_table(header, rows))
-    parts += _events_note(report, wrap=True)
-    if top is not None and len(report.events) > len(events):
-        parts.append(f"({_more(len(report.events) - len(events))} not shown)")
+    if len(report.events) or not len(report.validation):
+        header, rows = _event_rows(events)
+        parts += ["Training events (share: self time inside steps over step time)"]
+        parts.append(text_table(header, rows))
+        parts += _events_note(report, wrap=True)
+        if top is not None and len(report.events) > len(events):
+            parts.append(f"({_more(len(report.events) - len(events))} not shown)")
+    else:
+        parts.append(_NO_TRAINING)
     if len(report.validation):
         h, r = _event_rows(_top_of(report.validation, top))
-        parts += ["", "Validation events (share: self time over validation time)"]
+        parts += ["", f"{_EVALUATION} (share: self time over their time)"]
         parts.append(text_table(h, r))
     for name, table in report.tables.items():
         h, r = _generic_rows(table)
@@ -267,14 +275,17 @@ def render_markdown(report: StepReport, *, top: int | None = None) -> str:
         h, r = _rank_rows(report.ranks)
         parts += [f"- {line}" for line in _rank_lines(report.ranks)]
         parts += ["", markdown(h, r), "", f"**{report.ranks.verdict}**", ""]
-    header, rows = _event_rows(events)
-    parts += ["#### Training events", "", markdown(header, rows)]
-    parts += [f"\n_{line}_" for line in _events_note(report)]
-    if top is not None and len(report.events) > len(events):
-        parts += ["", f"_{_more(len(report.events) - len(events))} not shown._"]
+    if len(report.events) or not len(report.validation):
+        header, rows = _event_rows(events)
+        parts += ["#### Training events", "", markdown(header, rows)]
+        parts += [f"\n_{line}_" for line in _events_note(report)]
+        if top is not None and len(report.events) > len(events):
+            parts += ["", f"_{_more(len(report.events) - len(events))} not shown._"]
+    else:
+        parts.append(f"_{_NO_TRAINING}_")
     if len(report.validation):
         h, r = _event_rows(_top_of(report.validation, top))
-        parts += ["", "#### Validation events", "", markdown(h, r)]
+        parts += ["", f"#### {_EVALUATION}", "", markdown(h, r)]
     for name, table in report.tables.items():
         h, r = _generic_rows(table)
         parts += ["", f"#### {name}", "", markdown(h, r)]

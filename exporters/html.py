@@ -116,7 +116,7 @@ def render_html(report: StepReport, *, title: str = "ppetrace step report") -> s
         more = len(report.events) - _TOP_EVENTS
         page.paragraph(f"{more} more event{'s' if more != 1 else ''} not shown.")
     if len(report.validation):
-        page.heading("Validation events (apart from training steps)")
+        page.heading("Validation and test events (apart from training steps)")
         header, rows = _event_rows(report.validation.head(_TOP_EVENTS))
         page.table(header, rows)
     _device(page, report)

@@ -94,7 +94,7 @@ def test_share_is_self_time_over_step_time_and_sums_to_one_with_validation_apart
     assert val["share"].sum() == pytest.approx(1.0)
     assert "module.val_step" not in events.index
     text = render_table(report)
-    assert "Validation events" in text and "inclusive" in text
+    assert "Validation and test events" in text and "inclusive" in text
     assert report.spans == len(spans_to_frame(rb.batch()))
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("lightning")
 import lightning as L
 
 import ppetrace
-from exporters import compare, read_chrome_trace, step_report, summarize_run
+from exporters import compare, read_chrome_trace, render, step_report, summarize_run
 from ppetrace.integrations import _precedence
 from ppetrace.integrations.lightning import LightningProfiler, ppetrace_event
 from ppetrace.profilers import CudaTimer
@@ -152,6 +152,9 @@ def test_a_lightning_fit_gives_the_trainer_spans_and_report(tmp_path: Path) -> N
     assert set(tested["stage"]) == {"test"}
     report = step_report(tested, warmup_steps=0)
     assert report.total_steps == 0 and report.events.empty
+    text = render(report, "table")  # no empty training table; one for the evaluation
+    assert "No training events: the run did not train" in text
+    assert "Training events (" not in text and "Validation and test events (" in text
     assert "[Strategy]SingleDeviceStrategy.test_step" in set(report.validation["event"])
     assert "--warmup" not in profiler.summary() and profiler.summary().endswith("\n")
     # each stage's file says what it ran on, as the Trainer's, and which stage it is
