@@ -189,26 +189,21 @@ def check_one_run(items: Sequence[Any]) -> None:
             ranks = item.metadata.get("ranks")  # a merged trace: its ranks
             if not isinstance(ranks, list) or len(ranks) < 2:
                 continue  # one process's file: a process of its own
-        trace_id = item.metadata.get("trace_id")
-        if isinstance(trace_id, str) and trace_id:
-            runs.setdefault(trace_id, item.path)
-            if len(runs) > 1:
-                first, other = (runs[t] for t in runs)
-                raise TraceError(
-                    f"Expected the rank files of one run (one trace id), but {first} and "
-                    f"{other} come from different runs (trace ids {', '.join(runs)}). Merge "
-                    "the files of one run: its trace.ranks/ folder."
-                )
-        stage = item.metadata.get("ppetrace.stage")  # a LightningProfiler stage's file
-        if isinstance(stage, str):
-            stages.setdefault(stage, item.path)
-            if len(stages) > 1:
-                first, other = (stages[s] for s in stages)
-                raise TraceError(
-                    f"Expected the rank files of one stage, but {first} and {other} come "
-                    f"from different Lightning stages ({', '.join(stages)}) of the run. "
-                    "Merge the rank files of one stage."
-                )
+        _one_of(
+            runs,
+            item,
+            "trace_id",
+            "Expected the rank files of one run (one trace id), but {} and {} come from "
+            "different runs (trace ids {}). Merge the files of one run: its trace.ranks/ "
+            "folder.",
+        )
+        _one_of(  # a LightningProfiler stage's file
+            stages,
+            item,
+            "ppetrace.stage",
+            "Expected the rank files of one stage, but {} and {} come from different "
+            "Lightning stages ({}) of the run. Merge the rank files of one stage.",
+        )
         for rank in ranks:
             if isinstance(rank, int) and rank in seen:
                 raise TraceError(
@@ -218,3 +213,16 @@ def check_one_run(items: Sequence[Any]) -> None:
                 )
             if isinstance(rank, int):
                 seen[rank] = item.path
+
+
+def _one_of(seen: dict[str, str], item: Any, key: str, message: str) -> None:
+    """Note the value of ``key`` in ``item``'s metadata (a non-empty str) in ``seen``
+    (value -> the first file that had it); a second value raises :class:`TraceError` with
+    ``message`` formatted with the two files and the values."""
+    value = item.metadata.get(key)
+    if not isinstance(value, str) or not value:
+        return
+    seen.setdefault(value, item.path)
+    if len(seen) > 1:
+        first, other = (seen[v] for v in seen)
+        raise TraceError(message.format(first, other, ", ".join(seen)))

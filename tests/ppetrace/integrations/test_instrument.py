@@ -37,6 +37,19 @@ def _train(model: nn.Module, loader: Any, opt: torch.optim.Optimizer, accumulate
             opt.zero_grad()
 
 
+def _summed_loss_epochs(model: nn.Module, loader: Any, opt: torch.optim.Optimizer) -> None:
+    """Two epochs of accumulation over a summed loss: one backward per group of 4 batches."""
+    for _ in range(2):
+        total: Any = 0
+        for i, (x, y) in enumerate(loader):
+            total = total + nn.functional.cross_entropy(model(x), y)
+            if (i + 1) % 4 == 0:
+                total.backward()
+                opt.step()
+                opt.zero_grad()
+                total = 0
+
+
 def _frame(path: Path) -> pd.DataFrame:
     return read_chrome_trace(path)
 
@@ -214,15 +227,7 @@ def test_accumulation_over_a_summed_loss_steps_per_batch_from_the_first_group(
     model, data = _model(), make_loader(128, 8)  # 16 batches
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
-        for _ in range(2):
-            total: Any = 0
-            for i, (x, y) in enumerate(data):
-                total = total + nn.functional.cross_entropy(model(x), y)
-                if (i + 1) % 4 == 0:
-                    total.backward()
-                    opt.step()
-                    opt.zero_grad()
-                    total = 0
+        _summed_loss_epochs(model, data, opt)
     assert (handle.steps, handle.global_step) == (32, 8)
     frame = _frame(tmp_path / "t.json")
     assert "trainer.validation" not in set(frame["name"])
@@ -245,15 +250,7 @@ def test_accumulation_over_a_summed_loss_with_summarised_steps(
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     detail = ppetrace.Schedule(wait=3, warmup=0, active=1, repeat=0)
     with ppetrace.instrument(trace_path=tmp_path / "t.json", trace_detail=detail) as handle:
-        for _ in range(2):
-            total: Any = 0
-            for i, (x, y) in enumerate(data):
-                total = total + nn.functional.cross_entropy(model(x), y)
-                if (i + 1) % 4 == 0:
-                    total.backward()
-                    opt.step()
-                    opt.zero_grad()
-                    total = 0
+        _summed_loss_epochs(model, data, opt)
     assert (handle.steps, handle.global_step) == (40, 10)
     report = step_report(_frame(tmp_path / "t.json"), warmup_steps=0)
     assert report.detail is not None
