@@ -33,6 +33,7 @@ class Candidate:
         "pair",
         "fetch_attrs",
         "loader",
+        "loader_start",
         "post_start",
         "post_end",
     )
@@ -63,6 +64,8 @@ class Candidate:
         self.iterator: Any = None
         #: a weak reference to the DataLoader of that iterator (``iter()`` noted it), or None
         self.loader: Any = None
+        #: the start of its loader's ``iter()`` (``trainer.loader_start``), for a first batch
+        self.loader_start: int | None = None
         #: the start of the first forward with gradients after the batch's optimizer step
         #: that no backward or optimizer step followed (yet), and the end of the last:
         #: an evaluation that forgot ``no_grad`` (a GAN's generator step clears it)

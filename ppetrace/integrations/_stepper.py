@@ -194,6 +194,8 @@ class StepTracker:
             self._weak_prev = weak
             self._loader_prev = self._loader_of.get(iterator) if weak is not None else None
         cand.iterator, cand.loader = weak, self._loader_prev
+        if batch_idx == 0 and weak is not None:  # the loader's start, for an evaluation's
+            cand.loader_start = self._started.pop(iterator, None)
         return cand
 
     def open_untimed(self, st: ThreadState, cand: Candidate) -> bool:
@@ -303,11 +305,8 @@ class StepTracker:
         evaluation loader's first batch the loader's start (``iter()``, the workers'
         start-up), as the loader's end is the validation's too."""
         begun = cand.fetched if cand.fetched is not None else start
-        iterator = _deref(cand.iterator)
-        loader_start = self._started.pop(iterator, None) if iterator is not None else None
-        if loader_start is not None and cand.attrs.get("ppetrace.batch_idx") == 0:
-            return min(begun, loader_start)
-        return begun
+        loader_start = cand.loader_start
+        return begun if loader_start is None else min(begun, loader_start)
 
     def optimizer_end(self, st: ThreadState) -> int:
         """The outermost optimizer step ends now: count it, and return the time it ended

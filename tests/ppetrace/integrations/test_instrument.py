@@ -388,7 +388,12 @@ def test_a_grad_enabled_evaluation_loader_without_backward_stays_evaluation(
     assert handle.steps == 12
     frame = _frame(tmp_path / "t.json")
     # each with the optimizer steps done when it ended, not when it was found to be one
-    assert list(_names(frame, "trainer.validation")["step"]) == [0, 4, 8]
+    validations = _names(frame, "trainer.validation")
+    assert list(validations["step"]) == [0, 4, 8]
+    # and from its loader's iter() (val, train, val, train, val, train), also the one
+    # whose iterator the loop let go at once
+    starts = _names(frame, "trainer.loader_start")["start_ns"]
+    assert list(validations["start_ns"]) == list(starts.iloc[[0, 2, 4]])
     assert len(step_report(frame, warmup_steps=0).steps) == 12
 
 
