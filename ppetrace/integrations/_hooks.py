@@ -252,7 +252,7 @@ class Hooks:
             st.in_fetch = False
             summarise = False
             try:  # inside the fetch: what the step needs to know about its batch
-                cand = tracker.prepare(start, batch, self, idx, parent)
+                cand = tracker.prepare(st, start, batch, self, idx, parent)
                 cand.fetch_attrs = attrs
                 summarise = tracker.open_untimed(st, cand)
                 st.fetch_cand = cand  # its fetch is recorded at the next hook
@@ -352,7 +352,7 @@ class Hooks:
             parent = getattr(span, "parent_id", None)
             if parent is not None:
                 parent = (span.trace_id, parent)
-            cand = tracker.prepare(start, batch, it, idx, parent)
+            cand = tracker.prepare(st, start, batch, it, idx, parent)
         except Exception:
             cand = None
             self.failed("DataLoader")
@@ -451,6 +451,7 @@ class Hooks:
         tracker = self.tracker
         if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
             tracker.flush_pending(st)
+        post = None  # a forward with gradients after its batch's optimizer step
         try:
             if depth == 0:
                 st.root = module
@@ -462,7 +463,8 @@ class Hooks:
                 if st.in_fetch:
                     pass  # a module that loads data: no step bookkeeping
                 elif torch.is_grad_enabled():
-                    tracker.train_forward(st, _perf_ns())
+                    cand = tracker.train_forward(st, _perf_ns())
+                    post = cand if cand.post_start is not None else None
                 elif tracker.is_val(st):
                     attrs["ppetrace.stage"] = VAL
                     st.val_attrs = []
@@ -489,6 +491,8 @@ class Hooks:
                 return orig(module, *args, **kwargs)
         finally:
             st.depth = depth
+            if post is not None:
+                post.post_end = _perf_ns()
             if depth == 0 and st.val_attrs is not None:
                 try:
                     tracker.val_forward(st, st.val_attrs, start, _perf_ns())

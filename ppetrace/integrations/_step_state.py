@@ -36,6 +36,7 @@ class Candidate:
         "loader_start",
         "post_start",
         "post_end",
+        "ended_pair",
     )
 
     def __init__(
@@ -71,6 +72,8 @@ class Candidate:
         #: an evaluation that forgot ``no_grad`` (a GAN's generator step clears it)
         self.post_start: int | None = None
         self.post_end = 0
+        #: a CudaTimer's pair ended while the batch waits to be decided (undecided)
+        self.ended_pair: Any = None
         self.profiled = -1
         self.pair: Any = None
         #: the attributes of the fetch that handed the batch over (recorded after the fact)
@@ -108,6 +111,8 @@ class ThreadState:
         "bwd_parent",
         "fetch_cand",
         "undecided",
+        "weak_prev",
+        "loader_prev",
     )
 
     def __init__(self, profiled: bool) -> None:
@@ -149,6 +154,10 @@ class ThreadState:
         #: a summed loss), else evaluation (a loop that forgot ``no_grad``); see
         #: :meth:`StepTracker._decide`
         self.undecided: list[tuple[Candidate, int, int]] = []
+        #: the weak reference of the last iterator that handed this thread a batch, and
+        #: the weak reference of its loader
+        self.weak_prev: Any = None
+        self.loader_prev: Any = None
 
 
 def weak(iterator: Any) -> Any:

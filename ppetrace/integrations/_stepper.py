@@ -90,9 +90,6 @@ class StepTracker:
         self._started: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         #: a weak reference to the iterator added last (adding is not free)
         self._last_trained: Any = None
-        #: the weak reference of the last iterator that handed a batch over, and its loader's
-        self._weak_prev: Any = None
-        self._loader_prev: Any = None
         #: iterator -> its loader (a weak reference), and the loaders whose current
         #: iterator trained and has not run out: a loop that leaves an epoch early
         #: (``break``) ends it when it asks the loader for the next iterator
@@ -168,13 +165,15 @@ class StepTracker:
 
     def prepare(
         self,
+        st: ThreadState,
         fetched: int,
         batch: Any,
         iterator: Any,
         batch_idx: int | None,
         parent: tuple[int, int] | None,
     ) -> Candidate:
-        """The candidate step of ``batch`` (number ``batch_idx`` of ``iterator``), handed over
+        """The candidate step of ``batch`` (number ``batch_idx`` of ``iterator``) on the thread
+        of ``st``, handed over
         by a fetch that started at ``fetched`` under ``parent`` (the fetch's parent: the step
         is its sibling); :meth:`begin` opens it. Made inside the fetch, so that its cost is
         not between the fetch and the step."""
@@ -190,10 +189,10 @@ class StepTracker:
             attrs["ppetrace.batch_size"] = size
         cand = Candidate(0, attrs, fetched, parent)
         weak = _weak(iterator)
-        if weak is not self._weak_prev:  # a new iterator: its loader, once
-            self._weak_prev = weak
-            self._loader_prev = self._loader_of.get(iterator) if weak is not None else None
-        cand.iterator, cand.loader = weak, self._loader_prev
+        if weak is not st.weak_prev:  # a new iterator on this thread: its loader, once
+            st.weak_prev = weak
+            st.loader_prev = self._loader_of.get(iterator) if weak is not None else None
+        cand.iterator, cand.loader = weak, st.loader_prev
         if batch_idx == 0 and weak is not None:  # the loader's start, for an evaluation's
             cand.loader_start = self._started.pop(iterator, None)
         return cand
@@ -255,9 +254,14 @@ class StepTracker:
             return self.open(st, now)
         return cand
 
-    def train_forward(self, st: ThreadState, now: int) -> None:
-        """A forward with gradients enabled starts at ``now``."""
-        self.ensure(st, now).train_seen = True
+    def train_forward(self, st: ThreadState, now: int) -> Candidate:
+        """A forward with gradients enabled starts at ``now``; returns its candidate (whose
+        ``post_start`` is set when the forward comes after its optimizer step)."""
+        cand = self.ensure(st, now)
+        cand.train_seen = True
+        if cand.opt_end and cand.post_start is None:
+            cand.post_start = now
+        return cand
 
     def training(self, st: ThreadState, now: int) -> None:
         """A backward or an optimizer step starts at ``now``: the candidate trains."""
@@ -350,7 +354,7 @@ class StepTracker:
         An evaluation loader's end is the validation's; a training loader's end right after
         a validation is not (the loop validated after its last step)."""
         if st.undecided:
-            self._decide(st, None)  # its batches that did not train were evaluation
+            self._ran_out(st, iterator)  # its batches that did not train were evaluation
         trained = iterator in self._trained_iterators
         if st.last_was_val and st.val_start is not None and not trained:
             st.val_end = max(st.val_end, end)
@@ -400,7 +404,7 @@ class StepTracker:
         self, st: ThreadState, cand: Candidate, end: int, error: str | None = None
     ) -> None:
         if st.undecided:
-            self._decide(st, cand.iterator)  # before it: steps of its group, or evaluation
+            self._decide(st, cand)  # before it: steps of its group, or evaluation
         if st.val_start is not None:
             self._emit_validation(st)  # the evaluation before this step
         st.last_was_val = False
@@ -439,54 +443,83 @@ class StepTracker:
         under ``no_grad`` (its tagged forwards) or not (an evaluation loop that forgot
         ``no_grad``: its forwards had gradients but no backward followed, from a loader
         that has not trained). Both join the validation run, which is not step time."""
-        if cand.pair is not None:
-            _cancel_pair(self.timer, cand.pair)
-            RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
-            cand.pair = None
-        if cand.val_start is not None:
-            self._extend_val(st, cand.val_start, cand.val_end, cand.parent)
-            st.last_was_val = True
-        elif not cand.train_seen:
-            st.last_was_val = False
-        elif cand.iterator is None:
-            self._as_validation(st, cand, end)
-        elif self._trained(cand.iterator):
+        # (a forward with gradients decides first: a teacher's no_grad forward before it
+        # keeps its tag until the batch turns out to be a step, as in _record_step)
+        if cand.train_seen and cand.iterator is not None and self._trained(cand.iterator):
             # a batch whose loss waits for a later backward (gradient accumulation over a
             # summed loss): a step of the group, as in the Trainer (one step per batch);
             # not the batch that instrument() closes on (the loop left it: no next fetch
             # says where it ended)
             if not self._closing:
                 self._record_step(st, cand, end)
+                return
+            self._drop_pair(cand)
+            st.last_was_val = False
+        elif cand.train_seen and cand.iterator is not None:
+            # a loader that has not trained: known when it (or another batch of its
+            # loader) trains, or it runs out; the device timing ends here
+            if cand.pair is not None:
+                _call(cand.pair.__exit__, None, None, None)
+                cand.pair, cand.ended_pair = None, cand.pair
+            st.undecided.append((cand, end, self.global_step))
+            if len(st.undecided) > MAX_UNDECIDED:  # a loop that never trains: bounded
+                self._as_validation(st, *st.undecided.pop(0))
+        else:
+            self._drop_pair(cand)
+            if cand.val_start is not None:  # its forwards under no_grad: evaluation
+                self._extend_val(st, cand.val_start, cand.val_end, cand.parent)
+                st.last_was_val = True
+            elif cand.train_seen:  # no DataLoader: a forward with gradients, no backward
+                self._as_validation(st, cand, end)
             else:
                 st.last_was_val = False
-        else:  # a loader that has not trained: known when it trains or runs out
-            st.undecided.append((cand, end, self.global_step))
+
+    def _drop_pair(self, cand: Candidate) -> None:
+        """The device event pair of a batch that is no training step: never resolved."""
+        for pair in (cand.pair, cand.ended_pair):
+            if pair is not None:
+                _cancel_pair(self.timer, pair)
+                RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
+        cand.pair = cand.ended_pair = None
 
     def _as_validation(
         self, st: ThreadState, cand: Candidate, end: int, step: int | None = None
     ) -> None:
         """``cand``, which ended at ``end`` after ``step`` optimizer steps (default: now),
         joins the validation run."""
+        self._drop_pair(cand)
         self._extend_val(st, self._val_begin(cand, cand.start), end, cand.parent)
         if step is not None:  # decided later (undecided): the steps done when it ended
             st.val_step = step
         st.last_was_val = True
 
-    def _decide(self, st: ThreadState, trained: Any) -> None:
-        """The undecided batches (:attr:`ThreadState.undecided`) of the iterator whose weak
-        reference is ``trained`` (a batch of it trains now) are training steps; the others
-        are evaluation (their iterator ran out, or another loader's batch trains, without
-        training them)."""
+    def _decide(self, st: ThreadState, trained: Candidate | None) -> None:
+        """The undecided batches (:attr:`ThreadState.undecided`) of the iterator or loader
+        of ``trained`` (a batch that trains now) are training steps; the others are
+        evaluation (another loader's batch trains, or the loop closes, without them)."""
         undecided, st.undecided = st.undecided, []
         for cand, end, step in undecided:
-            if trained is not None and cand.iterator is trained:
+            if trained is not None and _same_source(cand, trained):
                 self._record_step(st, cand, end)
             else:
                 self._as_validation(st, cand, end, step)
 
+    def _ran_out(self, st: ThreadState, iterator: Any) -> None:
+        """The undecided batches of ``iterator``, which ran out without training, are
+        evaluation; the others keep waiting."""
+        weak = _weak(iterator)
+        if weak is None or not any(u[0].iterator is weak for u in st.undecided):
+            return
+        mine = [u for u in st.undecided if u[0].iterator is weak]
+        st.undecided = [u for u in st.undecided if u[0].iterator is not weak]
+        for cand, end, step in mine:
+            self._as_validation(st, cand, end, step)
+
     def _extend_val(self, st: ThreadState, start: int, end: int, parent: tuple[int, int]) -> None:
         if st.val_start is None:
             st.val_start, st.val_parent = start, parent
+        elif start < st.val_start:  # (decided later than a batch after it)
+            st.val_start = start
         st.val_end = max(st.val_end, end)
         st.val_step = self.global_step
 
@@ -530,6 +563,20 @@ class StepTracker:
             states = list(self._states.values())
         for st in states:
             st.rows.close()
+
+
+#: the batches that wait for their loader to train, per thread: past this many (a loop
+#: that runs forwards with gradients and never trains, nor lets its loader run out), the
+#: oldest is decided as evaluation
+MAX_UNDECIDED = 256
+
+
+def _same_source(cand: Candidate, other: Candidate) -> bool:
+    """Whether two batches came from one iterator, or one loader (``next(iter(loader))``
+    each step makes an iterator per batch)."""
+    if cand.iterator is other.iterator:
+        return True
+    return cand.loader is not None and cand.loader is other.loader
 
 
 def _call(fn: Any, *args: Any) -> None:

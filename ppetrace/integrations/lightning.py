@@ -20,7 +20,7 @@ Lightning action                                ppetrace event
 
 Every span keeps the Lightning action in the attribute ``lightning.action``;
 every other action is a span under its Lightning name. Lightning's validation
-loop (from its first hook, ``on_validation_model_zero_grad``, to the strategy's
+loop (from its first hook inside the loop, ``on_validation_model_eval``, to the strategy's
 ``on_validation_end``) is wrapped in a ``trainer.validation`` span, so that it
 is left out of step time as the Trainer's is. Lightning runs
 ``training_step`` and ``backward`` inside the optimizer step's closure, so
@@ -99,8 +99,10 @@ _PROFILER_METHODS = ("setup", "step_begin", "step_end", "teardown")
 
 # what an action does besides its span (0: nothing)
 _STEP, _OPTIMIZER, _EPOCH, _VAL_START, _VAL_END = 1, 2, 3, 4, 5
-#: the hooks that Lightning's evaluation loop runs first (``on_run_start``)
-_VAL_FIRST = (".on_validation_model_zero_grad", ".on_validation_model_eval", ".on_validation_start")
+#: the hooks that Lightning's evaluation loop runs first (``on_run_start``, once it knows it
+#: has batches to run; ``on_validation_model_zero_grad`` comes before that check, and a
+#: loop without batches would leave a span open)
+_VAL_FIRST = (".on_validation_model_eval", ".on_validation_start")
 
 
 #: ``ppetrace.stage`` of every action in a Lightning stage that does not train: its spans

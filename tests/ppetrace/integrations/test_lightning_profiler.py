@@ -116,11 +116,8 @@ def test_a_lightning_fit_gives_the_trainer_spans_and_report(tmp_path: Path) -> N
     assert counts["trainer.validation"] == 3  # the sanity check and one per epoch
     # from the evaluation loop's first hooks: none of its actions is training time
     report = step_report(frame, warmup_steps=1)
-    for hook in ("on_validation_model_zero_grad", "on_validation_model_eval"):
-        action = f"[LightningModule]_Module.{hook}"
-        assert action in set(report.validation["event"]) and action not in set(
-            report.events["event"]
-        )
+    action = "[LightningModule]_Module.on_validation_model_eval"
+    assert action in set(report.validation["event"]) and action not in set(report.events["event"])
     assert "module.forward" not in counts  # instrument()'s hooks stood aside
     steps = frame[frame["name"] == "trainer.step"].sort_values("start_ns")
     assert set(steps["lightning.action"]) == {"run_training_batch"}
@@ -396,3 +393,20 @@ def test_rank_files_are_merged_only_in_the_teardown_that_describe_runs(tmp_path:
         profiler._merge_ranks()
     assert merged == [tmp_path / "trace.json"]
     assert profiler.last_trace_path == tmp_path / "trace.json"
+
+
+def test_a_validation_loop_without_batches_opens_no_validation(tmp_path: Path) -> None:
+    """Lightning runs ``on_validation_model_zero_grad`` before its evaluation loop finds it
+    has no batches and returns: the span opens only inside the loop, so no validation span
+    is left open over the next epoch (and the later epochs' validations are not lost)."""
+    g = torch.Generator().manual_seed(0)
+    empty = DataLoader(
+        TensorDataset(torch.randn(3, 4, generator=g), torch.randint(0, 2, (3,), generator=g)),
+        batch_size=4,
+        drop_last=True,
+    )
+    profiler = LightningProfiler(tmp_path / "t.json")
+    _trainer(profiler, max_epochs=2, num_sanity_val_steps=0).fit(_Module(), _loader(), empty)
+    frame = read_chrome_trace(tmp_path / "t.json")
+    assert "trainer.validation" not in set(frame["name"])
+    assert (frame["name"] == "trainer.step").sum() == 16
