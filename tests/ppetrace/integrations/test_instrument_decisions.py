@@ -34,8 +34,16 @@ def _inside(rows: pd.DataFrame, span: Any) -> pd.DataFrame:
     return rows[(rows["start_ns"] >= span.start_ns) & (rows["end_ns"] <= span.end_ns)]
 
 
-def _summed(model: nn.Module, x: Any, y: Any, total: Any) -> Any:
-    return total + nn.functional.cross_entropy(model(x), y)
+def _accumulate(model: nn.Module, opt: Any, i: int, x: Any, y: Any, total: Any) -> Any:
+    """Batch ``i`` of an accumulation over a summed loss, one backward per 4 batches: the
+    running total (0 after the group's optimizer step)."""
+    total = total + nn.functional.cross_entropy(model(x), y)
+    if (i + 1) % 4:
+        return total
+    total.backward()
+    opt.step()
+    opt.zero_grad()
+    return 0
 
 
 def test_a_validation_inside_the_first_group_leaves_the_groups_batches_steps(
@@ -49,16 +57,11 @@ def test_a_validation_inside_the_first_group_leaves_the_groups_batches_steps(
     with ppetrace.instrument(trace_path=tmp_path / "t.json") as handle:
         total: Any = 0
         for i, (x, y) in enumerate(data):
-            total = _summed(model, x, y, total)
-            if i == 1:
+            total = _accumulate(model, opt, i, x, y, total)
+            if i == 1:  # a validation inside the first group, after its second forward
                 with torch.no_grad():
                     for vx, _vy in val:
                         model(vx)
-            if (i + 1) % 4 == 0:
-                total.backward()
-                opt.step()
-                opt.zero_grad()
-                total = 0
     assert handle.steps == 16
     frame = read_chrome_trace(tmp_path / "t.json")
     (validation,) = _names(frame, "trainer.validation").itertuples()
@@ -114,13 +117,9 @@ def test_a_cuda_timer_times_the_batches_that_waited_and_sees_late_evaluations(
     with ppetrace.instrument(trace_path=tmp_path / "t.json", profilers=[timer]) as handle:
         total: Any = 0
         for i, (x, y) in enumerate(data):
-            total = _summed(model, x, y, total)
-            if (i + 1) % 4 == 0:
-                total.backward()
-                opt.step()
-                opt.zero_grad()
-                total = 0
-                model(val_x)  # an evaluation that forgot no_grad
+            total = _accumulate(model, opt, i, x, y, total)
+            if (i + 1) % 4 == 0:  # after the group's optimizer step, without no_grad
+                model(val_x)
     assert handle.steps == 8
     frame = read_chrome_trace(tmp_path / "t.json")
     steps = _names(frame, "trainer.step")
@@ -161,12 +160,7 @@ def test_a_fresh_iterator_each_batch_of_a_summed_loss_group_is_one_loaders(
         total: Any = 0
         for i in range(16):
             x, y = next(iter(data))
-            total = _summed(model, x, y, total)
-            if (i + 1) % 4 == 0:
-                total.backward()
-                opt.step()
-                opt.zero_grad()
-                total = 0
+            total = _accumulate(model, opt, i, x, y, total)
     assert handle.steps == 16
     assert "trainer.validation" not in set(read_chrome_trace(tmp_path / "t.json")["name"])
 
