@@ -271,9 +271,8 @@ class Hooks:
         return __next__
 
     def _shutdown_wrapper(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """The workers' shutdown of a DataLoader iterator let go before its end (a loop
-        that leaves the epoch with ``break``: the iterator's ``__del__``) is
-        ``trainer.loader_end``; at the end, the fetch that finds it already is."""
+        """The workers' shutdown of an iterator let go before its end (``break``: its
+        ``__del__``) is ``trainer.loader_end``; at the end, the fetch that finds it is."""
         hooks, tracker = self, self.tracker
         drivers, sessions = _drivers, _session
 
@@ -503,9 +502,8 @@ class Hooks:
     def _backward_wrapper(
         self, orig: Callable[..., Any], *, trains: bool = True
     ) -> Callable[..., Any]:
-        """``trains``: the call makes its batch a training step (``backward``); not for
-        ``torch.autograd.grad`` (a gradient penalty's batch trains by its backward; an
-        evaluation's input gradients do not train)."""
+        """``trains``: the call makes its batch a training step; not ``autograd.grad`` (an
+        evaluation's input gradients do not train; a gradient penalty's batch backward)."""
         hooks, tracker, span = self, self.tracker, self.span
         tls = tracker.tls
         dynamo, compiler = _dynamo_compiling, _compiler
