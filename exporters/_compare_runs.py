@@ -79,7 +79,7 @@ def _samples(frame: pd.DataFrame, warmup_steps: int) -> tuple[dict[str, np.ndarr
     keep = ~(in_step & warm[np.where(in_step, step_row, 0)]) & ~_validation(frame, assignment.ppos)
     unit = np.where(in_step, step_row, -1 - np.arange(n))[keep]
     all_codes, uniques = event_labels(frame, coded)
-    codes, uniques = pd.factorize(np.asarray(uniques, dtype=object)[all_codes[keep]])
+    codes = all_codes[keep]  # (codes of names left out leave gaps: no sample has them)
     dur = frame["dur_ns"].to_numpy(np.int64)[keep]
     if len(aggregates):  # the summarised steps' totals, in the counted steps
         counted = aggregates.only(~warm)

@@ -150,9 +150,9 @@ class ThreadState:
         self.fetch_cand: Candidate | None = None
         #: (candidate, end, optimizer steps done then) of batches that ran a forward with
         #: gradients and no backward, from a loader that has not trained yet: training
-        #: steps if a later batch of the same iterator trains (gradient accumulation over
-        #: a summed loss), else evaluation (a loop that forgot ``no_grad``); see
-        #: :meth:`StepTracker._decide`
+        #: steps if a later batch of the same iterator or loader trains (gradient
+        #: accumulation over a summed loss), else evaluation (a loop that forgot
+        #: ``no_grad``); see ``StepTracker._decide``
         self.undecided: list[tuple[Candidate, int, int]] = []
         #: the weak reference of the last iterator that handed this thread a batch, and
         #: the weak reference of its loader

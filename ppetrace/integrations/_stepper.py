@@ -16,9 +16,11 @@ started, ``ppetrace.stage``: ``train``, ``ppetrace.epoch``, and the batch's
 over). A batch without one is not a step: its forward calls under
 ``torch.no_grad()``/``inference_mode()`` carry ``ppetrace.stage = "val"``,
 and a run of such batches between training steps becomes one
-``trainer.validation`` span, left out of step time like the Trainer's; so does
-a batch whose forwards had gradients but no backward followed (an evaluation
-loop without ``no_grad``). A
+``trainer.validation`` span, left out of step time like the Trainer's. A batch
+whose forwards had gradients but no backward followed waits: it is a step when a
+later batch of its loader trains (accumulation over a summed loss), else
+evaluation (a loop without ``no_grad``), as is a forward with gradients after its
+batch's optimizer step that nothing trains. A
 forward under ``no_grad`` that turns out to be inside a training step (a
 teacher model's, before the student's forward) is not tagged when its loader
 trained before; on a loader's first batch it is tagged, and loses the tag when
@@ -51,7 +53,7 @@ from ._step_state import Candidate, ThreadState
 from ._step_state import deref as _deref
 from ._step_state import weak as _weak
 
-__all__ = ["Candidate", "StepTracker", "ThreadState"]  # (the first and last: ._step_state)
+__all__ = ["StepTracker"]
 
 _log = logging.getLogger("ppetrace")
 _perf_ns = time.perf_counter_ns
@@ -204,8 +206,12 @@ class StepTracker:
         st.cand = cand
         detail = self.detail
         # (the batches still undecided count: they become steps before this one, if any)
-        steps = self.steps + len(st.undecided)
-        return detail is not None and detail.armed and detail.due(steps) and _grad_enabled()
+        return (
+            detail is not None
+            and detail.armed
+            and detail.due(self.steps + len(st.undecided))
+            and _grad_enabled()
+        )
 
     def summarise(self, st: ThreadState, start: int) -> None:
         """Publish the start of a step to summarise (see :meth:`open_untimed`)."""
@@ -224,8 +230,12 @@ class StepTracker:
         attrs = cand.attrs
         detail = self.detail
         # a batch handed over under no_grad is evaluation: no step row will come
-        steps = self.steps + len(st.undecided)  # (as in open_untimed)
-        if detail is not None and detail.armed and detail.due(steps) and _grad_enabled():
+        if (
+            detail is not None
+            and detail.armed
+            and detail.due(self.steps + len(st.undecided))  # (as in open_untimed)
+            and _grad_enabled()
+        ):
             detail.summarise_at(start + RECORDER.offset_ns, st.rows.tid)
         if st.profiled and (self.profilers or self.timer is not None) and _grad_enabled():
             cand.profiled = self._profiled_batches
@@ -508,10 +518,9 @@ class StepTracker:
         """The undecided batches of ``iterator``, which ran out without training, are
         evaluation; the others keep waiting."""
         weak = _weak(iterator)
-        if weak is None or not any(u[0].iterator is weak for u in st.undecided):
-            return
-        mine = [u for u in st.undecided if u[0].iterator is weak]
-        st.undecided = [u for u in st.undecided if u[0].iterator is not weak]
+        mine = [u for u in st.undecided if u[0].iterator is weak] if weak is not None else []
+        if mine:
+            st.undecided = [u for u in st.undecided if u[0].iterator is not weak]
         for cand, end, step in mine:
             self._as_validation(st, cand, end, step)
 
