@@ -73,15 +73,28 @@ def _cgroup_cpus(root: str = "/sys/fs/cgroup") -> int | None:
     return max(1, -(-q // p))
 
 
-def _cpu_count(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+#: pid -> its cgroup's CPU quota (:func:`_cgroup_cpus`), read once per process
+_quota: dict[int, int | None] = {}
+
+
+def _cpu_count(cgroup_root: str | None = None) -> int | None:
     """The CPUs this process may run on: its affinity where the OS has one, and no more
-    than its cgroup's CPU quota allows (containers)."""
+    than its cgroup's CPU quota allows (containers). The quota of ``/sys/fs/cgroup``
+    (``cgroup_root`` None) is read once per process: its files cost 50-250 µs, which
+    every ``instrument()`` paid."""
     count = os.cpu_count()
     affinity = getattr(os, "sched_getaffinity", None)
     if affinity is not None:
         with contextlib.suppress(OSError):
             count = len(affinity(0))
-    quota = _cgroup_cpus(cgroup_root)
+    if cgroup_root is None:
+        pid = os.getpid()
+        if pid not in _quota:
+            _quota.clear()  # a forked child's own
+            _quota[pid] = _cgroup_cpus()
+        quota = _quota[pid]
+    else:
+        quota = _cgroup_cpus(cgroup_root)
     if quota is not None and count is not None:
         return min(count, quota)
     return count
@@ -107,7 +120,7 @@ def capture_environment(*, device: object = None) -> dict[str, Any]:
     Fields (:data:`ENVIRONMENT_FIELDS`): ``python`` (version), ``torch``
     (version, or ``None`` when torch is not imported), ``cpu_model``,
     ``cpu_count`` (CPUs this process may use: its affinity, within its cgroup's CPU
-    quota), ``torch_threads``
+    quota, read once per process), ``torch_threads``
     (``torch.get_num_threads()``, or ``None``), ``device`` (``str(device)``,
     with the GPU's name once CUDA is initialized; ``None`` when not given) and
     ``ppetrace`` (version). Never imports torch and never raises.

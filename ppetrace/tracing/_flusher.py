@@ -201,9 +201,13 @@ class Flusher:
             ok = sink.wait(seq) and ok
         return ok
 
-    def close(self, sinks: list[Sink]) -> None:
-        """Shut ``sinks`` down (their queues are delivered first); a sink that does not
-        finish within ``export_timeout`` gives up, counting what it still holds."""
+    def close(self, sinks: list[Sink], *, flush: bool = False) -> None:
+        """Shut ``sinks`` down (their queues are delivered first; with ``flush``, their
+        targets' ``force_flush`` runs before ``shutdown``, in the same wait); a sink that does
+        not finish within ``export_timeout`` gives up, counting what it still holds."""
+        if flush:
+            for sink in sinks:
+                sink.request("flush")
         seqs = [(sink, sink.request("shutdown")) for sink in sinks]
         for sink, seq in seqs:
             if not sink.wait(seq):

@@ -363,9 +363,10 @@ def remove_exporter(exporter: Any, *, shutdown: bool = True) -> None:
         FLUSHER.sinks = [s for s in FLUSHER.sinks if s.target is not exporter]
     if not mine:
         return
-    FLUSHER.flush(wait=True, sinks=mine)
-    if shutdown:
-        FLUSHER.close(mine)
+    if shutdown:  # one wait for both calls: the flush, then the shutdown
+        FLUSHER.close(mine, flush=True)
+    else:
+        FLUSHER.flush(wait=True, sinks=mine)
 
 
 def flush() -> None:

@@ -595,3 +595,32 @@ def test_large_batches_written_on_the_writer_thread_arrive_in_order(
     assert frame["step"].tolist() == list(range(15_000))
     assert [e["ph"] for e in _doc(path)["traceEvents"]][-1] == "i"
     assert exporter.errors == 0
+
+
+def test_an_earlier_trace_at_the_path_is_replaced_and_links_are_written_through(
+    tmp_path: Path,
+) -> None:
+    """A regular file at the path is removed, not truncated (on ext4 truncating a file just
+    written waits for its pages to be written out); a symlink and a hard-linked file are
+    written through, as open() does."""
+    path = tmp_path / "t.json"
+    path.write_text("an earlier trace" * 1_000)
+    before = path.stat().st_ino
+    keeper = path.open("rb")  # a reader of the earlier trace keeps reading it whole
+    with ChromeTraceExporter(path):
+        pass
+    assert json.loads(path.read_text())["traceEvents"] == []
+    assert path.stat().st_ino != before and keeper.read(16) == b"an earlier trace"
+    keeper.close()
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    with ChromeTraceExporter(link):
+        pass
+    assert link.is_symlink() and json.loads(target.read_text())["traceEvents"] == []
+    other = tmp_path / "other-name.json"
+    other.hardlink_to(target)
+    with ChromeTraceExporter(target):
+        pass
+    assert other.stat().st_ino == target.stat().st_ino  # one file, written in place
+    assert json.loads(other.read_text())["traceEvents"] == []

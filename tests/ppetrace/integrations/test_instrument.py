@@ -134,8 +134,11 @@ def test_close_restores_every_hook_and_patch_exactly() -> None:
 
 def test_a_second_instrument_raises_until_the_first_is_closed() -> None:
     with ppetrace.instrument():
-        with pytest.raises(RuntimeError, match=r"no other active ppetrace.instrument\(\)"):
+        with pytest.raises(RuntimeError, match=r"no other active ppetrace.instrument\(\)") as err:
             ppetrace.instrument()
+        # it says where the first one was started: this file, that line, its source
+        said = str(err.value)
+        assert f'"{__file__}", line' in said and "with ppetrace.instrument():" in said
         with pytest.raises(RuntimeError, match="Close it first"), ppetrace.instrument():
             pass
     ppetrace.instrument().close()  # fine once the first one is closed
