@@ -16,12 +16,21 @@ imports neither torch nor pandas; the exporters load on first use.
 - ``--ppetrace-compare DIR`` compares each benchmark with the baseline of the
   same name in ``DIR`` with :func:`exporters.compare` (the same method and
   defaults as ``ppetrace compare``: one run per side, judged against the
-  noise floor) and fails the test on a gated regression, with the Markdown
+  noise floor) and fails the test on a gated regression, with compare's text
   table in the failure message. ``--ppetrace-threshold``,
   ``--ppetrace-alpha``, ``--ppetrace-noise-floor`` and ``--ppetrace-gate``
   tune that verdict; environment differences are warnings
   (:class:`EnvironmentMismatchWarning`), or failures with
-  ``--ppetrace-strict-env``.
+  ``--ppetrace-strict-env``. A comparison that cannot decide (no gated event
+  with enough steps on both sides) fails the test, as ``ppetrace compare``
+  exits 2, unless ``--ppetrace-allow-no-verdict``. A benchmark without a
+  baseline in the folder warns (:class:`BaselineMissingWarning`) and passes; a
+  folder that does not exist is a usage error, unless it is also the
+  ``--ppetrace-save`` folder (the first run of a new baseline folder).
+- With both options the comparison comes first, against the baseline saved
+  before; then the run is saved. When both name one folder, a failed
+  comparison keeps the old baseline there (a slower run never becomes the
+  baseline it failed against).
 
 Example::
 
@@ -31,8 +40,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import sys
 import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +53,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporters._defaults import DEFAULT_ALPHA, DEFAULT_NOISE_FLOOR, DEFAULT_THRESHOLD
+from exporters._defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_GATE,
+    DEFAULT_NOISE_FLOOR,
+    DEFAULT_THRESHOLD,
+)
 from ppetrace.cli import fraction_note, parse_gate, parse_percent, parse_threshold
 
 if TYPE_CHECKING:
@@ -107,7 +123,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--ppetrace-gate",
         metavar="EVENTS",
         default=None,
-        help="events that can fail the test, separated by commas, or 'all' (default: trainer.step)",
+        help="events that can fail the test, separated by commas, or 'all' "
+        f"(default: {','.join(sorted(DEFAULT_GATE))})",
+    )
+    group.addoption(
+        "--ppetrace-allow-no-verdict",
+        action="store_true",
+        default=False,
+        help="pass a compared benchmark that no gated event could decide (too few steps, "
+        "or no gated event on both sides); by default it fails",
     )
     group.addoption(
         "--ppetrace-strict-env",
@@ -141,6 +165,32 @@ def pytest_configure(config: pytest.Config) -> None:
             parse_gate(gate)
         except ValueError as exc:
             raise pytest.UsageError(f"--ppetrace-gate: {exc}") from None
+    compare = config.getoption("--ppetrace-compare", default=None)
+    save = config.getoption("--ppetrace-save", default=None)
+    if compare and not Path(compare).is_dir() and not _same_folder(compare, save):
+        raise pytest.UsageError(
+            f"--ppetrace-compare: Expected a folder of baselines written by --ppetrace-save, "
+            f"but {compare} is {'not a folder' if Path(compare).exists() else 'missing'}. "
+            f"Run once with --ppetrace-save {compare} to create it, or check the path."
+        )
+
+
+def _same_folder(a: str | Path | None, b: str | Path | None) -> bool:
+    """Whether ``a`` and ``b`` name one folder (existing or not)."""
+    if not a or not b:
+        return False
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def _warn(message: str, category: type[Warning]) -> None:
+    """Warn with the location of the test's code: the first frame outside this module and
+    contextlib (``record``'s block ends in contextlib)."""
+    frame: Any = sys._getframe(0)
+    level = 1
+    while frame is not None and frame.f_code.co_filename in (__file__, contextlib.__file__):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 class _Collector:
@@ -220,6 +270,7 @@ class Benchmark:
         noise_floor: float = DEFAULT_NOISE_FLOOR,
         gate: str | Sequence[str] | None = None,
         strict_env: bool = False,
+        allow_no_verdict: bool = False,
     ) -> None:
         self.name = name
         self.save_dir = save_dir
@@ -229,6 +280,7 @@ class Benchmark:
         self.noise_floor = noise_floor
         self.gate = gate
         self.strict_env = strict_env
+        self.allow_no_verdict = allow_no_verdict
         self.frame: pd.DataFrame | None = None
         self.comparison: Comparison | None = None
         self.saved_path: Path | None = None
@@ -287,62 +339,83 @@ class Benchmark:
         self.frame = exporters.spans_to_frame(batches)
         self._runs += 1
         file_name = (self.name if self._runs == 1 else f"{self.name}+{self._runs}") + ".json"
+        # compare first: with one folder for both options, against the baseline saved before
+        failure = None
+        if self.compare_dir is not None:
+            failure = self._compare(self.compare_dir / file_name, environment, warmup_steps)
         if self.save_dir is not None:
-            self.save_dir.mkdir(parents=True, exist_ok=True)
             path = self.save_dir / file_name
-            writer = exporters.ChromeTraceExporter(path, metadata={"environment": environment})
-            for batch in batches:
-                writer.export_batch(batch)
-            writer.shutdown()
-            self.saved_path = path
-        if self.compare_dir is None:
-            return
+            if failure is not None and _same_folder(self.save_dir, self.compare_dir):
+                failure += (
+                    f"\n\nThe baseline {path} was kept: --ppetrace-save names the folder "
+                    "compared with, and a failed run does not replace its baseline."
+                )
+            else:
+                self.save_dir.mkdir(parents=True, exist_ok=True)
+                writer = exporters.ChromeTraceExporter(path, metadata={"environment": environment})
+                for batch in batches:
+                    writer.export_batch(batch)
+                writer.shutdown()
+                self.saved_path = path
+        if failure is not None:
+            pytest.fail(failure, pytrace=False)
+
+    def _compare(self, baseline: Path, environment: Any, warmup_steps: int) -> str | None:
+        """Compare :attr:`frame` with ``baseline``; the test's failure message, or None."""
+        import exporters
+
+        assert self.frame is not None
         if len(self.frame) == 0:
-            pytest.fail(
+            return (
                 "ppetrace: the benchmark recorded no spans, so there is nothing to compare. "
                 "Is tracing disabled (ppetrace.configure(enabled=False)), or did the code "
-                "call ppetrace.configure inside the benchmark?",
-                pytrace=False,
+                "call ppetrace.configure inside the benchmark?"
             )
-        baseline = self.compare_dir / file_name
         if not baseline.exists():
-            warnings.warn(
+            _warn(
                 f"ppetrace: no baseline {baseline} for this benchmark; run once with "
-                f"--ppetrace-save {self.compare_dir} to create it.",
+                f"--ppetrace-save {baseline.parent} to create it.",
                 BaselineMissingWarning,
-                stacklevel=3,
             )
-            return
-        base = exporters.summarize_run(
-            exporters.read_chrome_trace(baseline), warmup_steps=warmup_steps
-        )
-        candidate = dataclasses.replace(
-            exporters.summarize_run(self.frame, warmup_steps=warmup_steps),
-            environment=environment,
-        )
-        self.comparison = exporters.compare(
-            base,
-            candidate,
-            threshold=self.threshold,
-            alpha=self.alpha,
-            noise_floor=self.noise_floor,
-            gate=self.gate,
-        )
+            return None
+        try:
+            base = exporters.summarize_run(
+                exporters.read_chrome_trace(baseline), warmup_steps=warmup_steps
+            )
+            candidate = dataclasses.replace(
+                exporters.summarize_run(self.frame, warmup_steps=warmup_steps),
+                environment=environment,
+            )
+            self.comparison = exporters.compare(
+                base,
+                candidate,
+                threshold=self.threshold,
+                alpha=self.alpha,
+                noise_floor=self.noise_floor,
+                gate=self.gate,
+            )
+        except (exporters.TraceError, ValueError) as exc:
+            return f"ppetrace: comparing with the baseline {baseline} failed: {exc}"
         env = self.comparison.environment_warnings
         for line in env:
-            warnings.warn(f"ppetrace: {line}", EnvironmentMismatchWarning, stacklevel=3)
+            _warn(f"ppetrace: {line}", EnvironmentMismatchWarning)
         if self.strict_env and env:
-            pytest.fail(
+            return (
                 f"ppetrace: the baseline {baseline} was recorded in another environment "
-                "(--ppetrace-strict-env):\n" + "\n".join(env),
-                pytrace=False,
+                "(--ppetrace-strict-env):\n" + "\n".join(env)
             )
+        table = exporters.render_comparison_table(self.comparison)
         if self.comparison.has_regression:
-            pytest.fail(
-                "ppetrace: gated regression against the baseline "
-                f"{baseline}\n\n" + exporters.render_comparison_table(self.comparison),
-                pytrace=False,
+            return f"ppetrace: gated regression against the baseline {baseline}\n\n{table}"
+        if not self.comparison.decided and not self.allow_no_verdict:
+            gated = ", ".join(self.comparison.gated) or "none"
+            return (
+                f"ppetrace: no verdict against the baseline {baseline}: no gated event "
+                f"({gated}) has enough steps after the warmup on both sides to decide on, "
+                "so this comparison cannot catch a regression. Run more steps, lower the "
+                f"warmup, or pass --ppetrace-allow-no-verdict to accept it.\n\n{table}"
             )
+        return None
 
 
 @pytest.fixture
@@ -364,4 +437,5 @@ def ppetrace_benchmark(request: pytest.FixtureRequest) -> Benchmark:
         ),
         gate=None if gate is None else parse_gate(gate),
         strict_env=bool(config.getoption("--ppetrace-strict-env")),
+        allow_no_verdict=bool(config.getoption("--ppetrace-allow-no-verdict")),
     )

@@ -13,7 +13,7 @@ the head revision of a pull request, interleaved on one runner
 
     ppetrace compare runs/base runs/cand --warmup 20 --format md --output comment.md
 
-``ppetrace compare`` exits with 1 on a gated regression (``trainer.step``),
+``ppetrace compare`` exits with 1 on a gated regression (``trainer.step`` or ``step.wall``),
 which fails the job; the Markdown becomes the pull request comment.
 """
 

@@ -103,13 +103,82 @@ def test_compare_passes_when_the_run_is_not_slower(pytester: pytest.Pytester) ->
     result.assert_outcomes(passed=1)
 
 
-def test_a_missing_baseline_warns_and_passes(pytester: pytest.Pytester) -> None:
+def test_a_missing_baseline_warns_at_the_test_and_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_bench=BENCH)
+    (pytester.path / "empty").mkdir()
     result = pytester.runpytest(
         "--ppetrace-compare", str(pytester.path / "empty"), "-p", "no:cacheprovider"
     )
     result.assert_outcomes(passed=1, warnings=1)
-    assert "no baseline" in result.stdout.str()
+    text = result.stdout.str()
+    assert "no baseline" in text
+    assert "test_bench.py:" in text and "contextlib" not in text  # where the test is
+
+
+def test_a_missing_baseline_folder_is_a_usage_error_unless_it_is_saved_to(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_bench=BENCH)
+    missing = str(pytester.path / "no_such_dir")
+    result = pytester.runpytest("--ppetrace-compare", missing, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "Expected a folder of baselines written by --ppetrace-save" in result.stderr.str()
+    # the first run of a new baseline folder: compared with nothing, then saved there
+    args = ("--ppetrace-compare", missing, "--ppetrace-save", missing, "-p", "no:cacheprovider")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=1, warnings=1)
+    assert (Path(missing) / BASELINE_NAME).is_file()
+
+
+def test_one_folder_for_save_and_compare_compares_first_and_keeps_a_failed_runs_baseline(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_bench=BENCH)
+    folder = pytester.path / "base"
+    _baseline(folder / BASELINE_NAME, step_ns=1)  # nothing real is that fast: it fails
+    before = (folder / BASELINE_NAME).read_bytes()
+    args = ("--ppetrace-compare", str(folder), "--ppetrace-save", str(folder))
+    result = pytester.runpytest(*args, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert "gated regression" in result.stdout.str() and "was kept" in result.stdout.str()
+    assert (folder / BASELINE_NAME).read_bytes() == before
+    # a run that passes replaces it (after the comparison, with the old one)
+    _baseline(folder / BASELINE_NAME, step_ns=10**9)  # one second a step: not slower
+    result = pytester.runpytest(*args, "--ppetrace-threshold", "10%", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    steps = read_chrome_trace(folder / BASELINE_NAME).query("name == 'trainer.step'")
+    assert len(steps) == 13 and steps["dur_ns"].max() < 10**9
+
+
+def test_no_verdict_fails_unless_allowed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_bench="""
+        def test_bench(ppetrace_benchmark):
+            ppetrace_benchmark(sum, range(20_000), steps=3, warmup=1)
+        """
+    )
+    baseline = pytester.path / "base"
+    _baseline(baseline / BASELINE_NAME, step_ns=1, steps=4)  # far faster, but 3 steps
+    args = ("--ppetrace-compare", str(baseline), "-p", "no:cacheprovider")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(failed=1)
+    assert "no verdict against the baseline" in result.stdout.str()
+    assert "--ppetrace-allow-no-verdict" in result.stdout.str()
+    pytester.runpytest(*args, "--ppetrace-allow-no-verdict").assert_outcomes(passed=1)
+
+
+def test_a_baseline_that_cannot_be_read_fails_with_a_message_not_a_traceback(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_bench=BENCH)
+    baseline = pytester.path / "base"
+    baseline.mkdir()
+    (baseline / BASELINE_NAME).write_text("garbage")
+    result = pytester.runpytest("--ppetrace-compare", str(baseline), "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "ppetrace: comparing with the baseline" in text and "failed:" in text
+    assert "_parse.py" not in text  # no traceback into the reader
 
 
 def test_record_mode_collects_what_the_block_traces(pytester: pytest.Pytester) -> None:
