@@ -81,6 +81,9 @@ if TYPE_CHECKING:
         compare as compare,
     )
     from .comparison import (
+        drop_copies as drop_copies,
+    )
+    from .comparison import (
         event_samples as event_samples,
     )
     from .comparison import (
@@ -97,6 +100,9 @@ if TYPE_CHECKING:
     )
     from .comparison import (
         render_comparison_table as render_comparison_table,
+    )
+    from .comparison import (
+        run_identity as run_identity,
     )
     from .comparison import (
         summarize_run as summarize_run,
@@ -174,6 +180,8 @@ _LAZY = {
     "RunSummary": ".comparison",
     "summarize_run": ".comparison",
     "group_runs": ".comparison",
+    "drop_copies": ".comparison",
+    "run_identity": ".comparison",
     "Comparison": ".comparison",
     "Verdict": ".comparison",
     "compare": ".comparison",

@@ -47,7 +47,15 @@ from ._steps import (
 )
 from .frame import _inherit
 
-__all__ = ["EventStat", "RunSummary", "event_samples", "group_runs", "summarize_run"]
+__all__ = [
+    "EventStat",
+    "RunSummary",
+    "drop_copies",
+    "event_samples",
+    "group_runs",
+    "run_identity",
+    "summarize_run",
+]
 
 
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
@@ -257,6 +265,44 @@ def _rank_of(frame: pd.DataFrame) -> int | None:
     meta = frame.attrs.get("metadata")
     rank = meta.get("rank") if isinstance(meta, Mapping) else None
     return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
+def run_identity(frame: pd.DataFrame) -> tuple[Any, ...] | None:
+    """What makes a trace file one recording: its trace id, rank, host, process and start
+    (``otherData``), with its span count and first and last times; None when its file
+    records no trace id or start. Two files with one identity are copies of one run (a
+    file copied, ``ppetrace repair``'s copy); two fits of one process, which share the
+    trace id, start apart."""
+    meta = frame.attrs.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    trace_id, started = meta.get("trace_id"), meta.get("start_time_ns")
+    if not (isinstance(trace_id, str) and trace_id) or not isinstance(started, int):
+        return None
+    n = len(frame)
+    first = int(frame["start_ns"].min()) if n else None
+    last = int(frame["end_ns"].max()) if n else None
+    return (trace_id, meta.get("rank"), meta.get("host"), meta.get("pid"), started, n, first, last)
+
+
+def drop_copies(
+    frames: list[pd.DataFrame],
+) -> tuple[list[pd.DataFrame], list[tuple[Any, Any]]]:
+    """``frames`` with each recording once (:func:`run_identity`): a copy of a file given
+    before is left out, so one run never counts as several independent runs. Returns the
+    frames kept and, per frame left out, its path and the path of the one kept."""
+    kept: list[pd.DataFrame] = []
+    seen: dict[tuple[Any, ...], Any] = {}
+    copies: list[tuple[Any, Any]] = []
+    for frame in frames:
+        key = run_identity(frame)
+        if key is not None and key in seen:
+            copies.append((frame.attrs.get("path"), seen[key]))
+            continue
+        if key is not None:
+            seen[key] = frame.attrs.get("path")
+        kept.append(frame)
+    return kept, copies
 
 
 def group_runs(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:

@@ -49,7 +49,15 @@ from ._compare_render import (
     render_comparison_table,
 )
 from ._compare_result import _ORDER, Comparison, Verdict
-from ._compare_runs import EventStat, RunSummary, event_samples, group_runs, summarize_run
+from ._compare_runs import (
+    EventStat,
+    RunSummary,
+    drop_copies,
+    event_samples,
+    group_runs,
+    run_identity,
+    summarize_run,
+)
 from ._compare_stats import holm, run_level_test
 from ._defaults import (
     DEFAULT_ALPHA,
@@ -75,6 +83,7 @@ __all__ = [
     "RunSummary",
     "Verdict",
     "compare",
+    "drop_copies",
     "event_samples",
     "holm",
     "render_comparison",
@@ -83,6 +92,7 @@ __all__ = [
     "render_comparison_table",
     "summarize_run",
     "group_runs",
+    "run_identity",
 ]
 
 Run = pd.DataFrame | RunSummary

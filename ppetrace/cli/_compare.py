@@ -145,13 +145,29 @@ def add_compare(sub: Any) -> None:
 
 
 def _summaries(
-    spec: str, label: str, warmup: int, err: IO[str], rank: int | None = None
+    spec: str,
+    label: str,
+    warmup: int,
+    err: IO[str],
+    rank: int | None = None,
+    identities: set[Any] | None = None,
 ) -> list[Any]:
     """One RunSummary per run: the files of one run (rank files sharing a trace id) count
-    as one."""
+    as one, and a copy of a file counts once. ``identities`` gets each file's
+    ``exporters.run_identity``."""
     import exporters
 
     frames = [_read_frame(path, err) for path in _trace_paths(spec, label)]
+    if identities is not None:
+        identities.update(filter(None, map(exporters.run_identity, frames)))
+    frames, copies = exporters.drop_copies(frames)
+    for copy, original in copies:
+        _write(
+            err,
+            f"ppetrace: warning: {label}: {copy} is a copy of {original} (the same run: trace "
+            "id, rank, process, start and spans); it counts once, as one run can only be "
+            "one sample.\n",
+        )
     out = []
     for run in exporters.group_runs(frames):
         try:
@@ -212,8 +228,9 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         note = fraction_note(text, option=option)
         if note is not None:
             _write(err, note)
-    base = _summaries(args.base, "BASE", args.warmup, err, args.rank)
-    candidate = _summaries(args.candidate, "CAND", args.warmup, err, args.rank)
+    sides: tuple[set[Any], set[Any]] = (set(), set())
+    base = _summaries(args.base, "BASE", args.warmup, err, args.rank, sides[0])
+    candidate = _summaries(args.candidate, "CAND", args.warmup, err, args.rank, sides[1])
     try:
         comparison = exporters.compare(
             base,
@@ -225,6 +242,12 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except exporters.TraceError as exc:
         raise _BadInput(str(exc)) from None
     same = _same_files(args.base, args.candidate)
+    shared = len(sides[0] & sides[1])
+    if not same and shared:  # copies of one recording under other names
+        same = (
+            f"share {shared} run{'s' if shared != 1 else ''} (copies of one recording under "
+            "other names): the same run on both sides makes them look alike"
+        )
     if same:
         _write(err, f"ppetrace: warning: BASE and CAND {same}.\n")
     if args.fmt != "table" or args.output is not None:  # the table shows them itself

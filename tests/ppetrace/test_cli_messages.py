@@ -99,11 +99,11 @@ def test_the_same_file_on_both_sides_is_warned_about(tmp_path: Path) -> None:
     assert err == (
         f"ppetrace: warning: BASE and CAND are the same file {base}, so they can only match.\n"
     )
-    other = write_run(tmp_path / "other.json", [1_000_000] * 8)
+    other = write_run(tmp_path / "other.json", [1_000_000] * 8, pid=1235)  # another process
     code, _, err = run("compare", str(base), str(other))
     assert code == 0 and err == ""
     # a run on both sides among others: said too
-    third = write_run(tmp_path / "third.json", [1_000_000] * 8)
+    third = write_run(tmp_path / "third.json", [1_000_000] * 8, pid=1236)
     code, _, err = run("compare", str(tmp_path / "[bo]*.json"), str(tmp_path / "[ot]*.json"))
     assert code == 0
     assert err == (
@@ -194,3 +194,20 @@ def test_a_file_where_an_output_folder_must_be_is_named_as_the_problem(tmp_path:
         assert code == 2, argv
         assert f"but {base} is a file, so " in line and "Pass a path whose folders" in line
     assert exporters.read_chrome_trace(base)["name"].tolist()  # the input is untouched
+
+
+def test_a_copy_of_a_run_counts_once_and_on_both_sides_is_warned_about(tmp_path: Path) -> None:
+    """Five copies of one recording are one run, not five samples (they made identical code
+    a significant regression); a copy in CAND of a BASE run is the same run on both sides."""
+    (tmp_path / "b").mkdir()
+    (tmp_path / "c").mkdir()
+    base = write_run(tmp_path / "b" / "r.json", [1_000_000] * 8)
+    cand = write_run(tmp_path / "c" / "r.json", [1_010_000] * 8, pid=99)
+    for k in range(2, 5):
+        (tmp_path / "b" / f"r{k}.json").write_bytes(base.read_bytes())
+    _, out, err = run("compare", str(tmp_path / "b"), str(cand))
+    assert "(1 run vs 1 run)" in out.splitlines()[0]
+    assert err.count("is a copy of") == 3 and f"{tmp_path / 'b' / 'r2.json'} is a copy" in err
+    (tmp_path / "c" / "copy.json").write_bytes(base.read_bytes())
+    _, _, err = run("compare", str(base), str(tmp_path / "c" / "copy.json"))
+    assert "BASE and CAND share 1 run (copies of one recording under other names)" in err
