@@ -21,7 +21,7 @@
   ``trainer.backward`` (the outermost call only; the first calls the second), and so
   does ``torch.autograd.grad`` (a gradient penalty's), which alone makes no batch a
   training step.
-- Optimizer steps: torch's global optimizer step hooks
+- Optimizer steps (:mod:`._optim_hooks`): torch's global optimizer step hooks
   (``register_optimizer_step_pre_hook``/``..._post_hook``) bracket
   ``trainer.optimizer_step``, recorded after the fact: the hooks give a start
   and an end, not a block to wrap, and a step that raises leaves no span.
@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +60,9 @@ from torch.optim import optimizer as _optim
 from ..tracing._recorder import RECORDER, _error_text, _get_ctx, span_attributes, trace
 from . import _precedence
 from ._modules import Paths, root_name
+from ._optim_hooks import compiler as _compiler
+from ._optim_hooks import dynamo_compiling as _dynamo_compiling
+from ._optim_hooks import optimizer_hooks
 from ._precedence import standing_aside
 from ._record import current_parent
 from ._stepper import VAL, StepTracker
@@ -69,19 +72,9 @@ __all__ = ["Hooks"]
 
 _log = logging.getLogger("ppetrace")
 _perf_ns = time.perf_counter_ns
+#: the autograd node running backward on this thread, or None (torch 2.x)
+_autograd_node: Callable[[], Any] = getattr(torch._C, "_current_autograd_node", lambda: None)
 _MISSING = object()
-
-
-_compiler: Any = torch.compiler
-if not hasattr(_compiler, "_is_compiling_flag"):  # an older torch: is_compiling() says it all
-    _compiler = types.SimpleNamespace(
-        _is_compiling_flag=False,
-        is_compiling=torch.compiler.is_compiling,
-    )
-# While torch.compile traces, the hooks must call straight through (no graph break):
-# is_dynamo_compiling() is what dynamo folds to True, and is cheaper than is_compiling()
-# (which also covers torch.export, through the flag read beside it).
-_dynamo_compiling = getattr(_compiler, "is_dynamo_compiling", _compiler.is_compiling)
 
 
 def _at_the_end(it: Any, yielded: int) -> bool:
@@ -148,14 +141,16 @@ class Hooks:
                 self.tracker.iter_started,
             ),
         )
-        if self.module_depth > 0:
-            self._patch(torch.nn.Module, "__call__", self._module_wrapper(torch.nn.Module.__call__))
+        # also at module_depth 0 (no module spans): forwards find training and evaluation
+        self._patch(torch.nn.Module, "__call__", self._module_wrapper(torch.nn.Module.__call__))
+        # a training thread that dies of an exception: its open step ends there, with ERROR
+        self._patch(threading, "excepthook", self._excepthook_wrapper(threading.excepthook))
         # Tensor.backward calls torch.autograd.backward: the outer one opens the span
         self._patch(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
         self._patch(torch.autograd, "backward", self._backward_wrapper(torch.autograd.backward))
         grad = self._backward_wrapper(torch.autograd.grad, trains=False)
         self._patch(torch.autograd, "grad", grad)
-        pre, post = self._optimizer_hooks()
+        pre, post = optimizer_hooks(self)
         self._handles.append(_optim.register_optimizer_step_pre_hook(pre))
         self._handles.append(_optim.register_optimizer_step_post_hook(post))
 
@@ -366,7 +361,9 @@ class Hooks:
         return batch
 
     def _module_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        hooks, tracker, max_depth = self, self.tracker, self.module_depth
+        hooks, tracker = self, self.tracker
+        spans = self.module_depth > 0  # module_depth 0: no spans, the bookkeeping only
+        max_depth = max(1, self.module_depth)
         grad_enabled = torch.is_grad_enabled
         tls = tracker.tls
         dynamo, compiler = _dynamo_compiling, _compiler
@@ -390,8 +387,12 @@ class Hooks:
             except AttributeError:
                 st = tracker.state()
             depth = st.depth
-            if depth >= max_depth:  # below the traced depth: nothing to record or count
+            if depth >= max_depth or st.in_backward:
+                # below the traced depth, or a recomputation inside backward (activation
+                # checkpointing: the backward's time): nothing to record or count
                 return orig(self, *args, **kwargs)
+            if not depth and st.cand is None and _autograd_node() is not None:
+                return orig(self, *args, **kwargs)  # the same, on an autograd thread
             session = sessions[0]
             if drivers[0] or (session is not None and session.running):
                 return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
@@ -429,12 +430,16 @@ class Hooks:
                 try:
                     err = _error_text(exc)  # its row now, with ERROR status
                     fwd = "module.forward"
-                    st.rows.record(fwd, start, _perf_ns(), st.fwd_parent, attrs, None, "ERROR", err)
+                    if spans:
+                        end = _perf_ns()
+                        st.rows.record(fwd, start, end, st.fwd_parent, attrs, None, "ERROR", err)
                 except Exception:
                     hooks.failed("module call")
                 raise
             st.depth = 0
-            st.fwd_end = end = _perf_ns()
+            end = _perf_ns()
+            if spans:
+                st.fwd_end = end
             if after:
                 cand.post_end = end
             return result
@@ -480,6 +485,8 @@ class Hooks:
         st.depth = depth + 1
         start = _perf_ns()
         try:
+            if not self.module_depth:  # no module spans (module_depth 0)
+                return orig(module, *args, **kwargs)
             with self.span("module.forward", attrs) as entered:
                 if st.val_attrs is not None:
                     # the dict the span records (a snapshot of attrs): the step
@@ -498,6 +505,24 @@ class Hooks:
                 except Exception:
                     self.failed("module call")
                 st.val_attrs = None
+
+    def _excepthook_wrapper(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``threading.excepthook``, called in a thread that an exception ends: the time
+        and the text, for its open step (:meth:`StepTracker.close`)."""
+        hooks, tls = self, self.tracker.tls
+
+        @functools.wraps(orig)
+        def excepthook(args: Any) -> Any:
+            if hooks.on and args.exc_type is not SystemExit:
+                try:
+                    if args.thread is threading.current_thread():
+                        st = tls.state  # AttributeError: no hook ran on this thread
+                        st.died, st.error = _perf_ns(), _error_text(args.exc_value)
+                except Exception:
+                    pass
+            return orig(args)
+
+        return excepthook
 
     def _backward_wrapper(
         self, orig: Callable[..., Any], *, trains: bool = True
@@ -569,81 +594,3 @@ class Hooks:
             return result
 
         return backward
-
-    def _optimizer_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
-        """torch's global optimizer step pre and post hooks: ``trainer.optimizer_step``
-        from the start of the first to the end of the second, recorded after the fact."""
-        hooks, tracker = self, self.tracker
-        tls = tracker.tls
-        dynamo, compiler = _dynamo_compiling, _compiler
-        drivers, sessions = _drivers, _session
-
-        def pre(opt: Any, args: Any, kwargs: Any) -> None:
-            now = _perf_ns()
-            if dynamo() or compiler._is_compiling_flag or not hooks.on:
-                return
-            session = sessions[0]
-            if drivers[0] or (session is not None and session.running):
-                return  # the Trainer or Lightning traces it
-            try:
-                try:
-                    st = tls.state
-                except AttributeError:
-                    st = tracker.state()
-                cand = st.cand
-                if cand is not None and (cand.train_seen or cand.fetched is not None):
-                    cand.train_seen = cand.trained = True  # the common case, without a call
-                    cand.post_start = None
-                else:
-                    tracker.training(st, now)
-                if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
-                    tracker.flush_pending(st)
-                opts = st.opts
-                if opts and opts[-1][0] is opt:
-                    opts.pop()  # its last step raised: no post hook came
-                attrs = {
-                    "ppetrace.step": tracker.global_step,
-                    "ppetrace.optimizer": type(opt).__name__,
-                }
-                pair = None
-                timer = tracker.timer
-                if timer is not None:
-                    pair = timer.wrap("trainer.optimizer_step", attrs)
-                    if pair is not None:
-                        RECORDER.hooked[id(attrs)] = attrs  # copied when the row is taken
-                        pair.begin(now, None)
-                opts.append((opt, now, current_parent(), attrs, pair))
-            except Exception:
-                hooks.failed("optimizer step")
-
-        def post(opt: Any, args: Any, kwargs: Any) -> None:
-            if dynamo() or compiler._is_compiling_flag or not hooks.on:
-                return
-            session = sessions[0]
-            if drivers[0] or (session is not None and session.running):
-                return
-            try:
-                try:
-                    st = tls.state
-                except AttributeError:
-                    st = tracker.state()
-                opts = st.opts
-                while opts:
-                    entry = opts.pop()
-                    if entry[0] is opt:
-                        break
-                else:
-                    return  # its pre hook ran before instrument() started
-                _, start, parent, attrs, pair = entry
-                if pair is not None:
-                    pair.__exit__(None, None, None)
-                # the bookkeeping before the clock is read: inside the optimizer step,
-                # not in the time between steps
-                end = _perf_ns() if opts else tracker.optimizer_end(st)
-                st.rows.record("trainer.optimizer_step", start, end, parent, attrs)
-                if not opts:
-                    tracker.after_optimizer_step(st, end)
-            except Exception:
-                hooks.failed("optimizer step")
-
-        return pre, post

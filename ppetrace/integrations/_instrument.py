@@ -238,8 +238,10 @@ def instrument(
     - every DataLoader iterator's ``__next__`` is a ``trainer.fetch_batch`` span, but
       the one that finds the end (the workers' shutdown), ``trainer.loader_end``;
       ``DataLoader.__iter__`` (the workers' start) is ``trainer.loader_start``;
-    - each module call at depth <= ``module_depth`` (1: the outermost only; 0: none)
-      is a ``module.forward`` span, ``ppetrace.module`` = class name or dotted path;
+    - each module call at depth <= ``module_depth`` (1: the outermost only; 0: none,
+      though forwards still tell training from evaluation) is a ``module.forward`` span,
+      ``ppetrace.module`` = class name or dotted path (a call inside backward, activation
+      checkpointing's recomputation, is the backward's);
     - ``Tensor.backward``/``torch.autograd.backward`` is ``trainer.backward``, and so is
       ``torch.autograd.grad`` (which alone makes no batch a training step);
     - ``Optimizer.step`` is ``trainer.optimizer_step`` (torch's global optimizer hooks);

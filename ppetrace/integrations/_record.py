@@ -92,6 +92,15 @@ class RowBuffer:
         this, the recorder kept every one of them while their thread lived)."""
         RECORDER.retire(self._buf)
 
+    def adopt(self) -> None:
+        """The owning thread ended: record from now on into a buffer of the calling thread,
+        the rows keeping the ended thread's id (``instrument()``'s close records what a
+        joined training thread left open)."""
+        tid = self.tid
+        self._buf = RECORDER._new_buffer_object()
+        self.records = self._buf.records
+        self.tid = tid
+
     def refresh(self) -> None:
         """In a forked child the parent's buffers are gone: take a buffer of its own."""
         self._buf = RECORDER._new_buffer_object()

@@ -113,6 +113,8 @@ class ThreadState:
         "undecided",
         "weak_prev",
         "loader_prev",
+        "died",
+        "error",
     )
 
     def __init__(self, profiled: bool) -> None:
@@ -135,6 +137,9 @@ class ThreadState:
         self.rows = RowBuffer()
         self.profiled = profiled
         self.thread = threading.current_thread()
+        #: when an exception ended the thread (``threading.excepthook``), and its text
+        self.died = 0
+        self.error: str | None = None
         #: the last outermost training forward, recorded at the next hook (its row is not
         #: made between its end and the return to the caller): pending while fwd_end > 0
         self.fwd_start = 0

@@ -554,12 +554,14 @@ class StepTracker:
             states = list(self._states.values())
         self._closing = True
         for st in states:
-            if not st.rows.alive():
-                continue  # its thread ended: nothing more can be recorded for it
+            end, failed = now, error if st.profiled else None
+            if not st.rows.alive():  # a thread that ended (joined): its rows are made here
+                st.rows.adopt()
+                end, failed = st.died or _last_seen(st), st.error
             if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 self.flush_pending(st)
             if st.cand is not None:
-                self.finalize(st, now, error if st.profiled else None)
+                self.finalize(st, end, failed)
             if st.undecided:
                 self._decide(st, None)
             if st.had_step:
@@ -578,6 +580,16 @@ class StepTracker:
 #: that runs forwards with gradients and never trains, nor lets its loader run out), the
 #: oldest is decided as evaluation
 MAX_UNDECIDED = 256
+
+
+def _last_seen(st: ThreadState) -> int:
+    """The latest time the hooks saw of a thread that ended without an exception: where
+    its open step ends."""
+    cand = st.cand
+    times = [st.fwd_end, st.bwd_end, st.val_end]
+    if cand is not None:
+        times += [cand.start, cand.opt_end or 0, cand.post_end or 0]
+    return max(times)
 
 
 def _same_source(cand: Candidate, other: Candidate) -> bool:
