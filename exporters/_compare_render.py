@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._compare_result import Comparison, Verdict
+from ._compare_result import Comparison, Verdict, is_inconclusive
 from ._render import fmt_ns, fmt_pct, json_records, markdown, md_code, md_text, text_table
 from ._steps import STEP
 
@@ -37,13 +37,22 @@ _MARK = {
 _INFO = {Verdict.REGRESSION: "slower (not gated)", Verdict.IMPROVEMENT: "faster (not gated)"}
 
 
-def shown_verdict(record: dict[str, Any], *, marks: bool = True) -> str:
+def shown_verdict(
+    record: dict[str, Any], *, marks: bool = True, comparison: Comparison | None = None
+) -> str:
     """The verdict of a row of :attr:`Comparison.records` as the tables show it: a gated
     event's (with its mark), or for an informational event a change that fails nothing
-    (``slower (not gated)``), never ``regression``."""
+    (``slower (not gated)``), never ``regression``. With ``comparison``, ``unchanged``
+    is told apart: ``inconclusive`` (beyond the threshold, not significant: the runs
+    cannot tell), ``within threshold`` (significant, but small) or ``unchanged``."""
     verdict = str(record["verdict"])
     if not record["gated"] and verdict in _INFO:
         return _INFO[verdict]
+    if verdict == Verdict.UNCHANGED and comparison is not None:
+        if is_inconclusive(record, alpha=comparison.alpha, threshold=comparison.threshold):
+            return f"{'⚠️ ' if marks else ''}inconclusive"
+        if float(record["p_holm"]) < comparison.alpha:
+            return "within threshold"
     return _MARK[verdict] if marks else verdict
 
 
@@ -91,7 +100,7 @@ def _rows(comparison: Comparison, *, marks: bool) -> tuple[list[str], list[list[
                 ci,
                 _p(float(r["p_holm"])),
                 _noise(r),
-                shown_verdict(r, marks=marks),
+                shown_verdict(r, marks=marks, comparison=comparison),
                 f"{r['base_runs']}/{r['cand_runs']}",
                 f"{r['base_n']}/{r['cand_n']}",
             ]
@@ -105,6 +114,9 @@ def _headline(comparison: Comparison) -> str:
         return f"{n} gated regression{'s' if n != 1 else ''}"
     if not comparison.decided:  # (ppetrace compare exits 2: it cannot catch a regression)
         return "no verdict (no gated event could be decided)"
+    unsure = len(comparison.inconclusive)
+    if unsure:
+        return f"no gated regression, {unsure} gated event{'s' if unsure != 1 else ''} inconclusive"
     return "no gated regression"
 
 
@@ -143,6 +155,8 @@ def _why(r: Mapping[str, Any], c: Comparison) -> str:
     delta = float(r["cand_median_ns"] - r["base_median_ns"])
     shown_delta = ("+" if delta >= 0 else "") + fmt_ns(delta)
     p = _p(float(r["p_holm"]))
+    if p == f"{c.alpha:g}":  # rounded onto alpha: show which side it is on
+        p = f"{float(r['p_holm']):.3g}"
     head = (
         f"{fmt_ns(r['base_median_ns'])} → {fmt_ns(r['cand_median_ns'])}, {change} "
         f"({c.confidence * 100:.0f}% CI {fmt_pct(r['ci_low'], signed=True)} … "
@@ -150,7 +164,14 @@ def _why(r: Mapping[str, Any], c: Comparison) -> str:
     )
     if not float(r["p_holm"]) < c.alpha:
         reason = f"not significant (p {p} ≥ {c.alpha:g})"
+        if is_inconclusive(r, alpha=c.alpha, threshold=c.threshold):
+            verdict = "inconclusive"
+            reason += (
+                f": the change is beyond the threshold {fmt_pct(c.threshold)}, but the runs "
+                "cannot tell it from noise"
+            )
     elif abs(float(r["change"])) <= c.threshold:
+        verdict = "within threshold"
         reason = f"significant, but within the threshold ({change} vs ±{fmt_pct(c.threshold)})"
     elif verdict == Verdict.BELOW_NOISE:
         reason = (
@@ -193,7 +214,8 @@ def render_comparison_markdown(comparison: Comparison) -> str:
     spans and every other text from the traces is escaped, so a name cannot inject
     HTML, links, headings, mentions or table cells."""
     n_reg = len(comparison.regressions)
-    title = f"❌ {_headline(comparison)}" if n_reg else f"✅ {_headline(comparison)}"
+    mark = "❌" if n_reg else ("⚠️" if comparison.inconclusive else "✅")
+    title = f"{mark} {_headline(comparison)}"
     header, rows = _rows(comparison, marks=True)
     parts = [f"### ppetrace compare: {title}", "", f"{_runs(comparison)}.", ""]
     if comparison.environment_warnings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "Comparison",
     "Verdict",
+    "is_inconclusive",
 ]
 
 
@@ -39,6 +41,16 @@ class Verdict:
     BELOW_NOISE = "below noise"
     UNCHANGED = "unchanged"
     INSUFFICIENT = "insufficient data"
+
+
+def is_inconclusive(record: Mapping[str, Any], *, alpha: float, threshold: float) -> bool:
+    """Whether a row ``unchanged`` by its verdict has a change beyond ``threshold`` that is
+    not significant at ``alpha``: shown as ``inconclusive``."""
+    return (
+        record["verdict"] == Verdict.UNCHANGED
+        and not float(record["p_holm"]) < alpha
+        and abs(float(record["change"])) > threshold
+    )
 
 
 _ORDER = {
@@ -138,6 +150,16 @@ class Comparison:
     def improvements(self) -> list[str]:
         """Gated events that improved."""
         return self._with(Verdict.IMPROVEMENT)
+
+    @property
+    def inconclusive(self) -> list[str]:
+        """Gated events whose change is beyond the threshold but not significant: the runs
+        cannot tell it from noise (no verdict against the code, none for it either)."""
+        return [
+            str(r["event"])
+            for r in self.records
+            if r["gated"] and is_inconclusive(r, alpha=self.alpha, threshold=self.threshold)
+        ]
 
     @property
     def decided(self) -> bool:

@@ -39,6 +39,7 @@ from ._defaults import DEFAULT_NOISE_FLOOR
 __all__ = [
     "DEFAULT_NOISE_FLOOR",
     "RunLevelTest",
+    "detectable_change",
     "holm",
     "log_median_se",
     "run_level_test",
@@ -133,6 +134,23 @@ def run_level_test(
         source=source,
         df=dist_df,
     )
+
+
+def detectable_change(
+    noise: float, base_runs: int, cand_runs: int, *, alpha: float, power: float = 0.8
+) -> float:
+    """The smallest relative change that the run-level test finds with probability
+    ``power`` at two-sided level ``alpha`` (the first step of Holm's correction: pass
+    alpha over the gated events), when runs scatter by ``noise`` (SD of the log run
+    medians) and ``base_runs`` and ``cand_runs`` are compared (Student's t on their
+    degrees of freedom; normal without any)."""
+    se = noise * math.sqrt(1.0 / base_runs + 1.0 / cand_runs)
+    df = base_runs + cand_runs - 2
+    if df >= 1:
+        needed = float(special.stdtrit(df, 1.0 - alpha / 2.0) + special.stdtrit(df, power))
+    else:
+        needed = float(special.ndtri(1.0 - alpha / 2.0) + special.ndtri(power))
+    return math.expm1(needed * se)
 
 
 def holm(p_values: np.ndarray) -> np.ndarray:

@@ -58,7 +58,7 @@ from ._compare_runs import (
     run_identity,
     summarize_run,
 )
-from ._compare_stats import holm, run_level_test
+from ._compare_stats import detectable_change, holm, run_level_test
 from ._defaults import (
     DEFAULT_ALPHA,
     DEFAULT_GATE,
@@ -251,6 +251,29 @@ def _verdict(
     return Verdict.REGRESSION if change > 0 else Verdict.IMPROVEMENT
 
 
+def _resolution_notes(
+    rows: list[dict[str, Any]], noise_floor: float, alpha: float, threshold: float
+) -> list[str]:
+    """A note for each gated event whose runs scatter far beyond the noise floor: the
+    smallest change its comparison can find, so that a pass is read for what it is."""
+    gated = [r for r in rows if r["gated"] and not math.isnan(float(r["p_value"]))]
+    notes = []
+    for r in gated:
+        noise = float(r["noise"])
+        if r["noise_source"] != "runs" or noise <= 2 * noise_floor:
+            continue
+        runs = int(r["base_runs"]), int(r["cand_runs"])
+        smallest = detectable_change(noise, *runs, alpha=alpha / len(gated))
+        notes.append(
+            f"{r['event']}: the runs' own scatter ({noise:.1%}) is {noise / noise_floor:.1f}x "
+            f"the noise floor ({noise_floor:.1%}). With {runs[0]} and {runs[1]} runs, a "
+            f"change is found 80% of the time only from about {smallest:+.0%} (the "
+            f"threshold is {threshold:.0%}); a pass says no more. Compare more runs per "
+            "side, or on a quieter machine."
+        )
+    return notes
+
+
 def compare(
     base: Run | Sequence[Run],
     candidate: Run | Sequence[Run],
@@ -374,6 +397,17 @@ def compare(
             threshold=threshold,
             floor=floor_ns,
         )
+    notes += _resolution_notes(rows, noise_floor, alpha, threshold)
+    counts = [[r.step_count for r in runs if r.step_count] for runs in (b_runs, c_runs)]
+    if all(counts):
+        b_steps, c_steps = (float(np.median(c)) for c in counts)
+        if max(b_steps, c_steps) > 2 * min(b_steps, c_steps):
+            notes.append(
+                f"the runs differ in length: {b_steps:g} trainer.step spans per base run, "
+                f"{c_steps:g} per candidate run (median). A run cut short (a crash, an "
+                "interrupted or truncated trace) or configured otherwise compares other "
+                "steps (warmer or colder); check that both sides ran the same work."
+            )
     silent = [str(r["event"]) for r, ok in zip(rows, tested, strict=True) if r["gated"] and not ok]
     if silent:
         notes.append(

@@ -271,9 +271,9 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         _write(
             err,
             f"ppetrace compare: error: Expected runs from one environment (--strict-env), but "
-            f"{n} environment field{'s differ' if n != 1 else ' differs'} (see the "
-            "warnings above). Run both sides on the same machine and settings, or drop "
-            "--strict-env.\n",
+            f"{n} environment field{'s differ' if n != 1 else ' differs'} ("
+            + "; ".join(comparison.environment_warnings)
+            + "). Run both sides on the same machine and settings, or drop --strict-env.\n",
         )
         return EXIT_BAD_INPUT
     if not comparison.decided and not args.allow_no_verdict:

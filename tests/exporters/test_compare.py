@@ -310,6 +310,76 @@ def test_a_significant_change_within_the_threshold_is_unchanged() -> None:
     assert _row(loose)["verdict"] == Verdict.REGRESSION
 
 
+def test_a_large_change_the_runs_cannot_tell_from_noise_is_inconclusive_not_unchanged() -> None:
+    """Five noisy runs a side, the candidate 40% slower: not significant at alpha 0.01,
+    so it fails nothing, but the tables say inconclusive (not unchanged, which read as a
+    confirmed no-change), the headline says so, and a note gives the smallest change such
+    runs can find (a trial saw +46%, CI +6% ... +102%, called unchanged under a green
+    mark)."""
+    from exporters import render_comparison_markdown, render_comparison_table
+    from exporters._compare_stats import detectable_change
+
+    rng = np.random.default_rng(3)
+    base = [_run(rng, offset_sd=0.25) for _ in range(5)]
+    cand = [_run(rng, offset_sd=0.25, shift=0.4) for _ in range(5)]
+    result = compare(base, cand)
+    row = _row(result)
+    assert row["verdict"] == Verdict.UNCHANGED and row["p_holm"] >= 0.01  # the test's own
+    assert row["change"] > 0.03 and not result.has_regression and result.decided
+    assert result.inconclusive == [STEP]
+    text = render_comparison_table(result)
+    assert text.startswith("ppetrace compare: no gated regression, 1 gated event inconclusive")
+    assert f"  {STEP}: inconclusive:" in text and "cannot tell it from noise" in text
+    (table_row,) = [line for line in text.splitlines() if line.startswith(f"{STEP} ")]
+    assert table_row.split()[-3] == "inconclusive"
+    assert render_comparison_markdown(result).startswith("### ppetrace compare: ⚠️ no gated")
+    (note,) = [n for n in result.notes if n.startswith(f"{STEP}: the runs' own scatter")]
+    smallest = detectable_change(row["noise"], 5, 5, alpha=0.01)
+    assert f"only from about {smallest:+.0%}" in note and smallest > 0.4
+    # the same runs without scatter beyond the floor: no such note, and a clear verdict
+    quiet = compare([_run(rng) for _ in range(5)], [_run(rng, shift=0.4) for _ in range(5)])
+    assert quiet.regressions == [STEP] and not quiet.notes and not quiet.inconclusive
+
+
+def test_detectable_change_has_the_power_it_claims() -> None:
+    """At the change detectable_change gives, the run-level test finds it about 80% of the
+    time (simulated: 2,000 pairs of 5 runs a side, scatter 10%, alpha 0.01)."""
+    from exporters._compare_stats import detectable_change
+
+    rng = np.random.default_rng(0)
+    sd, runs, alpha = 0.10, 5, 0.01
+    change = detectable_change(sd, runs, runs, alpha=alpha)
+    found = 0
+    for _ in range(2_000):
+        b = rng.normal(0.0, sd, runs)
+        c = rng.normal(math.log1p(change), sd, runs)
+        zero = np.zeros(runs)
+        test = run_level_test(b, zero, c, zero, noise_floor=0.0, confidence=0.95)
+        found += test.p_value < alpha
+    assert 0.76 <= found / 2_000 <= 0.84
+
+
+def test_runs_of_very_different_lengths_are_noted() -> None:
+    rng = np.random.default_rng(5)
+    base = summarize_run(_frame_like(rng, 150))
+    cand = summarize_run(_frame_like(rng, 20))
+    result = compare(base, cand)
+    assert any(n.startswith("the runs differ in length: 150 trainer.step") for n in result.notes)
+    assert not any("differ in length" in n for n in compare(base, base).notes)
+
+
+def _frame_like(rng: np.random.Generator, steps: int) -> pd.DataFrame:
+    """A run of ``steps`` trainer.step spans of about 1 ms."""
+    from exporters import SpanBatch, SpanRow
+
+    rows, t = [], 0
+    for i in range(steps):
+        d = int(rng.normal(1_000_000, 20_000))
+        rows.append(SpanRow(STEP, 10 + i, 0, 1, t, t + d, 1, {"ppetrace.step": i}))
+        t += d + 1_000
+    return spans_to_frame(SpanBatch(rows))
+
+
 # -- the gate ---------------------------------------------------------------------------
 
 

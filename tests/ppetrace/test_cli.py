@@ -202,6 +202,13 @@ def test_compare_names_environment_differences_and_strict_env_exits_2(tmp_path: 
         "environment field differs"
     )
     assert "> ⚠️ environment differs: torch_threads: base 1, candidate 8" in out
+    # in the table format the warning is on stdout: the error names the field itself
+    code, out, err = run("compare", str(base), str(other), "--strict-env")
+    assert code == 2
+    assert _one_error_line(err).endswith(
+        "1 environment field differs (environment differs: torch_threads: base 1, candidate "
+        "8). Run both sides on the same machine and settings, or drop --strict-env."
+    )
     # traces without any environment record cannot pass --strict-env
     bare = write_run(tmp_path / "bare.json", _steps(4, 1_000_000))
     bare2 = write_run(tmp_path / "bare2.json", _steps(5, 1_000_000))
