@@ -21,6 +21,11 @@ column              dtype     meaning
                               on the same thread (children on other threads run
                               concurrently and are not subtracted)
 ``depth``           int64     number of ancestors present in the frame (0 = root)
+                              (children and ancestors by parent id; in a frame with
+                              spans recorded after the fact, ``instrument()``'s and
+                              ``LightningProfiler``'s, by time on their thread, as
+                              :mod:`exporters._nesting` finds them; ``epoch`` and
+                              ``step`` are inherited along the same parents)
 ``pid``             int64     process id
 ``tid``             int64     thread id
 ``rank``            Int64     process rank (``ppetrace.rank``), ``<NA>`` if unknown
@@ -458,6 +463,11 @@ def _build(
     pid = np.asarray(pids, dtype=np.int64)
     dur = _saturating_diff(end, start)
     ppos = _parent_positions(sid, par, pid) if n else np.zeros(0, np.int64)
+    if n > 1:
+        from ._nesting import AFTER_THE_FACT, effective_parents
+
+        if int(sid.max()) >= AFTER_THE_FACT:  # spans recorded after the fact: nest by time
+            ppos, _ = effective_parents(ppos, par, start, end, pid, tid)
     has_parent = ppos >= 0
     safe = np.where(has_parent, ppos, 0)
     same_thread = has_parent & (tid[safe] == tid) & (pid[safe] == pid)

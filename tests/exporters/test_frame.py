@@ -369,3 +369,31 @@ def test_tuple_and_mixed_attribute_values_stay_as_they_are() -> None:
         assert frame.loc[0, "t"] == (1, 2) and type(frame.loc[n - 1, "t"]) is tuple
         assert frame["m"].dtype == object
         assert frame.loc[0, "m"] == 1.5 and frame.loc[1, "m"] == "a"
+
+
+def test_spans_recorded_after_the_fact_nest_by_time_in_self_and_depth() -> None:
+    """instrument() records a step after the fact, with the parent current when it began:
+    its forward and backward are its siblings by id. In the frame they are its children by
+    time (a trial summed self_ns by name and counted the forward twice: the step's self
+    time was its whole duration). A frame without such ids keeps the ids' nesting."""
+    from exporters._nesting import AFTER_THE_FACT
+
+    base = AFTER_THE_FACT + 100
+    t0 = 1_700_000_000_000_000_000
+    rows = [
+        SpanRow("trainer.fetch_batch", base, 0, 1, t0, t0 + 100, 1, {}),
+        SpanRow("trainer.step", base + 1, 0, 1, t0 + 100, t0 + 1_100, 1, {"ppetrace.step": 0}),
+        SpanRow("module.forward", base + 2, 0, 1, t0 + 110, t0 + 500, 1, {}),
+        SpanRow("module.forward", 7, 0, 1, t0 + 120, t0 + 300, 1, {}),  # a submodule's span
+        SpanRow("trainer.backward", base + 3, 0, 1, t0 + 510, t0 + 900, 1, {}),
+    ]
+    frame = spans_to_frame(SpanBatch(rows)).set_index("span_id")
+    assert frame.loc[base + 1, "self_ns"] == 1_000 - 390 - 390
+    assert frame.loc[base + 2, "self_ns"] == 390 - 180 and frame.loc[7, "depth"] == 2
+    assert list(frame.loc[[base, base + 1, base + 2, base + 3], "depth"]) == [0, 0, 1, 1]
+    assert frame.loc[7, "step"] == 0  # inherited from the step it ran in
+    plain = [
+        r._replace(span_id=r.span_id - base + 10 if r.span_id >= base else r.span_id) for r in rows
+    ]
+    by_id = spans_to_frame(SpanBatch(plain))
+    assert (by_id["depth"] == 0).all() and (by_id["self_ns"] == by_id["dur_ns"]).all()
