@@ -21,12 +21,15 @@ and one that ends normally sends the rest when it exits. The Trainer calls
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, TypeVar
 
 from opentelemetry import trace as otel_trace
@@ -156,26 +159,88 @@ def _current_span_id() -> int:
 
 
 class _Channel:
-    """The parent's end: a multiprocessing queue, drained at each flush."""
+    """The parent's end: a multiprocessing queue, drained at each flush without ever
+    blocking.
+
+    The workers ``put`` framed messages (multiprocessing's own framing: a 4-byte
+    big-endian length, or -1 and an 8-byte one, then the pickle). The parent reads the
+    pipe's bytes without blocking and unpickles whole messages only: a worker that dies
+    while writing a message larger than the pipe's buffer (the OOM killer; the loader
+    terminating a worker stuck at exit) leaves a part of one, which a blocking ``get``
+    waited for forever, holding the flusher's lock (every flush, the run's end and the
+    process's exit waited behind it). A part that gets no further for
+    :data:`STALLED_AFTER` seconds is given up (logged, its spans lost) and the channel
+    retired: its write lock may be held by the dead worker, so later loaders get a new
+    one."""
 
     def __init__(self, context: Any) -> None:
         # a SimpleQueue writes on put() (no feeder thread): what a worker's flusher has
         # sent is in the pipe, even if the worker is killed the next moment
         self.queue = context.SimpleQueue()
         self.pid = os.getpid()
+        self._fd = self.queue._reader.fileno()
+        os.set_blocking(self._fd, False)
+        self._buf = bytearray()
+        self._since = 0.0  # when the part in _buf last grew (0: no part)
+        self.retired = False
+        self.lost_messages = 0
+
+    def _read(self) -> bool:
+        """Append what the pipe holds to the buffer; whether anything came."""
+        got = False
+        while self._fd >= 0:
+            try:
+                chunk = os.read(self._fd, 1 << 20)
+            except BlockingIOError:
+                return got
+            except OSError:  # closed under us
+                return got
+            if not chunk:
+                return got
+            self._buf += chunk
+            got = True
+        return got
+
+    def _messages(self) -> list[Any]:
+        """The whole messages at the front of the buffer, unpickled."""
+        out = []
+        buf = self._buf
+        at = 0
+        while len(buf) - at >= 4:
+            (size,) = struct.unpack_from("!i", buf, at)
+            head = 4
+            if size == -1:
+                if len(buf) - at < 12:
+                    break
+                (size,) = struct.unpack_from("!Q", buf, at + 4)
+                head = 12
+            if len(buf) - at - head < size:
+                break
+            out.append(_ForkingPickler.loads(bytes(buf[at + head : at + head + size])))
+            at += head + size
+        del buf[:at]
+        return out
 
     def drain(self) -> None:
         """Hand every batch the workers have sent so far to the sinks (the flusher's
-        drain calls this, on its lock)."""
+        drain calls this, on its lock). Never blocks."""
         if self.pid != os.getpid():
             return
-        while True:
-            try:
-                if self.queue.empty():
-                    return
-                worker_id, rows, names = self.queue.get()
-            except (EOFError, OSError):  # the queue was closed under us
-                return
+        grew = self._read()
+        try:
+            messages = self._messages()
+        except Exception:  # not a message of ours: drop what is there
+            _log.exception("ppetrace: a DataLoader worker's message could not be read")
+            self._buf.clear()
+            messages = []
+        now = time.monotonic()
+        if not self._buf:
+            self._since = 0.0
+        elif grew or not self._since:
+            self._since = now
+        elif now - self._since > STALLED_AFTER:
+            self._give_up()
+        for worker_id, rows, names in messages:
             labels = {
                 tid: f"dataloader worker {worker_id}"
                 if i == 0
@@ -189,6 +254,33 @@ class _Channel:
                 labels,
             )
             _setup.FLUSHER.inject(batch)
+
+    def _give_up(self) -> None:
+        """A part of a message that got no further: its worker died while sending."""
+        self.lost_messages += 1
+        _log.warning(
+            "ppetrace: a DataLoader worker stopped while sending its spans (killed, or "
+            "terminated by the loader): %d bytes of its last message are lost, with its "
+            "spans. Later loaders' workers send through a new channel.",
+            len(self._buf),
+        )
+        self._buf.clear()
+        self._since = 0.0
+        with _channels_lock:
+            self.retired = True
+            for key, channel in list(_channels.items()):
+                if channel is self:
+                    del _channels[key]
+        # read no more: what comes next would be the rest of a message given up
+        with contextlib.suppress(ValueError):
+            _setup.FLUSHER.sources.remove(self.drain)
+        with contextlib.suppress(OSError):
+            self.queue._reader.close()
+        self._fd = -1
+
+
+#: seconds a part of a worker's message may wait for the rest before it is given up
+STALLED_AFTER = 10.0
 
 
 def _channel(context: Any) -> _Channel:
@@ -207,6 +299,9 @@ def _channel(context: Any) -> _Channel:
         if channel is None:
             channel = _channels[key] = _Channel(context)
             _setup.FLUSHER.sources.append(channel.drain)
+    # the pipe must be read while the workers run: a worker writing more than the pipe
+    # holds waits for it (at its exit too, where the loader terminates it after 5 s)
+    _setup.FLUSHER.ensure_started()
     return channel
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -175,3 +176,71 @@ def test_a_worker_that_dies_loses_at_most_its_last_flush_interval(rows: Rows) ->
     ppetrace.flush()
     got = sorted(r.attributes["i"] for r, _, _ in rows.rows("user.getitem"))
     assert got[:6] == list(range(6))  # sent before the worker was killed
+
+
+class Big(Dataset[Any]):
+    """One item whose span is larger than a pipe's buffer; the worker kills itself while
+    its flusher sends it (its message is cut in the pipe)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with ppetrace.trace("user.big", {"v": "x" * 400_000}):
+            pass
+        if i == 1:
+            threading.Thread(target=ppetrace.flush, daemon=True).start()
+            time.sleep(0.05)  # the flusher is writing the 400 kB message
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.zeros(1)
+
+
+def test_a_worker_killed_while_sending_never_blocks_the_parent(
+    rows: Rows, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parent reads the workers' pipe without blocking: a worker killed in the middle
+    of a message larger than the pipe's buffer (the OOM killer) leaves a part of one, on
+    which the parent's flush waited forever, holding the flusher's lock (a trial's
+    training hung, and its trace was lost). The part is given up once stalled, with a
+    warning, and later loaders get a new channel."""
+    from ppetrace.integrations import dataloader
+
+    loader = DataLoader(
+        Big(),
+        batch_size=1,
+        num_workers=1,
+        multiprocessing_context="fork" if "fork" in METHODS else "spawn",
+    )
+    with pytest.raises(RuntimeError, match="worker"):
+        for _ in trace_workers(loader):
+            pass
+    channel = loader.worker_init_fn.queue  # type: ignore[union-attr]
+    (chan,) = [c for c in dataloader._channels.values() if c.queue is channel]
+    started = time.monotonic()
+    ppetrace.flush()  # returns: the part of the last message waits in the buffer
+    assert time.monotonic() - started < 5 and chan._buf  # a part of it was read
+    monkeypatch.setattr(dataloader, "STALLED_AFTER", 0.0)
+    with caplog.at_level("WARNING", logger="ppetrace"):
+        ppetrace.flush()
+        ppetrace.flush()
+    assert "stopped while sending its spans" in caplog.text
+    assert chan.retired and chan.lost_messages == 1 and not chan._buf
+    assert chan not in dataloader._channels.values()
+
+
+def test_the_channel_hands_over_whole_messages_only() -> None:
+    """Messages in multiprocessing's framing, one cut: the whole ones are read, the cut one
+    waits for its rest, and a message over 2 GiB's 12-byte header is read too."""
+    import pickle
+    import struct
+
+    from ppetrace.integrations.dataloader import _Channel
+
+    chan = _Channel(multiprocessing.get_context())
+    one, two = pickle.dumps((0, [], [])), pickle.dumps((1, [], []))
+    long_header = struct.pack("!i", -1) + struct.pack("!Q", len(two))
+    data = struct.pack("!i", len(one)) + one + long_header + two
+    chan._buf += data + struct.pack("!i", 1_000)[:3]
+    assert chan._messages() == [(0, [], []), (1, [], [])]
+    assert bytes(chan._buf) == struct.pack("!i", 1_000)[:3]
+    chan.queue.close()
