@@ -29,11 +29,17 @@ class _Appender:
         self._spans = 0  # spans in the write in flight
         self.good = 0  # bytes written and flushed without an error
 
+    def in_flight(self) -> int:
+        """Spans of the write still running on the thread (0 when none runs)."""
+        thread, spans = self._thread, self._spans
+        return spans if thread is not None and thread.is_alive() else 0
+
     def wait(self) -> tuple[BaseException | None, int]:
         """Wait for the write in flight; return its error (or None) and its span count."""
-        thread, self._thread = self._thread, None
+        thread = self._thread
         if thread is not None:
             thread.join()
+            self._thread = None  # (after the join: in_flight counts the write until then)
         error, self._error = self._error, None
         spans, self._spans = self._spans, 0
         return error, spans if error is not None else 0

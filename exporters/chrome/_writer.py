@@ -237,6 +237,13 @@ class ChromeTraceExporter(SummaryAPI, SpanExporter):
             return list(self._paths)
 
     @property
+    def spans_in_flight(self) -> int:
+        """Spans accepted by :meth:`export_batch` that a large write still carries to the
+        file on the writer thread (``stats()`` counts them as buffered, not delivered)."""
+        f = self._file
+        return f.in_flight() if f is not None else 0
+
+    @property
     def bytes_written(self) -> int:
         """Bytes of JSON written so far, over every part (counted before gzip)."""
         return self._bytes

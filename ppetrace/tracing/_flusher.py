@@ -50,6 +50,7 @@ class Flusher:
         # called at each drain before the buffers are taken (DataLoader worker receivers)
         self.sources: list[Callable[[], None]] = []
         self.flushes = 0
+        self._dropped_said = False  # buffer_full drops were logged (once per process)
         self._lock = threading.RLock()  # one drain at a time
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,6 +122,17 @@ class Flusher:
                     _log.exception("ppetrace: span source %r failed", source)
             sinks = self.all_sinks()  # before take(): a new sink counts these spans
             rows, names = rec.take()
+            if rec.dropped and not self._dropped_said:
+                self._dropped_said = True
+                _log.warning(
+                    "ppetrace: %d spans were dropped: a thread's buffer filled while "
+                    "max_queued_buffers=%d full buffers waited for the flusher (stats(): "
+                    "buffer_full). Record fewer spans, raise buffer_spans or "
+                    "max_queued_buffers, or lower flush_interval. Later drops are counted, "
+                    "not logged.",
+                    rec.dropped,
+                    rec.max_queued_buffers,
+                )
             if not rows:
                 return 0
             self.flushes += 1

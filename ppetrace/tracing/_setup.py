@@ -244,12 +244,33 @@ def configure(
         _configured = True
         FLUSHER.close(replaced)
         if handle_sigterm:
-            _signals.install(_on_sigterm, lambda: FLUSHER.export_timeout + 5.0)
+            installed = _signals.install(_on_sigterm, lambda: FLUSHER.export_timeout + 5.0)
+            if not installed and threading.current_thread() is not threading.main_thread():
+                _warn_no_sigterm()
         else:
             _signals.uninstall()
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
+
+
+_sigterm_warned = False
+
+
+def _warn_no_sigterm() -> None:
+    """Once per process: tracing was set up outside the main thread, where no signal
+    handler can be installed."""
+    global _sigterm_warned
+    if _sigterm_warned:
+        return
+    _sigterm_warned = True
+    _log.warning(
+        "ppetrace: tracing was configured outside the main thread (%s), where Python cannot "
+        "install ppetrace's SIGTERM handler: a SIGTERM (a scheduler's stop, kill) would cut "
+        "the trace off without its last spans. Call ppetrace.configure() on the main "
+        "thread before the other thread starts tracing.",
+        threading.current_thread().name,
+    )
 
 
 def _from_environment() -> list[Any]:

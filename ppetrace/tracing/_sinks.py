@@ -212,13 +212,22 @@ class Sink:
             call = self._call
             if call is not None:
                 self._abandon(call)
-            if self._pending > 0:
-                self.dropped["timeout"] += self._pending
+            left = self._pending
+            if left > 0:
+                self.dropped["timeout"] += left
                 self._pending = 0
             self._queue.clear()
             self._closed = self._given_up = True
             self._done = self._seq
             self._cond.notify_all()
+        if left > 0:
+            _log.warning(
+                "ppetrace: %s did not finish within export_timeout=%g s at shutdown; the %d "
+                "spans still queued for it are counted as dropped (timeout).",
+                self.name,
+                self.export_timeout,
+                left,
+            )
 
     def _abandon(self, call: _Call) -> None:
         """Lock held."""
@@ -238,15 +247,20 @@ class Sink:
         self._cond.notify_all()
 
     def stats(self, recorded: int, buffer_full: int, buffered: int) -> SinkStats:
+        # spans the target accepted but still writes on a thread of its own (a Chrome
+        # trace's large batch): not delivered until they are in the file
+        flying = getattr(self.target, "spans_in_flight", 0)
+        flying = flying if type(flying) is int and flying > 0 else 0
         with self._cond:
             dropped = dict(self.dropped)
             dropped["buffer_full"] = buffer_full
+            flying = min(flying, self.delivered)
             return SinkStats(
                 name=self.name,
                 recorded=recorded,
-                delivered=self.delivered,
+                delivered=self.delivered - flying,
                 dropped=dropped,
-                buffered=buffered + self._pending,
+                buffered=buffered + self._pending + flying,
                 errors=self.errors,
                 last_error=self.last_error,
                 summarised=_summarised(self.target),
@@ -305,6 +319,9 @@ class Sink:
         with self._cond:
             if call.abandoned:  # it came back after all: the sink works again
                 self._stalled = False
+                if call.n and not self._given_up:  # and its spans were delivered
+                    self.dropped["timeout"] -= call.n
+                    self.delivered += call.n
                 self._cond.notify_all()
                 return False, None
             self._call = None

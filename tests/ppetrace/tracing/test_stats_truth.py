@@ -1,0 +1,125 @@
+"""``stats()`` tells the truth in the cases a loss audit found it did not: a call that
+succeeds after export_timeout, spans still on the Chrome writer's thread, spans given up
+at shutdown, and tracing set up where no SIGTERM handler can be installed."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_no_span_lost import Hung, balanced, burst, wait_for
+
+import ppetrace
+from exporters import ChromeTraceExporter, read_chrome_trace
+from exporters.chrome import _appender
+
+
+@pytest.fixture
+def clean() -> Any:
+    yield
+    ppetrace.configure()
+
+
+def test_a_call_that_succeeds_after_export_timeout_counts_its_spans_delivered(
+    clean: None,
+) -> None:
+    """An exporter slower than export_timeout that still succeeds received every span:
+    they move from ``timeout`` to delivered when it returns (a slow OTLP collector read as
+    total loss)."""
+    slow = Hung()
+    ppetrace.configure(exporters=[slow], export_timeout=0.05)
+    burst(40)
+    ppetrace.flush()  # abandons the call after 0.05 s
+    (s,) = ppetrace.stats().sinks
+    assert s.dropped["timeout"] == 40 and s.delivered == 0 and balanced(s)
+    slow.release.set()
+    assert wait_for(lambda: ppetrace.stats().sinks[0].delivered == 40)
+    (s,) = ppetrace.stats().sinks
+    assert slow.received == 40 and s.dropped["timeout"] == 0 and balanced(s)
+
+
+def test_spans_given_up_at_shutdown_are_logged_with_their_count(
+    clean: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    hung = Hung()
+    exporter_sink = ppetrace.tracing._setup.FLUSHER  # the sinks live here
+    ppetrace.configure(exporters=[hung], export_timeout=0.05)
+    burst(10)
+    ppetrace.flush()  # the first call hangs
+    burst(7)
+    ppetrace.flush()  # queued behind it
+    (sink,) = exporter_sink.sinks
+    with caplog.at_level(logging.WARNING, logger="ppetrace"):
+        ppetrace.configure()  # shuts the old sink down: it gives up what it holds
+    assert "the 7 spans still queued for it are counted as dropped (timeout)" in caplog.text
+    assert sink.dropped["timeout"] == 17
+    hung.release.set()
+
+
+def test_spans_on_the_chrome_writers_thread_are_buffered_not_delivered(
+    clean: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large batch is written on the writer's thread after export_batch returned: until
+    it is in the file, stats() counts it buffered (a trial killed the process once
+    stats() said delivered, and up to 5,000 of those spans were not in the file)."""
+    gate = threading.Event()
+    write = _appender._Appender._write
+
+    def held(self: Any, data: Any) -> None:
+        gate.wait(30)
+        write(self, data)
+
+    monkeypatch.setattr(_appender._Appender, "_write", held)
+    path = tmp_path / "t.json"
+    ppetrace.configure(exporters=[ChromeTraceExporter(path)])
+    for i in range(6_000):  # over 1 MB of JSON: written on the thread
+        with ppetrace.trace("big", {"i": i, "pad": "x" * 200}):
+            pass
+    from ppetrace.tracing._setup import FLUSHER
+
+    FLUSHER.drain(background=False)  # (a flush would wait for the write)
+    (sink,) = FLUSHER.sinks
+    assert wait_for(lambda: sink.delivered == 6_000)  # export_batch returned: accepted
+    (s,) = ppetrace.stats().sinks
+    assert s.delivered == 0 and s.buffered == 6_000 and balanced(s)
+    gate.set()
+    ppetrace.flush()
+    (s,) = ppetrace.stats().sinks
+    assert s.delivered == 6_000 and s.buffered == 0
+    ppetrace.configure()
+    assert (read_chrome_trace(path)["name"] == "big").sum() == 6_000
+
+
+def test_tracing_set_up_outside_the_main_thread_says_sigterm_is_not_handled(
+    clean: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppetrace.tracing import _setup
+
+    monkeypatch.setattr(_setup, "_sigterm_warned", False)
+    with caplog.at_level(logging.WARNING, logger="ppetrace"):
+        worker = threading.Thread(target=ppetrace.configure, name="trainer-thread")
+        worker.start()
+        worker.join()
+    assert "configured outside the main thread (trainer-thread)" in caplog.text
+    assert "SIGTERM" in caplog.text
+
+
+def test_buffer_full_drops_are_logged_once(
+    clean: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spans dropped because full buffers waited for the flusher: counted (buffer_full)
+    and now said once (a trial lost 79% of its spans to it without a word)."""
+    from ppetrace.tracing._setup import FLUSHER
+
+    monkeypatch.setattr(FLUSHER, "_dropped_said", False)
+    ppetrace.configure(buffer_spans=64, max_queued_buffers=1, flush_interval=3600)
+    with caplog.at_level(logging.WARNING, logger="ppetrace"):
+        for _ in range(2):
+            with FLUSHER._lock:  # no drain until the burst is over: the full buffers drop
+                burst(1_000)
+            ppetrace.flush()
+    said = [r for r in caplog.records if "spans were dropped" in r.getMessage()]
+    assert len(said) == 1 and "max_queued_buffers=1" in said[0].getMessage()
