@@ -230,6 +230,14 @@ def short_path(path: str) -> str:
 #: the heading of the table of validation, test and predict time (``StepReport.validation``)
 _EVALUATION = "Validation and test events"
 _NO_TRAINING = "No training events: the run did not train (its evaluation events follow)."
+#: the first table's heading when the trace has no training step (an inference script)
+_OUTSIDE = "Events outside any training step (the run did not train)"
+
+
+def _events_heading(report: StepReport) -> str:
+    if report.total_steps:
+        return "Training events (share: self time inside steps over step time)"
+    return _OUTSIDE
 
 
 def render_table(report: StepReport, *, top: int | None = None) -> str:
@@ -243,7 +251,7 @@ def render_table(report: StepReport, *, top: int | None = None) -> str:
         parts += [*_rank_lines(report.ranks), text_table(h, r), report.ranks.verdict, ""]
     if len(report.events) or not len(report.validation):
         header, rows = _event_rows(events)
-        parts += ["Training events (share: self time inside steps over step time)"]
+        parts += [_events_heading(report)]
         parts.append(text_table(header, rows))
         parts += _events_note(report, wrap=True)
         if top is not None and len(report.events) > len(events):
@@ -277,7 +285,8 @@ def render_markdown(report: StepReport, *, top: int | None = None) -> str:
         parts += ["", markdown(h, r), "", f"**{report.ranks.verdict}**", ""]
     if len(report.events) or not len(report.validation):
         header, rows = _event_rows(events)
-        parts += ["#### Training events", "", markdown(header, rows)]
+        title = "Training events" if report.total_steps else _OUTSIDE
+        parts += [f"#### {title}", "", markdown(header, rows)]
         parts += [f"\n_{line}_" for line in _events_note(report)]
         if top is not None and len(report.events) > len(events):
             parts += ["", f"_{_more(len(report.events) - len(events))} not shown._"]

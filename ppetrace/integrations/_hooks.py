@@ -90,6 +90,14 @@ def _at_the_end(it: Any, yielded: int) -> bool:
         return False
 
 
+def _inner_fetch(it: Any) -> str:
+    """The span name of a fetch of a loader inside another loader's fetch: the call that
+    finds a map-style loader's end is ``trainer.loader_end``, as at the top level."""
+    yielded = getattr(it, "_num_yielded", None)
+    at_end = isinstance(yielded, int) and _at_the_end(it, yielded)
+    return "trainer.loader_end" if at_end else "trainer.fetch_batch"
+
+
 _drivers = _precedence.drivers
 _session = _precedence.session
 
@@ -209,7 +217,7 @@ class Hooks:
             except AttributeError:
                 st = tracker.state()
             if st.in_fetch:  # a loader inside a loader's fetch: only its span
-                with trace("trainer.fetch_batch", tracker.step_attrs):
+                with trace(_inner_fetch(self), tracker.step_attrs):
                     return orig(self)
             if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 tracker.flush_pending(st)
@@ -298,7 +306,7 @@ class Hooks:
         tracker = self.tracker
         st = tracker.state()  # (the fast paths inline its lookup; this one is not one)
         if st.in_fetch:  # a loader inside a loader's fetch: only its span
-            with trace("trainer.fetch_batch", tracker.step_attrs):
+            with trace(_inner_fetch(it), tracker.step_attrs):
                 return orig(it)
         cand = st.cand
         if cand is not None and cand.profiled >= 0:

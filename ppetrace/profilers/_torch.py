@@ -294,7 +294,8 @@ class TorchProfiler(ScheduledProfiler):
     - ``schedule``: the windows (default ``Schedule()``); warm-up steps run
       the profiler without recording.
     - ``output_dir``: where each window's Kineto trace
-      ``torch_steps<a>-<b>.json`` is kept (default as :class:`Pyinstrument`);
+      ``torch_steps<a>-<b>.json`` (the steps it records, warm-up left out) is kept
+      (default as :class:`Pyinstrument`);
       ``keep_traces=False`` deletes them after the merge.
 
     Operators (and, on GPU, kernels) go to the Trainer's Chrome trace on
@@ -402,7 +403,10 @@ class TorchProfiler(ScheduledProfiler):
         window = self._window
         if window is None:  # only the window's end saves a trace
             return
-        stem = f"torch_steps{window.first_step}-{window.last_step}.json"
+        first = window.first_step  # the file is named by the steps it records, as
+        while first < window.last_step and not self.schedule.action(first).records:
+            first += 1  # Pyinstrument's are (the warm-up steps record nothing)
+        stem = f"torch_steps{first}-{window.last_step}.json"
         if self.keep_traces and self._dir is not None:
             self._dir.mkdir(parents=True, exist_ok=True)
             path = self._dir / stem

@@ -34,7 +34,7 @@ def test_all_tracks_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     profiles = tmp_path / "trace_profiles"
     assert (profiles / "pyinstrument_steps3-5.html").is_file()
     assert (profiles / "pyinstrument_steps3-5.speedscope.json").is_file()
-    assert (profiles / "torch_steps2-5.json").is_file()
+    assert (profiles / "torch_steps3-5.json").is_file()
 
 
 @pytest.mark.gpu

@@ -385,3 +385,21 @@ def test_event_sums_too_large_for_float64_or_without_a_name_go_to_pandas() -> No
     assert report_module._sums_by_code(codes, 2, big, small, small, one) is None
     assert report_module._sums_by_code(np.array([0, -1, 1]), 2, small, small, small, one) is None
     assert report_module._sums_by_code(codes, 2, small, small, small, one) is not None
+
+
+def test_an_inference_run_heads_its_events_as_outside_training() -> None:
+    """A script without an optimizer: its fetches are no training steps' data wait, and
+    the table no longer says "Training events" of them."""
+    from exporters import SpanBatch, SpanRow, render_markdown, render_table
+
+    rows = []
+    for i in range(3):
+        t = 1_000_000 * i
+        rows.append(SpanRow("trainer.fetch_batch", 10 + i, 0, 1, t, t + 100, 1, {}))
+        val = {"ppetrace.stage": "val", "ppetrace.module": "Net"}
+        rows.append(SpanRow("module.forward", 20 + i, 0, 1, t + 200, t + 900, 1, val))
+    report = exporters.step_report(exporters.spans_to_frame(SpanBatch(rows)))
+    text = render_table(report)
+    assert "Events outside any training step (the run did not train)" in text
+    assert "Training events" not in text and "Validation and test events" in text
+    assert "#### Events outside any training step" in render_markdown(report)

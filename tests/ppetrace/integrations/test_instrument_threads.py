@@ -180,3 +180,27 @@ def test_activation_checkpointing_recomputes_inside_the_backward(
     backward = _names(frame, "trainer.backward")
     assert (backward["dur_ns"] >= 2_000_000).all()  # the two blocks' recomputation
     assert (outer["dur_ns"] >= 2_000_000).all() and (outer["dur_ns"] < 4_000_000).all()
+
+
+def test_a_loader_inside_another_loaders_dataset_ends_in_loader_end(
+    tmp_path: Path, make_loader: Loader
+) -> None:
+    """The fetch that finds the end of a loader iterated inside another loader's fetch is
+    ``trainer.loader_end``, as at the top level (before: a fetch_batch, and 14 loader
+    starts had 2 ends)."""
+    inner = make_loader(16, 4)
+
+    class Tasks(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.cat([x for x, _ in inner])
+
+    path = tmp_path / "t.json"
+    with ppetrace.instrument(trace_path=path):
+        for _ in torch.utils.data.DataLoader(Tasks(), batch_size=2):
+            pass
+    names = read_chrome_trace(path)["name"].value_counts()
+    assert names["trainer.loader_start"] == names["trainer.loader_end"] == 1 + 4
+    assert names["trainer.fetch_batch"] == 2 + 4 * 4
