@@ -123,6 +123,14 @@ def repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             f"Expected to write the repaired copy of {args.trace}, but that failed: "
             f"{exc.strerror or exc}. Pass an OUT path in a folder you can write to."
         ) from None
+    if not done.truncated and args.out is None:
+        # a copy of a complete trace beside it would count twice in a folder of runs
+        Path(done.path).unlink(missing_ok=True)
+        out.write(
+            f"{args.trace} is complete ({_count(done.events, 'event')}): nothing to repair, "
+            "no copy written (pass OUT to write one anyway)\n"
+        )
+        return EXIT_OK
     state = "cut off; closed after its last complete event" if done.truncated else "complete"
     out.write(f"Wrote {done.path}: {_count(done.events, 'event')} ({args.trace} was {state})\n")
     return EXIT_OK
