@@ -38,19 +38,19 @@ _COMPARE_DOC = """\
 Compare the runs of a candidate with the runs of a baseline, event by event.
 
 Each run gives one number per event, the median of its per-step samples (an
-event's total time in a step: per step, where the report's figures are per call);
-runs are the samples, because every run has its own offset, and copies of one
-run's file count once. With one run per
-side the change is judged against the noise floor (the run-to-run CV of the
-median step); with three runs or more in all, against the runs' own scatter
-where that is larger. A verdict needs a significant change (Holm over the
-gated events) beyond the threshold and beyond the minimum effect. Only gated
-events (default: trainer.step and step.wall) can fail: exit code 1. A gated
-change beyond the threshold that is not significant is shown inconclusive. A comparison in which no
-gated event has enough steps on both sides to decide (a candidate that ended
-early, a cut-off trace, a warmup as long as the run) cannot fail, so it exits
-with 2 unless --allow-no-verdict. Each field of the recorded environment that
-differs is named in a warning (exit code 2 with --strict-env).
+event's total time in a step: per step, where the report's figures are per
+call); runs are the samples, because every run has its own offset, and copies
+of one run's file count once. With one run per side the change is judged
+against the noise floor (the run-to-run CV of the median step); with three
+runs or more in all, against the runs' own scatter where that is larger. A
+verdict needs a significant change (Holm over the gated events) beyond the
+threshold and beyond the minimum effect. Only gated events (default:
+trainer.step and step.wall) can fail: exit code 1. A gated change beyond the
+threshold that is not significant is shown inconclusive. A comparison in which
+no gated event has enough steps on both sides to decide (a candidate that
+ended early, a cut-off trace, a warmup as long as the run) cannot fail, so it
+exits with 2 unless --allow-no-verdict. Each field of the recorded environment
+that differs is named in a warning (exit code 2 with --strict-env).
 
 Examples:
   ppetrace compare base.json cand.json
