@@ -258,6 +258,7 @@ def render_comparison_json(comparison: Comparison) -> str:
         "has_regression": c.has_regression,
         "regressions": c.regressions,
         "improvements": c.improvements,
+        "inconclusive": c.inconclusive,
         "added": c.added,
         "removed": c.removed,
         "environment_warnings": c.environment_warnings,

@@ -68,6 +68,7 @@ from ._defaults import (
     DEFAULT_THRESHOLD,
 )
 from ._errors import TraceError
+from ._render import fmt_pct
 from ._steps import STEP
 
 __all__ = [
@@ -264,12 +265,17 @@ def _resolution_notes(
             continue
         runs = int(r["base_runs"]), int(r["cand_runs"])
         smallest = detectable_change(noise, *runs, alpha=alpha / len(gated))
+        if smallest <= threshold:  # it finds what the gate asks for: nothing to say
+            continue
+        times = ""
+        if noise_floor > 0:
+            times = f", {noise / noise_floor:.1f}x the noise floor ({fmt_pct(noise_floor)})"
         notes.append(
-            f"{r['event']}: the runs' own scatter ({noise:.1%}) is {noise / noise_floor:.1f}x "
-            f"the noise floor ({noise_floor:.1%}). With {runs[0]} and {runs[1]} runs, a "
-            f"change is found 80% of the time only from about {smallest:+.0%} (the "
-            f"threshold is {threshold:.0%}); a pass says no more. Compare more runs per "
-            "side, or on a quieter machine."
+            f"{r['event']}: the runs' own scatter is {fmt_pct(noise)}{times}. With "
+            f"{runs[0]} and {runs[1]} runs, a "
+            f"change is found 80% of the time only from about {fmt_pct(smallest, signed=True)}"
+            f" (the threshold is {fmt_pct(threshold)}); a pass says no more. Compare more "
+            "runs per side, or on a quieter machine."
         )
     return notes
 

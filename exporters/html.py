@@ -61,6 +61,9 @@ _VERDICT_COLORS = {
     Verdict.IMPROVEMENT: "#1b7f3b",
     Verdict.BELOW_NOISE: "#9e9e9e",
     Verdict.UNCHANGED: "#1f77b4",
+    # an unchanged verdict told apart (shown_verdict with the comparison)
+    "inconclusive": "#c77c02",
+    "within threshold": "#5b9bd5",
     Verdict.INSUFFICIENT: "#cfcfcf",
     # an informational event's significant change (it fails nothing)
     "slower (not gated)": "#e08a00",
@@ -442,7 +445,9 @@ def _changes(page: Page, comparison: Comparison) -> None:
         return
     data = []
     for verdict, color in _VERDICT_COLORS.items():
-        chosen = [r for r in records if shown_verdict(r, marks=False) == verdict]
+        chosen = [
+            r for r in records if shown_verdict(r, marks=False, comparison=comparison) == verdict
+        ]
         if not chosen:
             continue
         change = np.array([float(r["change"]) for r in chosen]) * 100

@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +53,8 @@ L = TypeVar("L")
 
 _channels: dict[tuple[int, str], _Channel] = {}
 _channels_lock = threading.Lock()
+#: ids of the queues of retired channels (their loaders' next workers get a new channel)
+_retired: set[int] = set()
 
 
 def trace_workers(loader: L) -> L:
@@ -76,6 +79,8 @@ def trace_workers(loader: L) -> L:
         channel = _channel(loader.multiprocessing_context)
         init = _WorkerInit(init, channel.queue)
         loader.worker_init_fn = init
+    elif id(init.queue) in _retired:  # its channel was given up: the next workers get a new one
+        init.queue = _channel(loader.multiprocessing_context).queue
     init.trace_id = _recorder.RECORDER.trace_id
     init.interval = _setup.FLUSHER.interval
     init.parent_id = 0 if loader.persistent_workers else _current_span_id()
@@ -178,8 +183,11 @@ class _Channel:
         # sent is in the pipe, even if the worker is killed the next moment
         self.queue = context.SimpleQueue()
         self.pid = os.getpid()
-        self._fd = self.queue._reader.fileno()
-        os.set_blocking(self._fd, False)
+        # Windows: the reader is a pipe handle, not a file descriptor: read whole
+        # messages through the queue there (a worker killed mid-message can block)
+        self._fd = -1 if sys.platform == "win32" else self.queue._reader.fileno()
+        if self._fd >= 0:
+            os.set_blocking(self._fd, False)
         self._buf = bytearray()
         self._since = 0.0  # when the part in _buf last grew (0: no part)
         self.retired = False
@@ -226,6 +234,9 @@ class _Channel:
         drain calls this, on its lock). Never blocks."""
         if self.pid != os.getpid():
             return
+        if sys.platform == "win32":
+            self._drain_queue()
+            return
         grew = self._read()
         try:
             messages = self._messages()
@@ -240,20 +251,33 @@ class _Channel:
             self._since = now
         elif now - self._since > STALLED_AFTER:
             self._give_up()
-        for worker_id, rows, names in messages:
-            labels = {
-                tid: f"dataloader worker {worker_id}"
-                if i == 0
-                else f"dataloader worker {worker_id}: {name}"
-                for i, (tid, name) in enumerate(names)
-            }
-            batch = SpanBatch(
-                [SpanRow(*row) for row in rows],
-                _setup.FLUSHER.resource_attrs,
-                os.getpid(),
-                labels,
-            )
-            _setup.FLUSHER.inject(batch)
+        for message in messages:
+            self._inject(*message)
+
+    def _drain_queue(self) -> None:
+        """Windows: whole messages through the queue's own reads."""
+        while True:
+            try:
+                if self.queue.empty():
+                    return
+                message = self.queue.get()
+            except (EOFError, OSError):  # the queue was closed under us
+                return
+            self._inject(*message)
+
+    @staticmethod
+    def _inject(worker_id: int, rows: Any, names: Any) -> None:
+        """One worker's batch, to the sinks."""
+        labels = {
+            tid: f"dataloader worker {worker_id}"
+            if i == 0
+            else f"dataloader worker {worker_id}: {name}"
+            for i, (tid, name) in enumerate(names)
+        }
+        batch = SpanBatch(
+            [SpanRow(*row) for row in rows], _setup.FLUSHER.resource_attrs, os.getpid(), labels
+        )
+        _setup.FLUSHER.inject(batch)
 
     def _give_up(self) -> None:
         """A part of a message that got no further: its worker died while sending."""
@@ -268,6 +292,7 @@ class _Channel:
         self._since = 0.0
         with _channels_lock:
             self.retired = True
+            _retired.add(id(self.queue))  # (the queue object lives on in _WorkerInits)
             for key, channel in list(_channels.items()):
                 if channel is self:
                     del _channels[key]

@@ -251,3 +251,4 @@ class Flusher:
         self._processor_sinks = {}
         self.sources = []
         self.flushes = 0
+        self._dropped_said = False  # the child's own first drop is said too

@@ -127,7 +127,8 @@ class ProcessorSink(SpanExporterSink):
                     failures.append(exc)
             return len(failures)
 
-        ok, _ = self._run(len(spans), feed)
+        total = len(spans)
+        ok, _ = self._run(total, feed, lambda failed: total - failed)
         if ok:
             failed = len(failures)
             error = None

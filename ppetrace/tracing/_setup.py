@@ -245,7 +245,9 @@ def configure(
         FLUSHER.close(replaced)
         if handle_sigterm:
             installed = _signals.install(_on_sigterm, lambda: FLUSHER.export_timeout + 5.0)
-            if not installed and threading.current_thread() is not threading.main_thread():
+            elsewhere = threading.current_thread() is not threading.main_thread()
+            # (a handler installed before, on the main thread, still holds)
+            if not installed and elsewhere and not _signals.active():
                 _warn_no_sigterm()
         else:
             _signals.uninstall()

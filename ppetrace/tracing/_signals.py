@@ -21,10 +21,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install", "uninstall"]
+__all__ = ["active", "install", "uninstall"]
 
 _previous: Any = None
 _installed: Callable[[int, Any], None] | None = None
+
+
+def active() -> bool:
+    """Whether ppetrace's SIGTERM handler is the one installed now."""
+    return (
+        _installed is not None
+        and hasattr(signal, "SIGTERM")
+        and signal.getsignal(signal.SIGTERM) is _installed
+    )
 
 
 def install(on_term: Callable[[], None], timeout: Callable[[], float]) -> bool:

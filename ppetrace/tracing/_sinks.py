@@ -249,12 +249,13 @@ class Sink:
     def stats(self, recorded: int, buffer_full: int, buffered: int) -> SinkStats:
         # spans the target accepted but still writes on a thread of its own (a Chrome
         # trace's large batch): not delivered until they are in the file
-        flying = getattr(self.target, "spans_in_flight", 0)
-        flying = flying if type(flying) is int and flying > 0 else 0
         with self._cond:
             dropped = dict(self.dropped)
             dropped["buffer_full"] = buffer_full
-            flying = min(flying, self.delivered)
+            flying = 0
+            if self._call is None:  # (during a call its spans are pending, not delivered)
+                flying = getattr(self.target, "spans_in_flight", 0)
+                flying = min(flying, self.delivered) if type(flying) is int and flying > 0 else 0
             return SinkStats(
                 name=self.name,
                 recorded=recorded,
@@ -298,10 +299,14 @@ class Sink:
                 if job.kind in ("shutdown", "stop"):
                     return
 
-    def _run(self, n: int, fn: Callable[[], Any]) -> tuple[bool, Any]:
+    def _run(
+        self, n: int, fn: Callable[[], Any], landed: Callable[[Any], int] | None = None
+    ) -> tuple[bool, Any]:
         """Call ``fn`` for ``n`` spans, timed. Returns (False, None) if the call was
-        abandoned meanwhile (its spans are counted already), else (True, result);
-        an exception is counted as ``exporter_error`` for the ``n`` spans."""
+        abandoned meanwhile (its spans are counted already: ``timeout``; when it returns
+        after all, ``landed(result)`` of them, all by default, move to delivered), else
+        (True, result); an exception is counted as ``exporter_error`` for the ``n``
+        spans."""
         call = _Call(n)
         with self._cond:
             self._call = call
@@ -319,9 +324,10 @@ class Sink:
         with self._cond:
             if call.abandoned:  # it came back after all: the sink works again
                 self._stalled = False
-                if call.n and not self._given_up:  # and its spans were delivered
-                    self.dropped["timeout"] -= call.n
-                    self.delivered += call.n
+                moved = n if landed is None else max(0, min(n, landed(result)))
+                if moved and not self._given_up:  # and (some of) its spans were delivered
+                    self.dropped["timeout"] -= moved
+                    self.delivered += moved
                 self._cond.notify_all()
                 return False, None
             self._call = None
@@ -403,6 +409,11 @@ class Sink:
         """Runs when :meth:`_idle_after` reached 0 and nothing is queued."""
 
 
+def _landed(n: int, result: Any) -> int:
+    """The spans an OpenTelemetry export call that returned ``result`` delivered."""
+    return 0 if result == SpanExportResult.FAILURE else n
+
+
 class BatchExporterSink(Sink):
     """A ppetrace exporter: ``export_batch(batch)``, whole batches. Its optional
     ``spans_lost`` count (spans of accepted batches that never reached the output,
@@ -472,7 +483,11 @@ class SpanExporterSink(Sink):
         step = self.chunk
         for i in range(0, len(spans), step):
             part = spans[i : i + step]
-            ok, result = self._run(len(part), functools.partial(self._export_call, exporter, part))
+            ok, result = self._run(
+                len(part),
+                functools.partial(self._export_call, exporter, part),
+                functools.partial(_landed, len(part)),
+            )
             if not ok:  # raised (counted) or abandoned (counted as timeout): go on
                 continue
             if result == SpanExportResult.FAILURE:

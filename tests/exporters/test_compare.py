@@ -335,7 +335,10 @@ def test_a_large_change_the_runs_cannot_tell_from_noise_is_inconclusive_not_unch
     assert render_comparison_markdown(result).startswith("### ppetrace compare: ⚠️ no gated")
     (note,) = [n for n in result.notes if n.startswith(f"{STEP}: the runs' own scatter")]
     smallest = detectable_change(row["noise"], 5, 5, alpha=0.01)
-    assert f"only from about {smallest:+.0%}" in note and smallest > 0.4
+    assert f"only from about +{smallest * 100:.1f}%" in note and smallest > 0.4
+    # a noise floor of 0: the note without the ratio to it (it divided by zero)
+    zero = compare(base, cand, noise_floor=0.0)
+    assert any("the runs' own scatter is" in n and "floor" not in n for n in zero.notes)
     # the same runs without scatter beyond the floor: no such note, and a clear verdict
     quiet = compare([_run(rng) for _ in range(5)], [_run(rng, shift=0.4) for _ in range(5)])
     assert quiet.regressions == [STEP] and not quiet.notes and not quiet.inconclusive

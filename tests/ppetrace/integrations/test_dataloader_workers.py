@@ -244,3 +244,28 @@ def test_the_channel_hands_over_whole_messages_only() -> None:
     assert chan._messages() == [(0, [], []), (1, [], [])]
     assert bytes(chan._buf) == struct.pack("!i", 1_000)[:3]
     chan.queue.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_loader_whose_channel_was_retired_gets_a_new_one(
+    rows: Rows, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same loader's next epoch after its channel was given up: its workers send
+    through a new channel (with spawn, the retired queue's closed reader made iter()
+    raise into the loop; with fork, the next workers' spans were lost)."""
+    from ppetrace.integrations import dataloader
+
+    loader = DataLoader(Items(4), batch_size=2, num_workers=1, multiprocessing_context=method)
+    trace_workers(loader)
+    old = loader.worker_init_fn.queue  # type: ignore[union-attr]
+    (chan,) = [c for c in dataloader._channels.values() if c.queue is old]
+    chan._buf += b"\x00\x00\x10\x00partial"  # a message cut off: 4,096 bytes announced
+    monkeypatch.setattr(dataloader, "STALLED_AFTER", 0.0)
+    chan.drain()
+    chan.drain()
+    assert chan.retired
+    for _ in trace_workers(loader):
+        pass
+    assert loader.worker_init_fn.queue is not old  # type: ignore[union-attr]
+    ppetrace.flush()
+    assert sorted(r.attributes["i"] for r, _, _ in rows.rows("user.getitem")) == [0, 1, 2, 3]

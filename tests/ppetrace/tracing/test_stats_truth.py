@@ -41,6 +41,28 @@ def test_a_call_that_succeeds_after_export_timeout_counts_its_spans_delivered(
     assert slow.received == 40 and s.dropped["timeout"] == 0 and balanced(s)
 
 
+def test_a_call_that_fails_after_export_timeout_stays_counted_as_lost(clean: None) -> None:
+    """A late FAILURE delivered nothing: its spans stay dropped (timeout)."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class LateFailure(Hung):
+        def export(self, spans: Any) -> SpanExportResult:
+            super().export(spans)
+            return SpanExportResult.FAILURE
+
+    late = LateFailure()
+    ppetrace.configure(exporters=[late], export_timeout=0.05)
+    burst(10)
+    ppetrace.flush()
+    from ppetrace.tracing._setup import FLUSHER
+
+    (sink,) = FLUSHER.sinks
+    late.release.set()
+    assert wait_for(lambda: late.received == 10 and not sink._stalled)  # it came back
+    (s,) = ppetrace.stats().sinks
+    assert s.delivered == 0 and s.dropped["timeout"] == 10 and balanced(s)
+
+
 def test_spans_given_up_at_shutdown_are_logged_with_their_count(
     clean: None, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -99,10 +121,19 @@ def test_tracing_set_up_outside_the_main_thread_says_sigterm_is_not_handled(
     from ppetrace.tracing import _setup
 
     monkeypatch.setattr(_setup, "_sigterm_warned", False)
-    with caplog.at_level(logging.WARNING, logger="ppetrace"):
+
+    def configure_in_a_thread() -> None:
         worker = threading.Thread(target=ppetrace.configure, name="trainer-thread")
         worker.start()
         worker.join()
+
+    with caplog.at_level(logging.WARNING, logger="ppetrace"):
+        ppetrace.configure()  # on the main thread: the handler is installed
+        configure_in_a_thread()  # and stays: nothing to say
+    assert "outside the main thread" not in caplog.text
+    ppetrace.configure(handle_sigterm=False)  # no handler now
+    with caplog.at_level(logging.WARNING, logger="ppetrace"):
+        configure_in_a_thread()
     assert "configured outside the main thread (trainer-thread)" in caplog.text
     assert "SIGTERM" in caplog.text
 
