@@ -26,11 +26,12 @@ import numpy as np
 from ._accel import SPEEDUPS as _speedups
 from .frame import _depth
 
-__all__ = ["AFTER_THE_FACT", "effective_parents", "self_times"]
+__all__ = ["BY_TIME", "NESTING", "effective_parents", "self_times"]
 
-#: Span ids of spans recorded after the fact (``ppetrace.instrument()``, ``LightningProfiler``)
-#: are at least this (``ppetrace.integrations._record``): a frame with one nests by time.
-AFTER_THE_FACT = 3 << 61
+#: The ``otherData`` entry of a trace with spans recorded after the fact
+#: (``ppetrace.instrument()``, ``LightningProfiler``): ``{NESTING: BY_TIME}`` makes
+#: ``read_chrome_trace`` nest its frame by time (``self_ns``, ``depth``, inheritance).
+NESTING, BY_TIME = "ppetrace.nesting", "time"
 
 
 def _enclosing(order: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:

@@ -21,11 +21,12 @@ column              dtype     meaning
                               on the same thread (children on other threads run
                               concurrently and are not subtracted)
 ``depth``           int64     number of ancestors present in the frame (0 = root)
-                              (children and ancestors by parent id; in a frame with
-                              spans recorded after the fact, ``instrument()``'s and
-                              ``LightningProfiler``'s, by time on their thread, as
-                              :mod:`exporters._nesting` finds them; ``epoch`` and
-                              ``step`` are inherited along the same parents)
+                              (children and ancestors by parent id; in a trace of
+                              ``instrument()`` or ``LightningProfiler``, whose
+                              ``otherData`` says ``"ppetrace.nesting": "time"``
+                              (they record spans after the fact), by time on their
+                              thread, as :mod:`exporters._nesting` finds them, and
+                              ``epoch`` and ``step`` are inherited along those)
 ``pid``             int64     process id
 ``tid``             int64     thread id
 ``rank``            Int64     process rank (``ppetrace.rank``), ``<NA>`` if unknown
@@ -446,13 +447,15 @@ def _build(
     *,
     skip: frozenset[str] = frozenset(),
     attr_columns: Mapping[Any, Any] | None = None,
+    by_time: bool = False,
 ) -> pd.DataFrame:
     """The frame from column-wise inputs (shared by the span and the file readers).
 
     The string columns come as sequences or dictionary-encoded (:class:`Coded`).
     Attribute keys in ``skip`` are ignored (the reserved ``args`` of a Chrome event).
     ``attr_columns`` (key -> typed column, as :func:`_attribute_columns` makes
-    them) stands for ``attrs`` when the caller typed the columns itself.
+    them) stands for ``attrs`` when the caller typed the columns itself. ``by_time``:
+    parents by time on each thread where ids say less (:mod:`exporters._nesting`).
     """
     n = len(names)
     sid = np.asarray(span_ids, dtype=np.uint64) if n else np.zeros(0, np.uint64)
@@ -463,11 +466,10 @@ def _build(
     pid = np.asarray(pids, dtype=np.int64)
     dur = _saturating_diff(end, start)
     ppos = _parent_positions(sid, par, pid) if n else np.zeros(0, np.int64)
-    if n > 1:
-        from ._nesting import AFTER_THE_FACT, effective_parents
+    if by_time and n > 1:  # spans recorded after the fact: their parents by time
+        from ._nesting import effective_parents
 
-        if int(sid.max()) >= AFTER_THE_FACT:  # spans recorded after the fact: nest by time
-            ppos, _ = effective_parents(ppos, par, start, end, pid, tid)
+        ppos, _ = effective_parents(ppos, par, start, end, pid, tid)
     has_parent = ppos >= 0
     safe = np.where(has_parent, ppos, 0)
     same_thread = has_parent & (tid[safe] == tid) & (pid[safe] == pid)

@@ -29,6 +29,7 @@ import pandas as pd
 
 from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
+from .._nesting import BY_TIME, NESTING
 from .._pandas import Coded
 from ..frame import _attribute_columns, _build, empty_frame
 from ._attrs import KeyValues, append_values, by_key, split_columns, split_rows
@@ -473,6 +474,7 @@ class SpanColumns:
             Coded(statuses, self._statuses.values),
             errors if errors is not None else Coded(np.zeros(n, dtype=np.int32), [""]),
             attr_columns=self._attr_columns(codes, split, dropped=with_ids and not has_id.all()),
+            by_time=metadata.get(NESTING) == BY_TIME,
         )
 
     def _attr_columns(

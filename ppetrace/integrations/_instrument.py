@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from exporters._nesting import BY_TIME, NESTING
+
 from .. import tracing
 from ..tracing._environment import refresh_environment
 from ..tracing._recorder import RECORDER, _error_text, trace
@@ -145,6 +147,7 @@ class Instrumentation:
                 options["metadata"] = {
                     "environment": environment,
                     "ppetrace.detail": detail_metadata(*self.detail),
+                    NESTING: BY_TIME,  # spans recorded after the fact: readers nest them by time
                     **options.get("metadata", {}),
                 }
                 self.trace_exporter = ChromeTraceExporter(self.trace_path, **options)

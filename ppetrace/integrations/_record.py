@@ -20,7 +20,6 @@ from typing import Any
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace.propagation import _SPAN_KEY
 
-from exporters._nesting import AFTER_THE_FACT
 from exporters._spans import SpanRow
 
 from ..tracing._recorder import RECORDER, Span, _get_ctx
@@ -30,7 +29,7 @@ __all__ = ["RowBuffer", "SpanRow", "current_parent", "new_span_id", "next_ids"]
 # Ids of spans recorded here live in [3 * 2**61, 2**63): the recorder's own ids count up
 # from below 2**62 and would need 2**61 spans to get there, so the two never meet; and they
 # stay below 2**63, which the exporters convert on their fast (signed 64-bit) path.
-_BASE = AFTER_THE_FACT  # the readers nest a trace with such ids by time
+_BASE = 3 << 61
 _tuple_new = tuple.__new__  # SpanRow(...) runs NamedTuple's Python __new__; this does not
 
 

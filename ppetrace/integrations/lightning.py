@@ -48,6 +48,8 @@ from typing import Any
 
 from lightning.pytorch.profilers import Profiler
 
+from exporters._nesting import BY_TIME, NESTING
+
 from .. import tracing
 from ..tracing._recorder import RECORDER
 from . import _precedence
@@ -324,6 +326,7 @@ class LightningProfiler(Profiler):
             options["metadata"] = {
                 **options.get("metadata", {}),
                 "ppetrace.detail": detail_metadata(*self.detail),
+                NESTING: BY_TIME,  # spans recorded after the fact: readers nest them by time
                 "ppetrace.stage": name,  # merge refuses rank files of different stages
                 # what it ran on, as the Trainer and instrument() record it (report, compare)
                 "environment": tracing.capture_environment(device=self.runtime.device_spec),

@@ -371,14 +371,17 @@ def test_tuple_and_mixed_attribute_values_stay_as_they_are() -> None:
         assert frame.loc[0, "m"] == 1.5 and frame.loc[1, "m"] == "a"
 
 
-def test_spans_recorded_after_the_fact_nest_by_time_in_self_and_depth() -> None:
+def test_spans_recorded_after_the_fact_nest_by_time_in_self_and_depth(tmp_path: Path) -> None:
     """instrument() records a step after the fact, with the parent current when it began:
-    its forward and backward are its siblings by id. In the frame they are its children by
-    time (a trial summed self_ns by name and counted the forward twice: the step's self
-    time was its whole duration). A frame without such ids keeps the ids' nesting."""
-    from exporters._nesting import AFTER_THE_FACT
+    its forward and backward are its siblings by id. In the frame of its trace (whose
+    otherData says so) they are its children by time (a trial summed self_ns by name and
+    counted the forward twice: the step's self time was its whole duration). Without
+    that entry, a trace keeps the ids' nesting, whatever its ids (random OpenTelemetry
+    ids are often above ppetrace's after-the-fact range)."""
+    from exporters import ChromeTraceExporter
+    from exporters._nesting import BY_TIME, NESTING
 
-    base = AFTER_THE_FACT + 100
+    base = (3 << 61) + 100
     t0 = 1_700_000_000_000_000_000
     rows = [
         SpanRow("trainer.fetch_batch", base, 0, 1, t0, t0 + 100, 1, {}),
@@ -387,13 +390,18 @@ def test_spans_recorded_after_the_fact_nest_by_time_in_self_and_depth() -> None:
         SpanRow("module.forward", 7, 0, 1, t0 + 120, t0 + 300, 1, {}),  # a submodule's span
         SpanRow("trainer.backward", base + 3, 0, 1, t0 + 510, t0 + 900, 1, {}),
     ]
-    frame = spans_to_frame(SpanBatch(rows)).set_index("span_id")
+
+    def read(metadata: dict[str, Any] | None) -> pd.DataFrame:
+        path = tmp_path / f"t{len(list(tmp_path.iterdir()))}.json"
+        with ChromeTraceExporter(path, metadata=metadata) as exporter:
+            exporter.export_batch(SpanBatch(rows))
+        return read_chrome_trace(path).set_index("span_id")
+
+    frame = read({NESTING: BY_TIME})
     assert frame.loc[base + 1, "self_ns"] == 1_000 - 390 - 390
     assert frame.loc[base + 2, "self_ns"] == 390 - 180 and frame.loc[7, "depth"] == 2
     assert list(frame.loc[[base, base + 1, base + 2, base + 3], "depth"]) == [0, 0, 1, 1]
     assert frame.loc[7, "step"] == 0  # inherited from the step it ran in
-    plain = [
-        r._replace(span_id=r.span_id - base + 10 if r.span_id >= base else r.span_id) for r in rows
-    ]
-    by_id = spans_to_frame(SpanBatch(plain))
+    by_id = read(None)
     assert (by_id["depth"] == 0).all() and (by_id["self_ns"] == by_id["dur_ns"]).all()
+    assert (spans_to_frame(SpanBatch(rows))["depth"] == 0).all()  # no such entry in memory
