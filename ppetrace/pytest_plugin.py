@@ -346,10 +346,11 @@ class Benchmark:
         if self.save_dir is not None:
             path = self.save_dir / file_name
             if failure is not None and _same_folder(self.save_dir, self.compare_dir):
-                failure += (
-                    f"\n\nThe baseline {path} was kept: --ppetrace-save names the folder "
-                    "compared with, and a failed run does not replace its baseline."
-                )
+                if path.exists():
+                    failure += (
+                        f"\n\nThe baseline {path} was kept: --ppetrace-save names the folder "
+                        "compared with, and a failed run does not replace its baseline."
+                    )
             else:
                 self.save_dir.mkdir(parents=True, exist_ok=True)
                 writer = exporters.ChromeTraceExporter(path, metadata={"environment": environment})
@@ -372,9 +373,14 @@ class Benchmark:
                 "call ppetrace.configure inside the benchmark?"
             )
         if not baseline.exists():
+            saving = _same_folder(self.save_dir, baseline.parent)
             _warn(
-                f"ppetrace: no baseline {baseline} for this benchmark; run once with "
-                f"--ppetrace-save {baseline.parent} to create it.",
+                f"ppetrace: no baseline {baseline} for this benchmark"
+                + (
+                    "; this run is saved as its baseline (--ppetrace-save names the folder)."
+                    if saving
+                    else f"; run once with --ppetrace-save {baseline.parent} to create it."
+                ),
                 BaselineMissingWarning,
             )
             return None
@@ -396,6 +402,11 @@ class Benchmark:
             )
         except (exporters.TraceError, ValueError) as exc:
             return f"ppetrace: comparing with the baseline {baseline} failed: {exc}"
+        except OSError as exc:  # a folder, a file we may not read
+            return (
+                f"ppetrace: the baseline {baseline} cannot be read: {exc.strerror or exc}. "
+                "Expected a trace file written by --ppetrace-save."
+            )
         env = self.comparison.environment_warnings
         for line in env:
             _warn(f"ppetrace: {line}", EnvironmentMismatchWarning)

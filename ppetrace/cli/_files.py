@@ -109,9 +109,29 @@ def merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return EXIT_OK
 
 
+def _closed(path: Path) -> bool:
+    """Whether a plain JSON trace ends with ``]}`` (its writer closed it): read from its
+    end, so that a complete multi-GB trace is not copied to learn it was complete."""
+    if path.name.endswith(".gz") or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 64))
+            tail = f.read()
+    except OSError:
+        return False
+    return tail.rstrip().endswith(b"]}")
+
+
 def repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
+    if args.out is None and _closed(Path(args.trace)):
+        out.write(
+            f"{args.trace} ends with its closing ]}} (complete): nothing to repair, no copy "
+            "written (pass OUT to write one anyway)\n"
+        )
+        return EXIT_OK
     try:
         done = exporters.repair_chrome_trace(args.trace, args.out)
     except FileNotFoundError as exc:

@@ -127,6 +127,7 @@ def test_a_missing_baseline_folder_is_a_usage_error_unless_it_is_saved_to(
     args = ("--ppetrace-compare", missing, "--ppetrace-save", missing, "-p", "no:cacheprovider")
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=1, warnings=1)
+    assert "this run is saved as its baseline" in result.stdout.str()
     assert (Path(missing) / BASELINE_NAME).is_file()
 
 
@@ -179,6 +180,12 @@ def test_a_baseline_that_cannot_be_read_fails_with_a_message_not_a_traceback(
     text = result.stdout.str()
     assert "ppetrace: comparing with the baseline" in text and "failed:" in text
     assert "_parse.py" not in text  # no traceback into the reader
+    (baseline / BASELINE_NAME).unlink()
+    (baseline / BASELINE_NAME).mkdir()  # not a file at all
+    result = pytester.runpytest("--ppetrace-compare", str(baseline), "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert "but it is a directory" in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
 
 
 def test_record_mode_collects_what_the_block_traces(pytester: pytest.Pytester) -> None:

@@ -605,13 +605,20 @@ def test_an_earlier_trace_at_the_path_is_replaced_and_links_are_written_through(
     written through, as open() does."""
     path = tmp_path / "t.json"
     path.write_text("an earlier trace" * 1_000)
+    path.chmod(0o600)
     before = path.stat().st_ino
     keeper = path.open("rb")  # a reader of the earlier trace keeps reading it whole
     with ChromeTraceExporter(path):
         pass
     assert json.loads(path.read_text())["traceEvents"] == []
     assert path.stat().st_ino != before and keeper.read(16) == b"an earlier trace"
+    assert path.stat().st_mode & 0o777 == 0o600  # its permissions kept
     keeper.close()
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(b"an earlier trace")
+    with ChromeTraceExporter(gz):
+        pass
+    assert json.loads(gzip.decompress(gz.read_bytes()))["traceEvents"] == []
     target, link = tmp_path / "target.json", tmp_path / "link.json"
     target.write_text("old")
     link.symlink_to(target)

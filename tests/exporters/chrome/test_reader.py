@@ -213,7 +213,7 @@ def test_the_cli_repairs_and_says_what_it_did(
     # a complete trace: no copy beside it (it would count twice in a folder of runs)
     out = io.StringIO()
     assert main(["repair", str(tmp_path / "t.json")], stdout=out, stderr=err) == 0
-    assert "is complete" in out.getvalue() and "nothing to repair" in out.getvalue()
+    assert "(complete): nothing to repair" in out.getvalue()
     assert not (tmp_path / "t.repaired.json").exists()
 
 
