@@ -218,7 +218,7 @@ def test_a_worker_killed_while_sending_never_blocks_the_parent(
     (chan,) = [c for c in dataloader._channels.values() if c.queue is channel]
     started = time.monotonic()
     ppetrace.flush()  # returns: the part of the last message waits in the buffer
-    assert time.monotonic() - started < 5 and chan._buf  # a part of it was read
+    assert time.monotonic() - started < 60 and chan._buf  # (a hang) a part of it was read
     monkeypatch.setattr(dataloader, "STALLED_AFTER", 0.0)
     with caplog.at_level("WARNING", logger="ppetrace"):
         ppetrace.flush()

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 import torch
+from test_instrument_decisions import _model, _names
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -18,15 +18,6 @@ import ppetrace
 from exporters import read_chrome_trace, step_report
 
 Loader = Any
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
-
-
-def _names(frame: pd.DataFrame, name: str) -> pd.DataFrame:
-    return frame[frame["name"] == name].sort_values("start_ns")
 
 
 def _busy(ms: float) -> None:
@@ -62,6 +53,7 @@ def test_a_training_thread_that_ended_before_close_keeps_its_last_step_and_valid
         worker = threading.Thread(target=_train, args=(make_loader(64, 8), 5))
         worker.start()
         worker.join()
+        joined = time.time_ns()
         _busy(2)  # the main thread goes on: no step may reach this far
     frame = read_chrome_trace(path)
     steps = _names(frame, "trainer.step")
@@ -71,7 +63,7 @@ def test_a_training_thread_that_ended_before_close_keeps_its_last_step_and_valid
     (validation,) = _names(frame, "trainer.validation").itertuples()
     assert validation.tid == worker.native_id and validation.start_ns >= last_opt
     last_forward = frame.loc[frame["name"] == "module.forward", "end_ns"].max()
-    assert 0 <= validation.end_ns - last_forward < 1_000_000  # not to close(), 2 ms later
+    assert last_forward <= validation.end_ns < joined + 1_000_000  # not to close()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -180,7 +172,7 @@ def test_activation_checkpointing_recomputes_inside_the_backward(
     assert (forwards["ppetrace.module"] == "Net.b1").sum() == 4  # not again in backward
     backward = _names(frame, "trainer.backward")
     assert (backward["dur_ns"] >= 2_000_000).all()  # the two blocks' recomputation
-    assert (outer["dur_ns"] >= 2_000_000).all() and (outer["dur_ns"] < 4_000_000).all()
+    assert (outer["dur_ns"] >= 2_000_000).all()  # (the counts above: no recomputed forward)
 
 
 def test_a_loader_inside_another_loaders_dataset_ends_in_loader_end(
