@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
+import struct
 import time
 from collections import Counter
 from pathlib import Path
@@ -179,18 +179,20 @@ def test_a_worker_that_dies_loses_at_most_its_last_flush_interval(rows: Rows) ->
 
 
 class Big(Dataset[Any]):
-    """One item whose span is larger than a pipe's buffer; the worker kills itself while
-    its flusher sends it (its message is cut in the pipe)."""
+    """Items whose worker dies in the middle of a message to the parent: item 1 writes the
+    first part of a 400 kB message into the pipe (as a write cut by SIGKILL leaves it),
+    then kills its worker."""
 
     def __len__(self) -> int:
         return 4
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        with ppetrace.trace("user.big", {"v": "x" * 400_000}):
-            pass
         if i == 1:
-            threading.Thread(target=ppetrace.flush, daemon=True).start()
-            time.sleep(0.05)  # the flusher is writing the 400 kB message
+            from ppetrace.tracing._setup import FLUSHER
+
+            (sink,) = FLUSHER.sinks  # the worker's one exporter: the queue to the parent
+            writer = sink.target.queue._writer.fileno()
+            os.write(writer, struct.pack("!i", 400_000) + b"x" * 30_000)
             os.kill(os.getpid(), signal.SIGKILL)
         return torch.zeros(1)
 
