@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._compare_result import Comparison, Verdict, is_inconclusive
+from ._compare_result import Comparison, Verdict, is_inconclusive, within
 from ._render import fmt_ns, fmt_pct, json_records, markdown, md_code, md_text, text_table
 from ._steps import STEP
 
@@ -44,16 +44,24 @@ def shown_verdict(
     event's (with its mark), or for an informational event a change that fails nothing
     (``slower (not gated)``), never ``regression``. With ``comparison``, ``unchanged``
     is told apart: ``inconclusive`` (beyond the threshold, not significant: the runs
-    cannot tell), ``within threshold`` (significant, but small) or ``unchanged``."""
+    cannot tell), ``within threshold`` (significant, but small), ``not significant``
+    (small, but its interval reaches beyond the threshold) or ``unchanged`` (its
+    interval within ±threshold)."""
     verdict = str(record["verdict"])
     if not record["gated"] and verdict in _INFO:
         return _INFO[verdict]
     if verdict == Verdict.UNCHANGED and comparison is not None:
-        if is_inconclusive(record, alpha=comparison.alpha, threshold=comparison.threshold):
-            return f"{'⚠️ ' if marks else ''}inconclusive"
-        if float(record["p_holm"]) < comparison.alpha:
-            return "within threshold"
+        return _unchanged(record, comparison, marks=marks)
     return _MARK[verdict] if marks else verdict
+
+
+def _unchanged(record: Mapping[str, Any], c: Comparison, *, marks: bool) -> str:
+    """The label of an ``unchanged`` verdict (:func:`shown_verdict`)."""
+    if is_inconclusive(record, alpha=c.alpha, threshold=c.threshold):
+        return f"{'⚠️ ' if marks else ''}inconclusive"
+    if float(record["p_holm"]) < c.alpha:
+        return "within threshold"
+    return "unchanged" if within(record, c.threshold) else "not significant"
 
 
 def _p(value: float) -> str:
@@ -163,13 +171,15 @@ def _why(r: Mapping[str, Any], c: Comparison) -> str:
         f"{fmt_pct(r['ci_high'], signed=True)}), p {p}, noise {_noise(r)}"
     )
     if not float(r["p_holm"]) < c.alpha:
+        verdict = _unchanged(r, c, marks=False)
         reason = f"not significant (p {p} ≥ {c.alpha:g})"
-        if is_inconclusive(r, alpha=c.alpha, threshold=c.threshold):
-            verdict = "inconclusive"
+        if verdict == "inconclusive":
             reason += (
                 f": the change is beyond the threshold {fmt_pct(c.threshold)}, but the runs "
                 "cannot tell it from noise"
             )
+        elif verdict == "unchanged":
+            reason += f", and the interval lies within ±{fmt_pct(c.threshold)}"
     elif abs(float(r["change"])) <= c.threshold:
         verdict = "within threshold"
         reason = f"significant, but within the threshold ({change} vs ±{fmt_pct(c.threshold)})"

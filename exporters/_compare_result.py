@@ -30,6 +30,7 @@ __all__ = [
     "Comparison",
     "Verdict",
     "is_inconclusive",
+    "within",
 ]
 
 
@@ -41,6 +42,12 @@ class Verdict:
     BELOW_NOISE = "below noise"
     UNCHANGED = "unchanged"
     INSUFFICIENT = "insufficient data"
+
+
+def within(record: Mapping[str, Any], threshold: float) -> bool:
+    """Whether a row's confidence interval lies within ±``threshold``: only then does an
+    ``unchanged`` verdict read as unchanged (else: not significant)."""
+    return -threshold <= float(record["ci_low"]) and float(record["ci_high"]) <= threshold
 
 
 def is_inconclusive(record: Mapping[str, Any], *, alpha: float, threshold: float) -> bool:

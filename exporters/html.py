@@ -64,6 +64,7 @@ _VERDICT_COLORS = {
     # an unchanged verdict told apart (shown_verdict with the comparison)
     "inconclusive": "#c77c02",
     "within threshold": "#5b9bd5",
+    "not significant": "#8fb8de",
     Verdict.INSUFFICIENT: "#cfcfcf",
     # an informational event's significant change (it fails nothing)
     "slower (not gated)": "#e08a00",

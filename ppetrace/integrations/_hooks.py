@@ -90,12 +90,24 @@ def _at_the_end(it: Any, yielded: int) -> bool:
         return False
 
 
-def _inner_fetch(it: Any) -> str:
-    """The span name of a fetch of a loader inside another loader's fetch: the call that
-    finds a map-style loader's end is ``trainer.loader_end``, as at the top level."""
+def _inner_fetch(orig: Callable[[Any], Any], it: Any, attrs: Any) -> Any:
+    """A fetch of a loader inside another loader's fetch: only its span, named
+    ``trainer.loader_end`` for the call that finds a map-style loader's end, as at the
+    top level; the StopIteration that ends the loader is no error of it."""
     yielded = getattr(it, "_num_yielded", None)
     at_end = isinstance(yielded, int) and _at_the_end(it, yielded)
-    return "trainer.loader_end" if at_end else "trainer.fetch_batch"
+    span = trace("trainer.loader_end" if at_end else "trainer.fetch_batch", attrs)
+    span.__enter__()
+    try:
+        batch = orig(it)
+    except StopIteration:
+        span.__exit__(None, None, None)
+        raise
+    except BaseException as exc:
+        span.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    span.__exit__(None, None, None)
+    return batch
 
 
 _drivers = _precedence.drivers
@@ -217,8 +229,7 @@ class Hooks:
             except AttributeError:
                 st = tracker.state()
             if st.in_fetch:  # a loader inside a loader's fetch: only its span
-                with trace(_inner_fetch(self), tracker.step_attrs):
-                    return orig(self)
+                return _inner_fetch(orig, self, tracker.step_attrs)
             if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 tracker.flush_pending(st)
             try:
@@ -306,8 +317,7 @@ class Hooks:
         tracker = self.tracker
         st = tracker.state()  # (the fast paths inline its lookup; this one is not one)
         if st.in_fetch:  # a loader inside a loader's fetch: only its span
-            with trace(_inner_fetch(it), tracker.step_attrs):
-                return orig(it)
+            return _inner_fetch(orig, it, tracker.step_attrs)
         cand = st.cand
         if cand is not None and cand.profiled >= 0:
             tracker.profilers_end(cand)  # outside the fetch, as the Trainer does

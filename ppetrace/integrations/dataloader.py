@@ -153,9 +153,14 @@ def trace_loaders() -> Callable[[], None]:
 def settle_workers() -> None:
     """Before a run's last flush: when a loader with persistent workers was traced in
     this process, wait two of their send intervals, so that what their last batches
-    recorded is on its way (a non-persistent worker sends the rest when it exits)."""
+    recorded is on its way (a non-persistent worker sends the rest when it exits); then
+    warn of a message cut off in a workers' pipe (:meth:`_Channel.report_cut`)."""
     if _persistent:
         time.sleep(2 * PERSISTENT_INTERVAL)
+    with _channels_lock:
+        channels = list(_channels.values())
+    for channel in channels:
+        channel.report_cut()
 
 
 def _current_span_id() -> int:
@@ -192,6 +197,7 @@ class _Channel:
         self._since = 0.0  # when the part in _buf last grew (0: no part)
         self.retired = False
         self.lost_messages = 0
+        self._reported = 0.0  # the _since of the part last reported by report_cut
 
     def _read(self) -> bool:
         """Append what the pipe holds to the buffer; whether anything came."""
@@ -278,6 +284,24 @@ class _Channel:
             [SpanRow(*row) for row in rows], _setup.FLUSHER.resource_attrs, os.getpid(), labels
         )
         _setup.FLUSHER.inject(batch)
+
+    def report_cut(self) -> None:
+        """At a run's end: say so if a part of a message waits (a worker killed while it
+        sent it), once per part; the part stays, in case its rest still comes."""
+        if self.pid != os.getpid() or self._fd < 0:
+            return
+        with _setup.FLUSHER._lock:  # the one reader of the pipe: the flusher's drain
+            self.drain()
+            size = len(self._buf)
+            if not size or self._reported == self._since:
+                return
+            self._reported = self._since
+        _log.warning(
+            "ppetrace: %d bytes of a message from the DataLoader workers are incomplete at "
+            "the end of the run (a worker killed while it sent them?): the spans in it are "
+            "not in the trace, nor those of workers that waited to send after it.",
+            size,
+        )
 
     def _give_up(self) -> None:
         """A part of a message that got no further: its worker died while sending."""

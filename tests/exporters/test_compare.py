@@ -343,6 +343,19 @@ def test_a_large_change_the_runs_cannot_tell_from_noise_is_inconclusive_not_unch
     quiet = compare([_run(rng) for _ in range(5)], [_run(rng, shift=0.4) for _ in range(5)])
     assert quiet.regressions == [STEP] and not quiet.notes and not quiet.inconclusive
 
+    # no change, noisy runs: "not significant" (its interval reaches past the threshold),
+    # not "unchanged", which needs the interval within ±threshold
+    def runs(medians: list[float]) -> list[RunSummary]:
+        return [RunSummary.from_samples({STEP: np.full(50, m)}) for m in medians]
+
+    scattered = [1.0e6, 1.3e6, 0.8e6, 1.2e6, 0.9e6]
+    noisy = compare(runs(scattered), runs(scattered[::-1]))
+    assert _row(noisy)["change"] == pytest.approx(0.0, abs=1e-12)
+    assert f"  {STEP}: not significant:" in render_comparison_table(noisy)
+    tight = compare(runs([1.0e6] * 8), runs([1.0e6] * 8), noise_floor=0.001)
+    text = render_comparison_table(tight)
+    assert f"  {STEP}: unchanged:" in text and "the interval lies within ±3.0%" in text
+
 
 def test_detectable_change_has_the_power_it_claims() -> None:
     """At the change detectable_change gives, the run-level test finds it about 80% of the

@@ -221,6 +221,10 @@ def test_a_worker_killed_while_sending_never_blocks_the_parent(
     started = time.monotonic()
     ppetrace.flush()  # returns: the part of the last message waits in the buffer
     assert time.monotonic() - started < 60 and chan._buf  # (a hang) a part of it was read
+    with caplog.at_level("WARNING", logger="ppetrace"):
+        dataloader.settle_workers()  # a run's end says so, once
+        dataloader.settle_workers()
+    assert caplog.text.count("bytes of a message from the DataLoader workers") == 1
     monkeypatch.setattr(dataloader, "STALLED_AFTER", 0.0)
     with caplog.at_level("WARNING", logger="ppetrace"):
         ppetrace.flush()

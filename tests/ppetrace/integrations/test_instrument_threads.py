@@ -194,6 +194,8 @@ def test_a_loader_inside_another_loaders_dataset_ends_in_loader_end(
     with ppetrace.instrument(trace_path=path):
         for _ in torch.utils.data.DataLoader(Tasks(), batch_size=2):
             pass
-    names = read_chrome_trace(path)["name"].value_counts()
+    frame = read_chrome_trace(path)
+    names = frame["name"].value_counts()
     assert names["trainer.loader_start"] == names["trainer.loader_end"] == 1 + 4
     assert names["trainer.fetch_batch"] == 2 + 4 * 4
+    assert (frame["status"] != "ERROR").all()  # a loader's end is no error
