@@ -26,12 +26,7 @@ import numpy as np
 from ._accel import SPEEDUPS as _speedups
 from .frame import _depth
 
-__all__ = ["BY_TIME", "NESTING", "effective_parents", "self_times"]
-
-#: The ``otherData`` entry of a trace with spans recorded after the fact
-#: (``ppetrace.instrument()``, ``LightningProfiler``): ``{NESTING: BY_TIME}`` makes
-#: ``read_chrome_trace`` nest its frame by time (``self_ns``, ``depth``, inheritance).
-NESTING, BY_TIME = "ppetrace.nesting", "time"
+__all__ = ["effective_parents", "self_times"]
 
 
 def _enclosing(order: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:

@@ -18,6 +18,12 @@ from opentelemetry.trace import StatusCode
 
 __all__ = ["FrozenAttributes", "SpanBatch", "SpanRow", "rows_from_readable_spans"]
 
+#: The ``otherData`` entry of a trace with spans recorded after the fact
+#: (``ppetrace.instrument()``, ``LightningProfiler``): ``{NESTING: BY_TIME}`` makes
+#: ``read_chrome_trace`` nest its frame by time (``self_ns``, ``depth``, inheritance;
+#: :mod:`exporters._nesting`). Here, where importing it costs nothing.
+NESTING, BY_TIME = "ppetrace.nesting", "time"
+
 
 class FrozenAttributes(dict[Any, Any]):
     """Span attributes that cannot be changed, so that many spans can share one mapping.

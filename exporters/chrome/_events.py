@@ -29,8 +29,8 @@ import pandas as pd
 
 from .._accel import SPEEDUPS as _speedups
 from .._errors import TraceError
-from .._nesting import BY_TIME, NESTING
 from .._pandas import Coded
+from .._spans import BY_TIME, NESTING
 from ..frame import _attribute_columns, _build, empty_frame
 from ._attrs import KeyValues, append_values, by_key, split_columns, split_rows
 from ._encode import RANK_RE, RESERVED_ARGS

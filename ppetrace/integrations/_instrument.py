@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from exporters._nesting import BY_TIME, NESTING
+from exporters._spans import BY_TIME, NESTING
 
 from .. import tracing
 from ..tracing._environment import refresh_environment

@@ -48,7 +48,7 @@ from typing import Any
 
 from lightning.pytorch.profilers import Profiler
 
-from exporters._nesting import BY_TIME, NESTING
+from exporters._spans import BY_TIME, NESTING
 
 from .. import tracing
 from ..tracing._recorder import RECORDER

@@ -379,7 +379,7 @@ def test_spans_recorded_after_the_fact_nest_by_time_in_self_and_depth(tmp_path: 
     that entry, a trace keeps the ids' nesting, whatever its ids (random OpenTelemetry
     ids are often above ppetrace's after-the-fact range)."""
     from exporters import ChromeTraceExporter
-    from exporters._nesting import BY_TIME, NESTING
+    from exporters._spans import BY_TIME, NESTING
 
     base = (3 << 61) + 100
     t0 = 1_700_000_000_000_000_000

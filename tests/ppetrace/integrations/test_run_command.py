@@ -372,3 +372,19 @@ def test_runs_that_start_in_the_same_second_get_their_own_default_trace(
     first, second = reserve_trace_path(name), reserve_trace_path(name)
     assert first == name and second != first and first.exists() and second.exists()
     assert second.name.startswith(name.name[: -len(".json")]) and second.suffix == ".json"
+
+
+def test_the_run_command_loads_no_pandas_or_scipy_before_the_script() -> None:
+    """What `ppetrace run` imports before the script starts (its start-up budget, issue
+    14): the instrumentation, without pandas or SciPy (a constant once pulled in pandas,
+    and the start-up grew by about 0.3 s)."""
+    script = (
+        "import sys, ppetrace.cli, ppetrace.integrations._run, "
+        "ppetrace.integrations._instrument; "
+        "print(sorted(m for m in ('pandas', 'scipy') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
