@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,8 @@ from ._sinks import Sink, SinkStats, make_sink
 __all__ = ["Flusher"]
 
 _log = logging.getLogger("ppetrace")
+#: how many shut-down sinks' final stats ``stats().closed`` keeps
+CLOSED_KEPT = 16
 _PART = 65_536  # spans per batch offered to the sinks
 
 
@@ -50,6 +53,8 @@ class Flusher:
         # called at each drain before the buffers are taken (DataLoader worker receivers)
         self.sources: list[Callable[[], None]] = []
         self.flushes = 0
+        #: the final stats of the last sinks shut down (``stats().closed``)
+        self.closed: deque[SinkStats] = deque(maxlen=CLOSED_KEPT)
         self._dropped_said = False  # buffer_full drops were logged (once per process)
         self._lock = threading.RLock()  # one drain at a time
         self._wake = threading.Event()
@@ -224,6 +229,10 @@ class Flusher:
         for sink, seq in seqs:
             if not sink.wait(seq):
                 sink.give_up()
+        full = self.recorder.counts()[1]
+        for sink in sinks:  # what each delivered, for stats() after it is gone
+            dropped = full - sink.baseline[1]
+            self.closed.append(sink.stats(sink.received + dropped, dropped, 0))
 
     # -- stats and fork --------------------------------------------------------
 
@@ -251,4 +260,5 @@ class Flusher:
         self._processor_sinks = {}
         self.sources = []
         self.flushes = 0
+        self.closed = deque(maxlen=CLOSED_KEPT)
         self._dropped_said = False  # the child's own first drop is said too

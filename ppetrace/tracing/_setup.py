@@ -448,6 +448,7 @@ def stats() -> RecorderStats:
         flushes=FLUSHER.flushes,
         export_errors=errors,
         sinks=sinks,
+        closed=tuple(FLUSHER.closed),
     )
 
 

@@ -26,6 +26,10 @@ class RecorderStats:
       sink (force_flush and shutdown included), plus failed before-flush hooks.
     - ``sinks``: one :class:`SinkStats` per exporter and span processor now
       attached, each with ``recorded == delivered + dropped + buffered``.
+    - ``closed``: the final :class:`SinkStats` of the last 16 sinks shut down (an
+      exporter removed, ``configure`` replacing them, ``shutdown``, the end of a
+      Trainer's or ``instrument()``'s file), oldest first: what each delivered and
+      dropped by reason, once it is gone from ``sinks``.
     """
 
     recorded: int
@@ -35,6 +39,7 @@ class RecorderStats:
     flushes: int
     export_errors: int
     sinks: tuple[SinkStats, ...] = ()
+    closed: tuple[SinkStats, ...] = ()
 
     def sink(self, name: str) -> SinkStats:
         """The stats of the sink whose name (``repr`` of the exporter, or

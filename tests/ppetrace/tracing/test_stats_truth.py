@@ -154,3 +154,34 @@ def test_buffer_full_drops_are_logged_once(
             ppetrace.flush()
     said = [r for r in caplog.records if "spans were dropped" in r.getMessage()]
     assert len(said) == 1 and "max_queued_buffers=1" in said[0].getMessage()
+
+
+def test_stats_keep_what_a_sink_delivered_after_it_is_shut_down(
+    clean: None, tmp_path: Path
+) -> None:
+    """After fit (its file closed) or shutdown, the sink is gone from stats().sinks; its
+    final counts stay in stats().closed (a trial could not check delivery after a run)."""
+    import torch
+
+    model = torch.nn.Linear(4, 1)
+    data = [(torch.randn(2, 4), torch.randn(2, 1)) for _ in range(3)]
+    trainer = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "t.json")
+    trainer.fit(
+        model,
+        data,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loss_fn=torch.nn.functional.mse_loss,
+    )
+    assert not any(s.name.startswith("ChromeTraceExporter") for s in ppetrace.stats().sinks)
+    final = ppetrace.stats().closed[-1]
+    spans = len(read_chrome_trace(tmp_path / "t.json"))
+    assert final.name.startswith("ChromeTraceExporter") and balanced(final)
+    assert final.delivered == spans and final.buffered == 0 and final.dropped_total == 0
+    hung = Hung()
+    ppetrace.configure(exporters=[hung], export_timeout=0.05)
+    burst(5)
+    ppetrace.flush()
+    ppetrace.configure()  # replaces it: it gives up its 5 spans
+    gone = ppetrace.stats().closed[-1]
+    assert gone.recorded == 5 and gone.dropped["timeout"] == 5 and balanced(gone)
+    hung.release.set()
