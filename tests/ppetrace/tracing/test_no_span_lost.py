@@ -205,20 +205,25 @@ def test_a_sink_that_cannot_keep_up_drops_queue_full_and_never_blocks(
     hung.release.set()
 
 
-def test_case6_a_hung_exporter_costs_fit_one_export_timeout_and_no_other_sink(
-    clean: None, tmp_path: Path
-) -> None:
-    hung = Hung()
-    ppetrace.configure(exporters=[hung], export_timeout=0.1)
+def fit_tiny(trace_path: Path, *, epochs: int, batches: int) -> None:
+    """A Trainer fit of a Linear(4, 1) over ``batches`` random batches, writing a trace."""
     model = torch.nn.Linear(4, 1)
-    data = [(torch.randn(2, 4), torch.randn(2, 1)) for _ in range(4)]
-    trainer = ppetrace.Trainer(max_epochs=3, progress=False, trace_path=tmp_path / "t.json")
+    data = [(torch.randn(2, 4), torch.randn(2, 1)) for _ in range(batches)]
+    trainer = ppetrace.Trainer(max_epochs=epochs, progress=False, trace_path=trace_path)
     trainer.fit(
         model,
         data,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         loss_fn=torch.nn.functional.mse_loss,
     )
+
+
+def test_case6_a_hung_exporter_costs_fit_one_export_timeout_and_no_other_sink(
+    clean: None, tmp_path: Path
+) -> None:
+    hung = Hung()
+    ppetrace.configure(exporters=[hung], export_timeout=0.1)
+    fit_tiny(tmp_path / "t.json", epochs=3, batches=4)
     (s,) = ppetrace.stats().sinks
     # one abandoned call: every later flush of fit (epoch ends, the end) skipped the
     # stalled sink instead of waiting another export_timeout

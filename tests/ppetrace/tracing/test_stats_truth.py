@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_no_span_lost import Hung, balanced, burst, wait_for
+from test_no_span_lost import Hung, balanced, burst, fit_tiny, wait_for
 
 import ppetrace
 from exporters import ChromeTraceExporter, read_chrome_trace
@@ -161,17 +161,7 @@ def test_stats_keep_what_a_sink_delivered_after_it_is_shut_down(
 ) -> None:
     """After fit (its file closed) or shutdown, the sink is gone from stats().sinks; its
     final counts stay in stats().closed (a trial could not check delivery after a run)."""
-    import torch
-
-    model = torch.nn.Linear(4, 1)
-    data = [(torch.randn(2, 4), torch.randn(2, 1)) for _ in range(3)]
-    trainer = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "t.json")
-    trainer.fit(
-        model,
-        data,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        loss_fn=torch.nn.functional.mse_loss,
-    )
+    fit_tiny(tmp_path / "t.json", epochs=1, batches=3)
     assert not any(s.name.startswith("ChromeTraceExporter") for s in ppetrace.stats().sinks)
     final = ppetrace.stats().closed[-1]
     spans = len(read_chrome_trace(tmp_path / "t.json"))
