@@ -123,15 +123,20 @@ def _closed(path: Path) -> bool:
     return tail.rstrip().endswith(b"]}")
 
 
+def _nothing_to_repair(out: IO[str], trace: str, why: str) -> int:
+    """Say that a complete trace gets no copy (one beside it counts twice in a folder)."""
+    out.write(
+        f"{trace} {why} (complete): nothing to repair, no copy written (pass OUT to write "
+        "one anyway)\n"
+    )
+    return EXIT_OK
+
+
 def repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
     if args.out is None and _closed(Path(args.trace)):
-        out.write(
-            f"{args.trace} ends with its closing ]}} (complete): nothing to repair, no copy "
-            "written (pass OUT to write one anyway)\n"
-        )
-        return EXIT_OK
+        return _nothing_to_repair(out, args.trace, "ends with its closing ]}")
     try:
         done = exporters.repair_chrome_trace(args.trace, args.out)
     except FileNotFoundError as exc:
@@ -146,11 +151,7 @@ def repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if not done.truncated and args.out is None:
         # a copy of a complete trace beside it would count twice in a folder of runs
         Path(done.path).unlink(missing_ok=True)
-        out.write(
-            f"{args.trace} is complete ({_count(done.events, 'event')}): nothing to repair, "
-            "no copy written (pass OUT to write one anyway)\n"
-        )
-        return EXIT_OK
+        return _nothing_to_repair(out, args.trace, f"has {_count(done.events, 'event')}")
     state = "cut off; closed after its last complete event" if done.truncated else "complete"
     out.write(f"Wrote {done.path}: {_count(done.events, 'event')} ({args.trace} was {state})\n")
     return EXIT_OK

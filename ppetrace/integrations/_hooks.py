@@ -96,18 +96,12 @@ def _inner_fetch(orig: Callable[[Any], Any], it: Any, attrs: Any) -> Any:
     top level; the StopIteration that ends the loader is no error of it."""
     yielded = getattr(it, "_num_yielded", None)
     at_end = isinstance(yielded, int) and _at_the_end(it, yielded)
-    span = trace("trainer.loader_end" if at_end else "trainer.fetch_batch", attrs)
-    span.__enter__()
-    try:
-        batch = orig(it)
-    except StopIteration:
-        span.__exit__(None, None, None)
-        raise
-    except BaseException as exc:
-        span.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    span.__exit__(None, None, None)
-    return batch
+    with trace("trainer.loader_end" if at_end else "trainer.fetch_batch", attrs):
+        try:
+            return orig(it)
+        except StopIteration as exc:
+            end = exc  # raised after the span closed, which it does not fail
+    raise end
 
 
 _drivers = _precedence.drivers

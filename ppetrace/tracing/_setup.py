@@ -244,10 +244,9 @@ def configure(
         _configured = True
         FLUSHER.close(replaced)
         if handle_sigterm:
-            installed = _signals.install(_on_sigterm, lambda: FLUSHER.export_timeout + 5.0)
-            elsewhere = threading.current_thread() is not threading.main_thread()
-            # (a handler installed before, on the main thread, still holds)
-            if not installed and elsewhere and not _signals.active():
+            _signals.install(_on_sigterm, lambda: FLUSHER.export_timeout + 5.0)
+            # off the main thread none can be installed (one installed before still holds)
+            if threading.current_thread() is not threading.main_thread() and not _signals.active():
                 _warn_no_sigterm()
         else:
             _signals.uninstall()

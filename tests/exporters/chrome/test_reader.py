@@ -215,6 +215,13 @@ def test_the_cli_repairs_and_says_what_it_did(
     assert main(["repair", str(tmp_path / "t.json")], stdout=out, stderr=err) == 0
     assert "(complete): nothing to repair" in out.getvalue()
     assert not (tmp_path / "t.repaired.json").exists()
+    # a complete gzip trace is read to learn it (no end to look at): no copy either
+    gz = tmp_path / "g.json.gz"
+    gz.write_bytes(gzip.compress((tmp_path / "t.json").read_bytes()))
+    out = io.StringIO()
+    assert main(["repair", str(gz)], stdout=out, stderr=err) == 0
+    assert "events (complete): nothing to repair" in out.getvalue()
+    assert not (tmp_path / "g.repaired.json").exists()
 
 
 _WRITER = """
