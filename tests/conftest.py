@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -107,14 +108,40 @@ def _recorder_left_clean() -> Iterator[None]:
 TORCHRUN_TIMEOUT_S = 240
 
 
+#: What a rank prints when torch's gloo threads abort the process at its exit (a C++
+#: thread still joinable when the interpreter ends: pytorch#179291, #190489). Seen twice
+#: in about fifteen CI runs, after every output of the run was written.
+EXIT_ABORT = "terminate called without an active exception"
+
+
 def torchrun_two_processes(*argv: str, timeout: float = TORCHRUN_TIMEOUT_S) -> str:
     """``torchrun --standalone --nproc_per_node 2 ARGV...`` (gloo over loopback, one torch
     thread each); its stderr, after checking that it ended with exit code 0 within
-    ``timeout`` s (a run that hangs is killed with its workers). Skips without gloo."""
+    ``timeout`` s (a run that hangs is killed with its workers). Skips without gloo. A run
+    that torch's exit abort (:data:`EXIT_ABORT`) failed runs once more, with a warning:
+    any other failure, or that abort twice, fails the test."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
+    for attempt in (1, 2):
+        code, stdout, stderr = _torchrun_once(argv, timeout)
+        if code == 0:
+            return stderr
+        if attempt == 1 and EXIT_ABORT in stderr:
+            warnings.warn(
+                f"the torchrun run ended in torch's exit abort ({EXIT_ABORT!r}); run again",
+                stacklevel=2,
+            )
+            continue
+        break
+    pytest.fail(
+        f"the torchrun run failed with exit code {code}:\n{stdout[-3000:]}\n{stderr[-6000:]}"
+    )
+
+
+def _torchrun_once(argv: tuple[str, ...], timeout: float) -> tuple[int, str, str]:
+    """One launch: its exit code, stdout and stderr (a hang fails the test)."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -139,12 +166,7 @@ def torchrun_two_processes(*argv: str, timeout: float = TORCHRUN_TIMEOUT_S) -> s
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         pytest.fail(f"the torchrun run did not end in {timeout:g} s:\n{stderr[-6000:]}")
-    if proc.returncode != 0:
-        pytest.fail(
-            f"the torchrun run failed with exit code {proc.returncode}:\n"
-            f"{stdout[-3000:]}\n{stderr[-6000:]}"
-        )
-    return stderr
+    return proc.returncode, stdout, stderr
 
 
 @pytest.fixture
