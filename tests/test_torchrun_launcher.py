@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
-import conftest
 import pytest
+import torchrun_launch as launch
 
 
 def _launches(monkeypatch: pytest.MonkeyPatch, results: list[tuple[int, str]]) -> list[int]:
@@ -16,21 +16,21 @@ def _launches(monkeypatch: pytest.MonkeyPatch, results: list[tuple[int, str]]) -
         code, err = results[len(calls) - 1]
         return code, "", err
 
-    monkeypatch.setattr(conftest, "_torchrun_once", once)
+    monkeypatch.setattr(launch, "_torchrun_once", once)
     return calls
 
 
 def test_an_exit_abort_runs_once_more_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _launches(monkeypatch, [(1, conftest.EXIT_ABORT), (0, "done")])
+    calls = _launches(monkeypatch, [(1, launch.EXIT_ABORT), (0, "done")])
     with pytest.warns(UserWarning, match="exit abort"):
-        assert conftest.torchrun_two_processes("x.py") == "done"
+        assert launch.torchrun_two_processes("x.py") == "done"
     assert len(calls) == 2
 
 
 @pytest.mark.parametrize(
     "results",
     [
-        [(1, conftest.EXIT_ABORT), (1, conftest.EXIT_ABORT)],  # twice: fails
+        [(1, launch.EXIT_ABORT), (1, launch.EXIT_ABORT)],  # twice: fails
         [(1, "Traceback: an error of the script")],  # any other failure: no second run
     ],
 )
@@ -40,5 +40,5 @@ def test_any_other_failure_or_a_second_abort_fails(
     calls = _launches(monkeypatch, results)
     warned = pytest.warns(UserWarning) if len(results) == 2 else contextlib.nullcontext()
     with pytest.raises(pytest.fail.Exception, match="failed with exit code 1"), warned:
-        conftest.torchrun_two_processes("x.py")
+        launch.torchrun_two_processes("x.py")
     assert len(calls) == len(results)
