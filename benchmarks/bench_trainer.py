@@ -142,7 +142,7 @@ VARIANTS: tuple[str, ...] = (
 #: each variant's reference: the hand loop of its module kind (the peers: the plain one)
 REFERENCE: dict[str, str] = {
     v: ("hand_interface" if "interface" in v else "hand_network" if "network" in v else "hand")
-    for v in VARIANTS
+    for v in CLASSES
 }
 #: the variants that write a trace file (their coverage is measured), by kind
 TRACED: dict[str, str] = {

@@ -245,6 +245,8 @@ class _Ppetrace(_Variant):
 
     nofile = False
     off = False
+    #: ``Trainer(trace_detail=...)``: the default, or summarised steps (``_PpetraceSummarised``)
+    detail: Any = "auto"
 
     def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
         super().__init__(workload, loader, tmp)
@@ -277,6 +279,7 @@ class _Ppetrace(_Variant):
             val_every_n_epochs=None,
             progress=False,
             trace_path=self.trace_path,
+            trace_detail=self.detail,
         )
         self.fit(trainer)
 
@@ -302,6 +305,13 @@ class _PpetraceNoFile(_Ppetrace):
     """The Trainer with tracing on but no exporter: the loop plus recording the spans."""
 
     nofile = True
+
+
+class _PpetraceSummarised(_Ppetrace):
+    """The traced Trainer with 999 steps in 1,000 summarised (issue 19's aggregates, in
+    windows from the start): against ``ppetrace``, the cost of the aggregates."""
+
+    detail = ppetrace.Schedule(wait=999, warmup=0, active=1, repeat=0)
 
 
 class _PpetraceOff(_Ppetrace):
@@ -439,6 +449,7 @@ CLASSES: dict[str, type[_Variant]] = {
     "hand": _Hand,
     "ppetrace": _Ppetrace,
     "ppetrace_nofile": _PpetraceNoFile,
+    "ppetrace_summarised": _PpetraceSummarised,
     "ppetrace_off": _PpetraceOff,
     "hand_interface": _HandInterface,
     "ppetrace_interface": _PpetraceInterface,

@@ -102,6 +102,9 @@ if TYPE_CHECKING:
         render_comparison_table as render_comparison_table,
     )
     from .comparison import (
+        run_failure as run_failure,
+    )
+    from .comparison import (
         run_identity as run_identity,
     )
     from .comparison import (
@@ -182,6 +185,7 @@ _LAZY = {
     "group_runs": ".comparison",
     "drop_copies": ".comparison",
     "run_identity": ".comparison",
+    "run_failure": ".comparison",
     "Comparison": ".comparison",
     "Verdict": ".comparison",
     "compare": ".comparison",

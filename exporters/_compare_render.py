@@ -117,6 +117,21 @@ def _rows(comparison: Comparison, *, marks: bool) -> tuple[list[str], list[list[
 
 
 def _headline(comparison: Comparison) -> str:
+    failed = _failed_sides(comparison)
+    return failed + ", " + _verdicts(comparison) if failed else _verdicts(comparison)
+
+
+def _failed_sides(comparison: Comparison) -> str:
+    """``"the candidate run failed"`` (or base, both), or ``""``: it comes first."""
+    sides = [side for side in ("base", "candidate") if comparison.failed_runs.get(side)]
+    if not sides:
+        return ""
+    n = sum(len(comparison.failed_runs[side]) for side in sides)
+    who = " and ".join(sides)
+    return f"{'a' if n == 1 else n} {who} run{'s' if n != 1 else ''} failed"
+
+
+def _verdicts(comparison: Comparison) -> str:
     n = len(comparison.regressions)
     if n:
         return f"{n} gated regression{'s' if n != 1 else ''}"
@@ -224,7 +239,7 @@ def render_comparison_markdown(comparison: Comparison) -> str:
     spans and every other text from the traces is escaped, so a name cannot inject
     HTML, links, headings, mentions or table cells."""
     n_reg = len(comparison.regressions)
-    mark = "❌" if n_reg else ("⚠️" if comparison.inconclusive else "✅")
+    mark = "❌" if n_reg or comparison.runs_failed else ("⚠️" if comparison.inconclusive else "✅")
     title = f"{mark} {_headline(comparison)}"
     header, rows = _rows(comparison, marks=True)
     parts = [f"### ppetrace compare: {title}", "", f"{_runs(comparison)}.", ""]
@@ -269,6 +284,7 @@ def render_comparison_json(comparison: Comparison) -> str:
         "regressions": c.regressions,
         "improvements": c.improvements,
         "inconclusive": c.inconclusive,
+        "failed_runs": c.failed_runs,
         "added": c.added,
         "removed": c.removed,
         "environment_warnings": c.environment_warnings,

@@ -123,6 +123,9 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     #: whether any run had an environment record (``otherData.environment``)
     environment_recorded: bool = False
+    #: the runs that failed (a fit that raised, an ERROR step, a cut-off trace), by side:
+    #: ``{"base": ["<file>: <how>", ...], "candidate": [...]}``, sides without one left out
+    failed_runs: dict[str, list[str]] = field(default_factory=dict)
     #: ``trainer.step`` samples in ns per run, ``{"base": [...], "candidate": [...]}``
     #: (runs that have them), for :func:`exporters.render_comparison_html`
     step_samples: dict[str, list[Any]] = field(default_factory=dict, repr=False)
@@ -173,6 +176,12 @@ class Comparison:
         """Whether a gated event got a verdict (else the comparison cannot fail: no gated
         event in both runs, or too few steps for each)."""
         return any(r["gated"] and r["verdict"] != Verdict.INSUFFICIENT for r in self.records)
+
+    @property
+    def runs_failed(self) -> bool:
+        """Whether a run of either side failed (:attr:`failed_runs`): its steps do not
+        stand for the code's speed, so the CLI exits with 2 unless told to accept it."""
+        return bool(self.failed_runs)
 
     @property
     def has_regression(self) -> bool:

@@ -53,9 +53,14 @@ __all__ = [
     "drop_copies",
     "event_samples",
     "group_runs",
+    "run_failure",
     "run_identity",
     "summarize_run",
 ]
+
+#: the spans whose ERROR status means the run itself failed: its training code raised
+#: through them (a fit that raised, a step cut off by an exception, a thread that died)
+FAILURE_EVENTS = ("trainer.run", "trainer.epoch", "trainer.step", "trainer.validation")
 
 
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
@@ -158,6 +163,8 @@ class RunSummary:
     step_count: int | None = field(default=None, compare=False, repr=False)
     #: steps past the warmup left out for being inside a profiler's window
     profiled_steps: int = field(default=0, compare=False, repr=False)
+    #: how the run failed (:func:`run_failure`), or ``None``: it ended without an error
+    failure: str | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_samples(
@@ -245,7 +252,40 @@ def summarize_run(
         source = str(frame.attrs["path"])
     summary = RunSummary.from_samples(samples, environment=environment, source=source)
     steps = int((frame["name"].to_numpy(dtype=object) == STEP).sum())
-    return dataclasses.replace(summary, step_count=steps, profiled_steps=profiled)
+    return dataclasses.replace(
+        summary, step_count=steps, profiled_steps=profiled, failure=run_failure(frame)
+    )
+
+
+def run_failure(frame: pd.DataFrame) -> str | None:
+    """How the run of ``frame`` failed, in words, or ``None`` when nothing says it did.
+
+    A run failed when its trace is cut off (``frame.attrs["truncated"]``: the process
+    was killed, or still runs) or when one of :data:`FAILURE_EVENTS` ended with an
+    ERROR status (the fit raised, a step was cut off by an exception, a training
+    thread died). Its steps up to then are real, but they are not the code's speed: a
+    crash at step 50 of 100 compares warm-up-heavy steps, or none of the slow ones.
+    """
+    parts = []
+    if frame.attrs.get("truncated"):
+        parts.append("its trace is cut off (the process was killed, or still runs)")
+    if "status" in frame.columns and len(frame):
+        names = frame["name"].to_numpy(dtype=object)
+        failed = (frame["status"].to_numpy(dtype=object) == "ERROR") & np.isin(
+            names, FAILURE_EVENTS
+        )
+        if failed.any():
+            rows = np.flatnonzero(failed)
+            counts = [(name, int((names[rows] == name).sum())) for name in FAILURE_EVENTS]
+            what = ", ".join(f"{n} {name} span{'s' if n != 1 else ''}" for name, n in counts if n)
+            text = ""
+            if "error" in frame.columns:  # the first error's first line, as recorded
+                errors = [e for e in frame["error"].to_numpy(dtype=object)[rows] if e]
+                if errors:
+                    first = str(errors[0]).strip().splitlines()[0] if str(errors[0]).strip() else ""
+                    text = f" ({first[:117] + '...' if len(first) > 120 else first})"
+            parts.append(f"{what} ended with an error{text}")
+    return "; ".join(parts) if parts else None
 
 
 def _world(frame: pd.DataFrame) -> int:
@@ -334,6 +374,7 @@ def group_runs(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
             parts.append(frame)
         joined = pd.concat(parts, ignore_index=True)
         joined.attrs = dict(members[0].attrs)
+        joined.attrs["truncated"] = any(bool(f.attrs.get("truncated")) for f in members)
         paths = [str(f.attrs.get("path")) for f in members if f.attrs.get("path")]
         joined.attrs["path"] = " + ".join(paths) if paths else None
         out.append(joined)

@@ -27,6 +27,10 @@ The method (the README's "How `compare` decides" has the measured figures):
   separately over the informational ones.
 - **Environments are named.** :attr:`Comparison.environment_warnings` has a
   line per environment field (``otherData.environment``) that differs.
+- **Failed runs are named.** A run whose fit raised, whose step ended with an
+  error or whose trace is cut off (:func:`run_failure`) is listed in
+  :attr:`Comparison.failed_runs` and the notes: its steps up to the failure are
+  no measure of the code's speed, and ``ppetrace compare`` exits 2 on it.
 
 Events found on one side only are listed as ``added`` or ``removed``.
 """
@@ -55,6 +59,7 @@ from ._compare_runs import (
     drop_copies,
     event_samples,
     group_runs,
+    run_failure,
     run_identity,
     summarize_run,
 )
@@ -93,6 +98,7 @@ __all__ = [
     "render_comparison_table",
     "summarize_run",
     "group_runs",
+    "run_failure",
     "run_identity",
 ]
 
@@ -180,6 +186,12 @@ def _runs(
                 f"read_chrome_trace) or a RunSummary, but received {type(item).__name__}."
             )
     return out
+
+
+def _failed(run: RunSummary, i: int, n: int) -> str:
+    """``"<file>: <how it failed>"`` for a failed run (its number when it has no file)."""
+    where = run.source or (f"run {i + 1}" if n > 1 else "the run")
+    return f"{where}: {run.failure}"
 
 
 def _names(names: set[str]) -> str:
@@ -404,6 +416,18 @@ def compare(
             floor=floor_ns,
         )
     notes += _resolution_notes(rows, noise_floor, alpha, threshold)
+    failed_runs = {
+        side: [_failed(r, i, len(runs)) for i, r in enumerate(runs) if r.failure]
+        for side, runs in (("base", b_runs), ("candidate", c_runs))
+    }
+    for side, lines in failed_runs.items():
+        if lines:
+            n = len(lines)
+            notes.append(
+                f"{'a' if n == 1 else n} {side} run{'s' if n != 1 else ''} "
+                f"failed: {'; '.join(lines)}. Steps up to a failure are no measure of the "
+                "code's speed: do not let this comparison pass a gate."
+            )
     counts = [[r.step_count for r in runs if r.step_count] for runs in (b_runs, c_runs)]
     if all(counts):
         b_steps, c_steps = (float(np.median(c)) for c in counts)
@@ -450,6 +474,7 @@ def compare(
         ),
         notes=notes,
         environment_recorded=any(r.environment is not None for r in (*b_runs, *c_runs)),
+        failed_runs={side: lines for side, lines in failed_runs.items() if lines},
         step_samples={
             side: [r.step_samples for r in runs if r.step_samples is not None]
             for side, runs in (("base", b_runs), ("candidate", c_runs))

@@ -23,7 +23,8 @@ imports neither torch nor pandas; the exporters load on first use.
   (:class:`EnvironmentMismatchWarning`), or failures with
   ``--ppetrace-strict-env``. A comparison that cannot decide (no gated event
   with enough steps on both sides) fails the test, as ``ppetrace compare``
-  exits 2, unless ``--ppetrace-allow-no-verdict``. A benchmark without a
+  exits 2, unless ``--ppetrace-allow-no-verdict``; so does a baseline that
+  records a failed run (:attr:`exporters.Comparison.failed_runs`). A benchmark without a
   baseline in the folder warns (:class:`BaselineMissingWarning`) and passes; a
   folder that does not exist is a usage error, unless it is also the
   ``--ppetrace-save`` folder (the first run of a new baseline folder).
@@ -416,6 +417,14 @@ class Benchmark:
                 "(--ppetrace-strict-env):\n" + "\n".join(env)
             )
         table = exporters.render_comparison_table(self.comparison)
+        failed = self.comparison.failed_runs
+        if failed:  # (a benchmark that raised never saves: a baseline from elsewhere)
+            lines = "\n".join(f"{side}: {line}" for side, runs in failed.items() for line in runs)
+            return (
+                f"ppetrace: a run compared with the baseline {baseline} failed, so its steps "
+                f"are no measure of the code's speed:\n{lines}\nSave the baseline again with "
+                f"--ppetrace-save from a run that ends without an error.\n\n{table}"
+            )
         if self.comparison.has_regression:
             return f"ppetrace: gated regression against the baseline {baseline}\n\n{table}"
         if not self.comparison.decided and not self.allow_no_verdict:

@@ -49,8 +49,11 @@ trainer.step and step.wall) can fail: exit code 1. A gated change beyond the
 threshold that is not significant is shown inconclusive. A comparison in which
 no gated event has enough steps on both sides to decide (a candidate that
 ended early, a cut-off trace, a warmup as long as the run) cannot fail, so it
-exits with 2 unless --allow-no-verdict. Each field of the recorded environment
-that differs is named in a warning (exit code 2 with --strict-env).
+exits with 2 unless --allow-no-verdict. So does a comparison with a run that
+failed (its fit raised, a step ended with an error, or its trace is cut off),
+unless --allow-failed-runs: steps up to a crash are no measure of the code's
+speed. Each field of the recorded environment that differs is named in a
+warning (exit code 2 with --strict-env).
 
 Examples:
   ppetrace compare base.json cand.json
@@ -126,6 +129,13 @@ def add_compare(sub: Any) -> None:
         action="store_true",
         help="exit with 0 when no gated event can be decided (default: 2, as such a "
         "comparison cannot catch a regression)",
+    )
+    comp.add_argument(
+        "--allow-failed-runs",
+        action="store_true",
+        help="decide on runs that failed (a fit that raised, an ERROR step, a cut-off "
+        "trace) as on any other (default: exit with 2, as their steps do not stand for "
+        "the code's speed)",
     )
     comp.add_argument("--format", choices=("table", "md", "json"), default="table", dest="fmt")
     comp.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
@@ -277,6 +287,21 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             f"{n} environment field{'s differ' if n != 1 else ' differs'} ("
             + "; ".join(comparison.environment_warnings)
             + "). Run both sides on the same machine and settings, or drop --strict-env.\n",
+        )
+        return EXIT_BAD_INPUT
+    if comparison.runs_failed and not args.allow_failed_runs:
+        lines = [
+            f"{side}: {line}" for side, runs in comparison.failed_runs.items() for line in runs
+        ]
+        _write(
+            err,
+            "ppetrace compare: error: Expected runs that ended without an error, but "
+            + ("this one" if len(lines) == 1 else f"these {len(lines)}")
+            + " failed ("
+            + "; ".join(lines)
+            + "). Steps up to a failure are no measure of the code's speed, so the "
+            "comparison is no verdict. Fix the failure and record the run again, or pass "
+            "--allow-failed-runs to decide on the steps they ran.\n",
         )
         return EXIT_BAD_INPUT
     if not comparison.decided and not args.allow_no_verdict:

@@ -39,11 +39,18 @@ BASELINE_NAME = "test_bench.py%3A%3Atest_bench.json"
 
 
 def _baseline(
-    path: Path, step_ns: int, steps: int = 13, environment: dict[str, object] | None = None
+    path: Path,
+    step_ns: int,
+    steps: int = 13,
+    environment: dict[str, object] | None = None,
+    error: str = "",
 ) -> None:
-    """A baseline whose trainer.step spans last ``step_ns`` each (exact, injected)."""
+    """A baseline whose trainer.step spans last ``step_ns`` each (exact, injected); with
+    ``error``, its ``trainer.run`` ended with that error (a fit that raised)."""
     t0 = 1_700_000_000_000_000_000
-    rows = [SpanRow("trainer.run", 1, 0, 9, t0, t0 + steps * (step_ns + 10) + 10, 1, {})]
+    end = t0 + steps * (step_ns + 10) + 10
+    status = "ERROR" if error else "UNSET"
+    rows = [SpanRow("trainer.run", 1, 0, 9, t0, end, 1, {}, status, error)]
     for i in range(steps):
         start = t0 + 5 + i * (step_ns + 10)
         rows.append(
@@ -101,6 +108,23 @@ def test_compare_passes_when_the_run_is_not_slower(pytester: pytest.Pytester) ->
         "no:cacheprovider",
     )
     result.assert_outcomes(passed=1)
+
+
+def test_a_baseline_of_a_failed_run_fails_the_test_with_how_it_failed(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_bench=BENCH)
+    baseline = pytester.path / "base"
+    # a second per step: compared on its steps alone, the run would pass
+    _baseline(baseline / BASELINE_NAME, step_ns=10**9, error="RuntimeError: out of memory")
+    args = ("--ppetrace-compare", str(baseline), "--ppetrace-threshold", "10%")
+    result = pytester.runpytest(*args, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "failed, so its steps are no measure of the code's speed" in text
+    assert "base: " in text
+    assert "1 trainer.run span ended with an error (RuntimeError: out of" in text
+    assert "ppetrace compare: a base run failed, " in text
 
 
 def test_a_missing_baseline_warns_at_the_test_and_passes(pytester: pytest.Pytester) -> None:
