@@ -47,9 +47,12 @@ class Throughput:
     """Training throughput over the counted (non-warmup) steps.
 
     Rates are per process (steps over the summed step wall time) and then
-    added up over processes, so data-parallel ranks add their samples.
+    added up over processes that ran at the same time, so data-parallel ranks
+    add their samples; processes whose steps did not overlap in time (runs one
+    after another, merged into one trace) are one stream, whose times add.
     ``samples``/``samples_per_s`` are ``None`` unless every counted step has
-    a batch size (``ppetrace.batch_size``).
+    a batch size (``ppetrace.batch_size``). ``processes``: the processes with
+    counted steps; ``concurrent``: the most of them that ran at the same time.
     """
 
     steps: int
@@ -58,6 +61,7 @@ class Throughput:
     samples: int | None
     samples_per_s: float | None
     processes: int
+    concurrent: int = 1
 
 
 @dataclass(frozen=True)

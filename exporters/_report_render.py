@@ -41,8 +41,12 @@ def _headline(report: StepReport) -> list[str]:
         tp = f"Throughput: {t.steps_per_s:,.1f} steps/s"
         if t.samples_per_s is not None:
             tp += f", {t.samples_per_s:,.1f} samples/s"
-        if t.processes > 1:
+        if t.processes > 1 and t.concurrent == t.processes:
             tp += f" (sum over {t.processes} processes)"
+        elif t.processes > 1 and t.concurrent > 1:
+            tp += f" ({t.processes} processes, at most {t.concurrent} at a time: summed over those)"
+        elif t.processes > 1:
+            tp += f" ({t.processes} processes, one after another)"
         lines.append(tp)
     elif report.total_steps:
         n = report.total_steps
@@ -341,6 +345,7 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
             "samples": t.samples,
             "samples_per_s": json_value(t.samples_per_s),
             "processes": t.processes,
+            "concurrent": t.concurrent,
         },
         "environment": {k: json_value(v) for k, v in report.environment.items()},
         **({"detail": _detail_json(report)} if report.detail is not None else {}),

@@ -176,7 +176,7 @@ def step_report(
     return StepReport(
         events=events,
         steps=kept_steps.drop(columns=["warmup", "profiled", "failed"]).reset_index(drop=True),
-        throughput=_throughput(kept_steps),
+        throughput=_throughput(kept_steps, steps),
         warmup_steps=warmup_steps,
         excluded_steps=int(warmup.sum()),
         profiled_steps=int(profiled.sum()),
@@ -492,23 +492,53 @@ def _sums_by_pandas(
     return out, g["in_step"].sum(), g["inside"].max() > 0
 
 
-def _throughput(steps: pd.DataFrame) -> Throughput:
+def _throughput(steps: pd.DataFrame, every_step: pd.DataFrame) -> Throughput:
+    """Steps and samples per second of the counted ``steps``: per process over its summed
+    step wall time, added up over the processes that ran at the same time (the ranks of
+    one run), and joined one after another for processes that did not (sequential runs
+    merged into one trace: their times add, their rates do not). Whether two processes
+    ran at the same time is read from all their steps (``every_step``, the warmup too)."""
     if not len(steps):
         return Throughput(0, 0, 0.0, None, None, 0)
-    steps_per_s = 0.0
-    samples_per_s = 0.0
-    for _, part in steps.groupby("pid", sort=False):
-        wall_s = float(part["wall_ns"].sum()) / 1e9
-        if wall_s > 0:
-            steps_per_s += len(part) / wall_s
-            samples_per_s += float(part["batch_size"].sum()) / wall_s
     sizes = steps["batch_size"]
     known = bool(sizes.notna().all())
+    per = steps.groupby("pid", sort=False).agg(
+        n=("wall_ns", "size"), wall=("wall_ns", "sum"), samples=("batch_size", "sum")
+    )
+    span = every_step.groupby("pid", sort=False).agg(
+        first=("start_ns", "min"), last=("end_ns", "max")
+    )
+    per = per.join(span).sort_values("first", kind="stable")
+    # processes that overlap in time form a group; groups follow one another
+    ends = per["last"].to_numpy(np.int64)
+    starts = per["first"].to_numpy(np.int64)
+    new_group = np.ones(len(per), dtype=bool)
+    new_group[1:] = starts[1:] >= np.maximum.accumulate(ends)[:-1]
+    group = np.cumsum(new_group)
+    steps_time = samples_time = 0.0  # each group's time at its summed rate, added up
+    n_steps = n_samples = 0.0
+    for g in np.unique(group):
+        part = per.loc[group == g]
+        wall_s = part["wall"].to_numpy(float) / 1e9
+        ok = wall_s > 0
+        if not ok.any():
+            continue
+        rate = float((part["n"].to_numpy(float)[ok] / wall_s[ok]).sum())
+        count = float(part["n"].to_numpy(float)[ok].sum())
+        steps_time += count / rate
+        n_steps += count
+        if known:
+            sample_rate = float((part["samples"].to_numpy(float)[ok] / wall_s[ok]).sum())
+            count_s = float(part["samples"].to_numpy(float)[ok].sum())
+            if sample_rate > 0:
+                samples_time += count_s / sample_rate
+                n_samples += count_s
     return Throughput(
         steps=len(steps),
         wall_ns=int(steps["wall_ns"].sum()),
-        steps_per_s=steps_per_s,
+        steps_per_s=n_steps / steps_time if steps_time > 0 else 0.0,
         samples=int(sizes.sum()) if known else None,
-        samples_per_s=samples_per_s if known else None,
+        samples_per_s=(n_samples / samples_time if samples_time > 0 else 0.0) if known else None,
         processes=int(steps["pid"].nunique()),
+        concurrent=int(np.bincount(group).max()),
     )

@@ -180,6 +180,33 @@ def test_warmup_steps_and_the_spans_inside_them_are_excluded_per_process(
     assert t.steps_per_s == pytest.approx(1 / (wall_a / 1e9) + 1 / (wall_b / 1e9))
 
 
+def test_processes_one_after_another_join_their_times_and_at_once_add_their_rates(
+    run_builder: Callable[..., RunBuilder],
+) -> None:
+    # two ranks at once (their rates add), then a third process after both (a later run
+    # merged into the same trace: its time adds to theirs, its rate does not)
+    a, b, c = (run_builder(pid=p, rank=0) for p in (1, 2, 3))
+    a.training([1_000] * 4, batch_size=8)
+    b.training([3_000] * 4, batch_size=8)
+    end = c.training([2_000] * 4, batch_size=8, start=10**6)["end"]
+    assert end > 10**6
+    t = step_report(spans_to_frame([a.batch(), b.batch(), c.batch()]), warmup_steps=0).throughput
+    # each step: its fetch (1,000) and the gap before it (500; none before the first)
+    wall = {1: 4 * 2_500 - 500, 2: 4 * 4_500 - 500, 3: 4 * 3_500 - 500}
+    pair_rate = 4 / (wall[1] / 1e9) + 4 / (wall[2] / 1e9)
+    expected = 12 / (8 / pair_rate + wall[3] / 1e9)  # time = steps / rate, per group
+    assert t.steps_per_s == pytest.approx(expected)
+    assert t.samples_per_s == pytest.approx(8 * expected)
+    assert (t.processes, t.concurrent) == (3, 2)
+    text = render_table(step_report(spans_to_frame([a.batch(), b.batch(), c.batch()])))
+    assert "(3 processes, at most 2 at a time: summed over those)" in text
+    alone = step_report(spans_to_frame([a.batch(), c.batch()]), warmup_steps=0)
+    assert alone.throughput.steps_per_s == pytest.approx(8 / ((wall[1] + wall[3]) / 1e9))
+    assert alone.throughput.concurrent == 1
+    assert "(2 processes, one after another)" in render_table(alone)
+    assert json.loads(render_json(alone))["throughput"]["concurrent"] == 1
+
+
 def test_device_time_adds_device_columns(run_builder: Callable[..., RunBuilder]) -> None:
     rb = run_builder()
     for i in range(3):
