@@ -23,6 +23,7 @@ which ``"auto"`` switched in the exporter's closing ``ppetrace.final`` event
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from exporters import STEP_LEVEL_EVENTS
 
 from ..profilers._schedule import Schedule
+from ..tracing import _recorder as rec_module
 from ..tracing._fold import begin_light
 from ..tracing._recorder import RECORDER
 from ..tracing._setup import FLUSHER
@@ -135,6 +137,12 @@ class StepDetail:
         #: the exporter's byte alarm tells (``on_bytes``). The loops test it before
         #: :meth:`due`, an attribute read instead of a call per step.
         self.armed = True
+        #: every step in ``range(due_from, due_below)`` is due: the stretch of summarised
+        #: steps that :meth:`due` last found (a loop tests it before calling :meth:`due`)
+        self.due_from = self.due_below = 0
+        speedups = rec_module._speedups  # the C fold, called without begin_light's checks
+        self._c_begin = None if speedups is None else speedups.light_begin
+        self._c_span: type = type(None) if speedups is None else speedups.SpanBase
         if not self._switched and hasattr(exporter, "on_bytes"):
             self.armed = False
             exporter.on_bytes(max_trace_bytes, self._arm)
@@ -166,9 +174,17 @@ class StepDetail:
                 return False
             self._switch(step)
         rel = step - self._skip
-        if rel < 0 or (self._until and rel >= self._until):
+        if rel < 0:  # summarised until the schedule's first window
+            self.due_from, self.due_below = step, self._skip
             return True
-        return rel % self._cycle < self._idle
+        if self._until and rel >= self._until:  # the windows are over: every step
+            self.due_from, self.due_below = step, sys.maxsize
+            return True
+        into = rel % self._cycle
+        if into < self._idle:  # summarised until the next window starts
+            self.due_from, self.due_below = step, step + self._idle - into
+            return True
+        return False
 
     def _switch(self, step: int) -> None:
         self._switched = True
@@ -198,13 +214,17 @@ class StepDetail:
         rec = RECORDER
         if rec.enabled:  # else no step row comes
             publish = self._publish_light
-            if (
-                light
-                and publish is not None
-                and self._only_sink()
-                and begin_light(span, publish, STEP_LEVEL_EVENTS)
-            ):
-                return
+            if light and publish is not None:
+                sinks = FLUSHER.sinks  # (_only_sink, inline: this runs for every step)
+                if sinks is not self._sinks:
+                    self._only_sink()
+                if self._alone:
+                    begin = self._c_begin
+                    if begin is not None and isinstance(span, self._c_span):
+                        if begin(span, publish, STEP_LEVEL_EVENTS):
+                            return
+                    elif begin_light(span, publish, STEP_LEVEL_EVENTS):
+                        return
             try:  # (a plain try: contextlib.suppress costs ~1 µs per step)
                 start = span.start_ns + rec.offset_ns
             except (AttributeError, TypeError):

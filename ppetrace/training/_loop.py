@@ -124,7 +124,11 @@ def train_batches(self: Any, run: Run, loader: Iterable[Any], it: Iterator[Any])
         # the runtime hooks, each span through its runtime's trace while a torch profiler records
         pre, convert_open, convert, post = ranged if flags._is_profiler_enabled else plain
         with step_open.again(attrs) as step_span:
-            if detail is not None and detail.armed and detail.due(seen):  # as aggregates
+            if (  # as aggregates (due: a stretch of them known, or asked)
+                detail is not None
+                and detail.armed
+                and (detail.due_from <= seen < detail.due_below or detail.due(seen))
+            ):
                 detail.summarise(step_span, light and not flags._is_profiler_enabled)
             for open_hook, sub, fn in pre:
                 if fn is None:  # the span of a no-op hook: nothing to enter

@@ -241,3 +241,32 @@ def test_auto_asks_no_step_before_the_exporter_reaches_the_budget(tmp_path: Path
     assert detail.due(5) and detail.switched_at == 5 and len(notices) == 1
     exporter.shutdown()
     assert StepDetail.create(exporter, ppetrace.Schedule(wait=1, active=1), 100, print).armed
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        ppetrace.Schedule(wait=999, warmup=0, active=1, repeat=0),
+        ppetrace.Schedule(wait=3, warmup=1, active=2, repeat=2, skip_first=5),
+        ppetrace.Schedule(wait=0, warmup=0, active=1, repeat=0),
+        ppetrace.Schedule(wait=2, warmup=0, active=3, repeat=1, skip_first=1),
+    ],
+)
+def test_the_stretch_of_due_steps_agrees_with_the_schedule_step_by_step(
+    tmp_path: Path, schedule: ppetrace.Schedule
+) -> None:
+    """The loops ask ``due_from <= step < due_below`` before calling ``due``: for every
+    step, that shortcut or ``due`` says what the schedule does (a step is summarised
+    exactly when the schedule's action does not record), also for steps asked out of
+    order (``instrument()``'s threads)."""
+    from exporters import ChromeTraceExporter
+    from ppetrace.integrations._detail import StepDetail
+
+    exporter = ChromeTraceExporter(tmp_path / "t.json")
+    detail = StepDetail.create(exporter, schedule, 100, print)
+    assert detail is not None
+    order = [*range(3_000), 7, 2_999, 0, 1_500, 6, 1]
+    for step in order:
+        fast = detail.due_from <= step < detail.due_below or detail.due(step)
+        assert fast == (not schedule.action(step).records), step
+    exporter.shutdown()
