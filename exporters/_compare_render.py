@@ -122,13 +122,16 @@ def _headline(comparison: Comparison) -> str:
 
 
 def _failed_sides(comparison: Comparison) -> str:
-    """``"the candidate run failed"`` (or base, both), or ``""``: it comes first."""
-    sides = [side for side in ("base", "candidate") if comparison.failed_runs.get(side)]
-    if not sides:
+    """``"a candidate run failed"``, ``"1 base run and 2 candidate runs failed"``, or
+    ``""`` when no run failed: it comes first in the headline."""
+    counts = [(side, len(comparison.failed_runs.get(side, ()))) for side in ("base", "candidate")]
+    counts = [(side, n) for side, n in counts if n]
+    if not counts:
         return ""
-    n = sum(len(comparison.failed_runs[side]) for side in sides)
-    who = " and ".join(sides)
-    return f"{'a' if n == 1 else n} {who} run{'s' if n != 1 else ''} failed"
+    if len(counts) == 1:
+        side, n = counts[0]
+        return f"{'a' if n == 1 else n} {side} run{'s' if n != 1 else ''} failed"
+    return " and ".join(f"{n} {side} run{'s' if n != 1 else ''}" for side, n in counts) + " failed"
 
 
 def _verdicts(comparison: Comparison) -> str:

@@ -35,6 +35,7 @@ import pandas as pd
 
 from ._aggregates import parse_aggregates
 from ._compare_stats import log_median_se
+from ._failure import run_failure
 from ._report_data import VALIDATION
 from ._steps import (
     NOT_TRAINING_STAGES,
@@ -57,10 +58,6 @@ __all__ = [
     "run_identity",
     "summarize_run",
 ]
-
-#: the spans whose ERROR status means the run itself failed: its training code raised
-#: through them (a fit that raised, a step cut off by an exception, a thread that died)
-FAILURE_EVENTS = ("trainer.run", "trainer.epoch", "trainer.step", "trainer.validation")
 
 
 def event_samples(frame: pd.DataFrame, *, warmup_steps: int = 1) -> dict[str, np.ndarray]:
@@ -228,9 +225,10 @@ def summarize_run(
             f"but received {type(frame).__name__}."
         )
     world = _world(frame)
+    failure = run_failure(frame)  # of the whole run: another rank's failure is the run's
     if rank is not None:
         ranks = pd.to_numeric(frame["rank"], errors="coerce")
-        mine = frame.loc[(ranks == rank).to_numpy()]
+        mine = frame.loc[(ranks == rank).fillna(False).to_numpy(dtype=bool)]
         if not len(mine):
             found = sorted(int(r) for r in ranks.dropna().unique())
             raise ValueError(
@@ -252,40 +250,7 @@ def summarize_run(
         source = str(frame.attrs["path"])
     summary = RunSummary.from_samples(samples, environment=environment, source=source)
     steps = int((frame["name"].to_numpy(dtype=object) == STEP).sum())
-    return dataclasses.replace(
-        summary, step_count=steps, profiled_steps=profiled, failure=run_failure(frame)
-    )
-
-
-def run_failure(frame: pd.DataFrame) -> str | None:
-    """How the run of ``frame`` failed, in words, or ``None`` when nothing says it did.
-
-    A run failed when its trace is cut off (``frame.attrs["truncated"]``: the process
-    was killed, or still runs) or when one of :data:`FAILURE_EVENTS` ended with an
-    ERROR status (the fit raised, a step was cut off by an exception, a training
-    thread died). Its steps up to then are real, but they are not the code's speed: a
-    crash at step 50 of 100 compares warm-up-heavy steps, or none of the slow ones.
-    """
-    parts = []
-    if frame.attrs.get("truncated"):
-        parts.append("its trace is cut off (the process was killed, or still runs)")
-    if "status" in frame.columns and len(frame):
-        names = frame["name"].to_numpy(dtype=object)
-        failed = (frame["status"].to_numpy(dtype=object) == "ERROR") & np.isin(
-            names, FAILURE_EVENTS
-        )
-        if failed.any():
-            rows = np.flatnonzero(failed)
-            counts = [(name, int((names[rows] == name).sum())) for name in FAILURE_EVENTS]
-            what = ", ".join(f"{n} {name} span{'s' if n != 1 else ''}" for name, n in counts if n)
-            text = ""
-            if "error" in frame.columns:  # the first error's first line, as recorded
-                errors = [e for e in frame["error"].to_numpy(dtype=object)[rows] if e]
-                if errors:
-                    first = str(errors[0]).strip().splitlines()[0] if str(errors[0]).strip() else ""
-                    text = f" ({first[:117] + '...' if len(first) > 120 else first})"
-            parts.append(f"{what} ended with an error{text}")
-    return "; ".join(parts) if parts else None
+    return dataclasses.replace(summary, step_count=steps, profiled_steps=profiled, failure=failure)
 
 
 def _world(frame: pd.DataFrame) -> int:
@@ -329,20 +294,54 @@ def drop_copies(
     frames: list[pd.DataFrame],
 ) -> tuple[list[pd.DataFrame], list[tuple[Any, Any]]]:
     """``frames`` with each recording once (:func:`run_identity`): a copy of a file given
-    before is left out, so one run never counts as several independent runs. Returns the
-    frames kept and, per frame left out, its path and the path of the one kept."""
+    before is left out, and so is a rank file that a merged trace among ``frames`` holds
+    (``otherData.merged_from``: the same trace id, rank, host, process and start), so one
+    run never counts as several independent runs. Returns the frames kept and, per frame
+    left out, its path and the path of the one that holds it."""
+    held: dict[tuple[Any, ...], pd.DataFrame] = {}  # the inputs of the merged traces
+    for frame in frames:
+        meta = frame.attrs.get("metadata")
+        merged = meta.get("merged_from") if isinstance(meta, Mapping) else None
+        for source in merged if isinstance(merged, list) else ():
+            other = source.get("otherData") if isinstance(source, Mapping) else None
+            key = _origin_key(other)
+            if key is not None:
+                held.setdefault(key, frame)
     kept: list[pd.DataFrame] = []
-    seen: dict[tuple[Any, ...], Any] = {}
+    seen: dict[tuple[Any, ...], tuple[Any, pd.DataFrame]] = {}
     copies: list[tuple[Any, Any]] = []
     for frame in frames:
+        meta = frame.attrs.get("metadata")
+        origin = (
+            _origin_key(meta) if isinstance(meta, Mapping) and "merged_from" not in meta else None
+        )
+        holder = None if origin is None else held.get(origin)
+        if holder is not None:
+            copies.append((frame.attrs.get("path"), holder.attrs.get("path")))
+            if frame.attrs.get("truncated"):
+                holder.attrs["truncated"] = True
+            continue
         key = run_identity(frame)
         if key is not None and key in seen:
-            copies.append((frame.attrs.get("path"), seen[key]))
+            copies.append((frame.attrs.get("path"), seen[key][0]))
+            if frame.attrs.get("truncated"):  # a cut-off file and its repaired copy
+                seen[key][1].attrs["truncated"] = True
             continue
         if key is not None:
-            seen[key] = frame.attrs.get("path")
+            seen[key] = (frame.attrs.get("path"), frame)
         kept.append(frame)
     return kept, copies
+
+
+def _origin_key(other: Any) -> tuple[Any, ...] | None:
+    """What names one process's recording in its ``otherData``: trace id, rank, host,
+    process and start (None without a trace id and a start)."""
+    if not isinstance(other, Mapping):
+        return None
+    trace_id, started = other.get("trace_id"), other.get("start_time_ns")
+    if not (isinstance(trace_id, str) and trace_id) or not isinstance(started, int):
+        return None
+    return (trace_id, other.get("rank"), other.get("host"), other.get("pid"), started)
 
 
 def group_runs(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
@@ -374,7 +373,10 @@ def group_runs(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
             parts.append(frame)
         joined = pd.concat(parts, ignore_index=True)
         joined.attrs = dict(members[0].attrs)
-        joined.attrs["truncated"] = any(bool(f.attrs.get("truncated")) for f in members)
+        cut = [str(f.attrs.get("path")) for f in members if f.attrs.get("truncated")]
+        joined.attrs["truncated"] = bool(cut)
+        if cut:
+            joined.attrs["truncated_paths"] = cut
         paths = [str(f.attrs.get("path")) for f in members if f.attrs.get("path")]
         joined.attrs["path"] = " + ".join(paths) if paths else None
         out.append(joined)

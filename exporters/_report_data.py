@@ -46,10 +46,12 @@ def _empty_events() -> pd.DataFrame:
 class Throughput:
     """Training throughput over the counted (non-warmup) steps.
 
-    Rates are per process (steps over the summed step wall time) and then
-    added up over processes that ran at the same time, so data-parallel ranks
-    add their samples; processes whose steps did not overlap in time (runs one
-    after another, merged into one trace) are one stream, whose times add.
+    Rates are per process (steps over the summed step wall time). Over the
+    processes that ran at the same time, samples/s add up (data-parallel ranks
+    add their samples) and steps/s is their mean (the ranks take each step
+    together: the run's step rate is a rank's); processes whose steps did not
+    overlap in time (runs one after another, merged into one trace) are one
+    stream, whose times add.
     ``samples``/``samples_per_s`` are ``None`` unless every counted step has
     a batch size (``ppetrace.batch_size``). ``processes``: the processes with
     counted steps; ``concurrent``: the most of them that ran at the same time.
@@ -215,6 +217,9 @@ class StepReport:
     #: steps with ERROR status (cut off by an exception), left out like the warmup
     failed_steps: int = 0
     profilers: tuple[str, ...] = ()
+    #: how the run failed (:func:`exporters.run_failure`: a fit that raised, an ERROR
+    #: step, a cut-off trace, ...), or ``None``; the renderers say it first
+    failure: str | None = None
 
     @property
     def step_summary(self) -> pd.DataFrame:

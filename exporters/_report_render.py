@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ._render import fmt_count, fmt_ns, fmt_pct, json_records, json_value, markdown, text_table
-from ._report_data import DETAIL_COUNT, StepReport
+from ._report_data import DETAIL_COUNT, StepReport, Throughput
 from ._stragglers import RankReport
 
 __all__ = [
@@ -28,6 +28,20 @@ __all__ = [
 # -- rendering ---------------------------------------------------------------------
 
 
+def processes_note(t: Throughput) -> str:
+    """How the throughput of several processes was counted (``""`` for one process)."""
+    if t.processes < 2:
+        return ""
+    if t.concurrent == t.processes:
+        return f" ({t.processes} processes at once: steps/s of one, samples/s of all)"
+    if t.concurrent > 1:
+        return (
+            f" ({t.processes} processes, at most {t.concurrent} at a time: steps/s of one, "
+            "samples/s of all)"
+        )
+    return f" ({t.processes} processes, one after another)"
+
+
 def _headline(report: StepReport) -> list[str]:
     w = report.excluded_steps
     n, spans = report.throughput.steps, report.spans
@@ -36,18 +50,16 @@ def _headline(report: StepReport) -> list[str]:
         f"({w} warmup step{'s' if w != 1 else ''} excluded; warmup_steps={report.warmup_steps}), "
         f"{fmt_count(spans)} span{'s' if spans != 1 else ''}"
     ]
+    if report.failure:  # first: the figures below cover the steps before the failure
+        lines.insert(
+            0, f"This run failed: {report.failure}. The figures cover its steps up to then."
+        )
     t = report.throughput
     if t.steps:
         tp = f"Throughput: {t.steps_per_s:,.1f} steps/s"
         if t.samples_per_s is not None:
             tp += f", {t.samples_per_s:,.1f} samples/s"
-        if t.processes > 1 and t.concurrent == t.processes:
-            tp += f" (sum over {t.processes} processes)"
-        elif t.processes > 1 and t.concurrent > 1:
-            tp += f" ({t.processes} processes, at most {t.concurrent} at a time: summed over those)"
-        elif t.processes > 1:
-            tp += f" ({t.processes} processes, one after another)"
-        lines.append(tp)
+        lines.append(tp + processes_note(t))
     elif report.total_steps:
         n = report.total_steps
         steps = "The only step is" if n == 1 else f"All {n} steps are"
@@ -335,6 +347,7 @@ def render_json(report: StepReport, *, top: int | None = None) -> str:
         "excluded_steps": report.excluded_steps,
         "profiled_steps": report.profiled_steps,
         "failed_steps": report.failed_steps,
+        "failure": report.failure,
         "profilers": list(report.profilers),
         "total_steps": report.total_steps,
         "spans": report.spans,

@@ -426,7 +426,7 @@ def compare(
             notes.append(
                 f"{'a' if n == 1 else n} {side} run{'s' if n != 1 else ''} "
                 f"failed: {'; '.join(lines)}. Steps up to a failure are no measure of the "
-                "code's speed: do not let this comparison pass a gate."
+                "code's speed."
             )
     counts = [[r.step_count for r in runs if r.step_count] for runs in (b_runs, c_runs)]
     if all(counts):

@@ -41,6 +41,7 @@ from ._report_render import (
     _generic_rows,
     _rank_rows,
     _summary_rows,
+    processes_note,
 )
 
 __all__ = ["HTML_EXTRA_HINT", "MAX_STEP_POINTS", "render_comparison_html", "render_html"]
@@ -157,13 +158,13 @@ def _summary(page: Page, report: StepReport) -> None:
         )
     if report.detail is not None:
         facts.append(("full detail", report.detail.describe()))
+    if report.failure:
+        facts.insert(0, ("failed", f"{report.failure} (the figures cover its steps up to then)"))
     if t.steps:
         tp = f"{t.steps_per_s:,.1f} steps/s"
         if t.samples_per_s is not None:
             tp += f", {t.samples_per_s:,.1f} samples/s"
-        if t.processes > 1:
-            tp += f" (sum over {t.processes} processes)"
-        facts.append(("throughput", tp))
+        facts.append(("throughput", tp + processes_note(t)))
     facts.append(("device", str(env.get("device") or "not recorded")))
     threads = env.get("torch_threads")
     facts.append(("torch threads", "not recorded" if threads is None else str(threads)))

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ._aggregates import Aggregates, parse_aggregates
+from ._failure import run_failure
 from ._pandas import series
 from ._parts import PART_COLUMNS, PART_NAMES, STEP_PARTS
 from ._report_data import (
@@ -189,6 +190,7 @@ def step_report(
         validation=validation,
         environment=_environment(frame),
         detail=detail,
+        failure=run_failure(frame),
     )
 
 
@@ -494,10 +496,12 @@ def _sums_by_pandas(
 
 def _throughput(steps: pd.DataFrame, every_step: pd.DataFrame) -> Throughput:
     """Steps and samples per second of the counted ``steps``: per process over its summed
-    step wall time, added up over the processes that ran at the same time (the ranks of
-    one run), and joined one after another for processes that did not (sequential runs
-    merged into one trace: their times add, their rates do not). Whether two processes
-    ran at the same time is read from all their steps (``every_step``, the warmup too)."""
+    step wall time; over the processes that ran at the same time (the ranks of one run)
+    samples/s add up and steps/s is their mean (data-parallel ranks take each step
+    together); processes that did not run at the same time (sequential runs merged into
+    one trace) are joined one after another (their times add, their rates do not).
+    Whether two processes ran at the same time is read from all their steps
+    (``every_step``, the warmup too)."""
     if not len(steps):
         return Throughput(0, 0, 0.0, None, None, 0)
     sizes = steps["batch_size"]
@@ -523,8 +527,10 @@ def _throughput(steps: pd.DataFrame, every_step: pd.DataFrame) -> Throughput:
         ok = wall_s > 0
         if not ok.any():
             continue
-        rate = float((part["n"].to_numpy(float)[ok] / wall_s[ok]).sum())
-        count = float(part["n"].to_numpy(float)[ok].sum())
+        # the ranks of a data-parallel run take their steps together: the run's step rate
+        # is a rank's (their mean), while their samples add up
+        rate = float((part["n"].to_numpy(float)[ok] / wall_s[ok]).mean())
+        count = float(part["n"].to_numpy(float)[ok].mean())
         steps_time += count / rate
         n_steps += count
         if known:

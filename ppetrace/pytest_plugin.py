@@ -23,8 +23,11 @@ imports neither torch nor pandas; the exporters load on first use.
   (:class:`EnvironmentMismatchWarning`), or failures with
   ``--ppetrace-strict-env``. A comparison that cannot decide (no gated event
   with enough steps on both sides) fails the test, as ``ppetrace compare``
-  exits 2, unless ``--ppetrace-allow-no-verdict``; so does a baseline that
-  records a failed run (:attr:`exporters.Comparison.failed_runs`). A benchmark without a
+  exits 2, unless ``--ppetrace-allow-no-verdict``; so does a failed run on
+  either side (:func:`exporters.run_failure`: a ``trainer.step`` or ``trainer.run``
+  that ended with an error, inside the benchmark's own ``record()`` block or in the
+  baseline), and a failed run is not saved as a baseline, unless
+  ``--ppetrace-allow-failed-runs``. A benchmark without a
   baseline in the folder warns (:class:`BaselineMissingWarning`) and passes; a
   folder that does not exist is a usage error, unless it is also the
   ``--ppetrace-save`` folder (the first run of a new baseline folder).
@@ -133,6 +136,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="pass a compared benchmark that no gated event could decide (too few steps, "
         "or no gated event on both sides); by default it fails",
+    )
+    group.addoption(
+        "--ppetrace-allow-failed-runs",
+        action="store_true",
+        default=False,
+        help="compare and save benchmark runs that failed (a trainer.step or trainer.run "
+        "span that ended with an error) as any other; by default such a run fails the test "
+        "and is not saved, and so does a baseline that records one",
     )
     group.addoption(
         "--ppetrace-strict-env",
@@ -272,6 +283,7 @@ class Benchmark:
         gate: str | Sequence[str] | None = None,
         strict_env: bool = False,
         allow_no_verdict: bool = False,
+        allow_failed_runs: bool = False,
     ) -> None:
         self.name = name
         self.save_dir = save_dir
@@ -282,6 +294,7 @@ class Benchmark:
         self.gate = gate
         self.strict_env = strict_env
         self.allow_no_verdict = allow_no_verdict
+        self.allow_failed_runs = allow_failed_runs
         self.frame: pd.DataFrame | None = None
         self.comparison: Comparison | None = None
         self.saved_path: Path | None = None
@@ -344,9 +357,18 @@ class Benchmark:
         failure = None
         if self.compare_dir is not None:
             failure = self._compare(self.compare_dir / file_name, environment, warmup_steps)
+        how = None if self.allow_failed_runs else exporters.run_failure(self.frame)
+        if self.save_dir is not None and how is not None:
+            failure = (failure + "\n\n" if failure else "") + (
+                f"ppetrace: this run failed ({how}), so it was not saved as the baseline "
+                f"{self.save_dir / file_name}: its steps are no measure of the code's speed. "
+                "Pass --ppetrace-allow-failed-runs to save it all the same."
+            )
         if self.save_dir is not None:
             path = self.save_dir / file_name
-            if failure is not None and _same_folder(self.save_dir, self.compare_dir):
+            if how is not None:
+                pass  # not saved (said above)
+            elif failure is not None and _same_folder(self.save_dir, self.compare_dir):
                 if path.exists():
                     failure += (
                         f"\n\nThe baseline {path} was kept: --ppetrace-save names the folder "
@@ -418,12 +440,21 @@ class Benchmark:
             )
         table = exporters.render_comparison_table(self.comparison)
         failed = self.comparison.failed_runs
-        if failed:  # (a benchmark that raised never saves: a baseline from elsewhere)
+        if failed and not self.allow_failed_runs:
             lines = "\n".join(f"{side}: {line}" for side, runs in failed.items() for line in runs)
+            advice = []
+            if "candidate" in failed:
+                advice.append("this benchmark's run failed: fix what raised inside its steps")
+            if "base" in failed:
+                advice.append(
+                    "the baseline records a failed run: save it again with --ppetrace-save "
+                    "from a run that ends without an error"
+                )
+            said = "; ".join(advice)
             return (
                 f"ppetrace: a run compared with the baseline {baseline} failed, so its steps "
-                f"are no measure of the code's speed:\n{lines}\nSave the baseline again with "
-                f"--ppetrace-save from a run that ends without an error.\n\n{table}"
+                f"are no measure of the code's speed:\n{lines}\n{said[0].upper()}{said[1:]} "
+                f"(or pass --ppetrace-allow-failed-runs to compare it all the same).\n\n{table}"
             )
         if self.comparison.has_regression:
             return f"ppetrace: gated regression against the baseline {baseline}\n\n{table}"
@@ -458,4 +489,5 @@ def ppetrace_benchmark(request: pytest.FixtureRequest) -> Benchmark:
         gate=None if gate is None else parse_gate(gate),
         strict_env=bool(config.getoption("--ppetrace-strict-env")),
         allow_no_verdict=bool(config.getoption("--ppetrace-allow-no-verdict")),
+        allow_failed_runs=bool(config.getoption("--ppetrace-allow-failed-runs")),
     )

@@ -179,6 +179,17 @@ def _warn_cut_part(p: Path, index: int, count: int, events: int) -> None:
     )
 
 
+def _warn_missing_part(p: Path, index: int) -> None:
+    """A part of the run is not on disk, but a later one is: the run is read up to it."""
+    warnings.warn(
+        f"Part {index} of the run {p} is missing, though a later part is there: read its "
+        f"parts 0 to {index - 1} only, so the steps after them are not counted. Put the "
+        "part back (it is named like the others, with its number before .json).",
+        TraceTruncatedWarning,
+        stacklevel=3,
+    )
+
+
 def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     """Read a Chrome trace (JSON object or array form, plain or gzip) into a :class:`ChromeTrace`.
 
@@ -259,7 +270,9 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     bare strings, which stay strings.)
 
     ``frame.attrs["metadata"]`` is the file's ``otherData``, plus ``ppetrace.final``:
-    the writer's closing counts of summarised steps when the file has them.
+    the writer's closing counts of summarised steps when the file has them (and
+    ``run_error`` when the run recorded that it failed), and ``ppetrace.cut``: the
+    sources of the repaired copies of cut-off traces it holds (``ppetrace repair``).
     A cut-off file is read up to its last complete event with a
     :class:`TraceTruncatedWarning`. Raises ``FileNotFoundError`` for a missing
     file and :class:`TraceError`, naming the file, for anything else it cannot
@@ -271,10 +284,13 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     once (the second on one worker thread per file), and the next block is read
     on a thread meanwhile.
     """
-    from ._split import run_parts
+    from ._split import missing_part, run_parts
 
     p = Path(path)
     paths = run_parts(p) if parts and p.is_file() else [p]
+    lost = missing_part(p, paths) if parts and p.is_file() else None
+    if lost is not None:
+        _warn_missing_part(p, lost)
     columns: SpanColumns | None = None
     cut = False
     metadata: dict[str, Any] = {}
@@ -302,9 +318,18 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     final = _final_counts(columns.meta)
     if final:  # the writer's closing counts (ChromeTraceExporter, "Final counts")
         metadata = {**metadata, "ppetrace.final": final}
+    repaired = [
+        str(e.args.get("source"))
+        for e in columns.meta
+        if e.name == "ppetrace.cut" and type(e.args) is dict
+    ]
+    if repaired:  # repaired copies of cut-off traces (ppetrace repair), also once merged
+        metadata = {**metadata, "ppetrace.cut": repaired}
     frame.attrs["metadata"] = metadata
     frame.attrs["path"] = str(p)
     frame.attrs["truncated"] = cut
+    if lost is not None:  # the run goes on in parts that were not read: it is cut here
+        frame.attrs["missing_part"] = lost
     if len(paths) > 1:
         frame.attrs["parts"] = [str(q) for q in paths]
     return frame
@@ -342,8 +367,10 @@ def _number(value: Any) -> bool:
 def _final_counts(meta: list[Any]) -> dict[str, Any]:
     """The ``args`` of the ``ppetrace.final`` events (a merged trace has one per process:
     their ``steps_summarised`` and ``spans_summarised`` are added up, the rest taken from
-    the first)."""
+    the first; when several processes recorded a ``run_error``, ``run_errors`` lists them
+    all)."""
     out: dict[str, Any] = {}
+    errors: list[str] = []  # every process's run_error (a rank's crash, the others' knock-on)
     for e in meta:
         if e.name != "ppetrace.final" or type(e.args) is not dict:
             continue
@@ -352,6 +379,11 @@ def _final_counts(meta: list[Any]) -> dict[str, Any]:
                 out[key] += value
             else:
                 out.setdefault(key, value)
+        error = e.args.get("run_error")
+        if isinstance(error, str) and error not in errors:
+            errors.append(error)
+    if len(errors) > 1:
+        out["run_errors"] = errors
     return out
 
 

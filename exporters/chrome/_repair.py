@@ -19,7 +19,10 @@ from .._errors import TraceError
 from ._encode import _json_safe
 from ._parse import _MARKER, Parsed, _array_end, _blocks, _strip_bom, _try_decode, document
 
-__all__ = ["Repaired", "repair_chrome_trace"]
+__all__ = ["CUT_EVENT", "Repaired", "repair_chrome_trace"]
+
+#: the metadata event that ends a repaired copy of a cut-off trace
+CUT_EVENT = "ppetrace.cut"
 
 
 class Repaired(NamedTuple):
@@ -129,8 +132,25 @@ def _copy_lines(src: Path, f: IO[bytes]) -> tuple[int, bool] | None:
     if tail is not None and not parsed.truncated and _closes(tail):
         f.write(b"\n" + tail.strip() + b"\n")  # it was whole: closed as it was
         return count, False
+    f.write((",\n" if count else "\n").encode() + _dumps(_cut_event(src, _pid(line))).encode())
     f.write(b"\n]}\n")
-    return count, True
+    return count + 1, True  # (the cut event is one of the file's events)
+
+
+def _pid(header: bytes) -> int:
+    """The process of a ppetrace trace, from its header line's ``otherData.pid`` (0 when
+    it records none)."""
+    try:
+        pid = json.loads(header + b"]}").get("otherData", {}).get("pid")
+    except (ValueError, AttributeError, RecursionError):
+        return 0
+    return pid if type(pid) is int else 0
+
+
+def _cut_event(src: Path, pid: int) -> dict[str, Any]:
+    """The metadata event a repaired copy of a cut-off trace ends with: the copy is whole,
+    but the run it records was cut off (``exporters.run_failure`` reads it)."""
+    return {"ph": "M", "name": CUT_EVENT, "pid": pid, "tid": 0, "args": {"source": str(src)}}
 
 
 def _closes(tail: bytes) -> bool:
@@ -185,8 +205,12 @@ def _rewrite(src: Path, f: IO[bytes]) -> tuple[int, bool]:
         f.write((head[:-1] + ("," if len(head) > 2 else "") + '"traceEvents":[').encode())
     for i, event in enumerate(events):
         f.write((",\n" if i else "\n").encode() + _dumps(event).encode())
+    if truncated:
+        pid = (top or {}).get("otherData", {}).get("pid") if isinstance(top, dict) else None
+        cut = _cut_event(src, pid if type(pid) is int else 0)
+        f.write((",\n" if events else "\n").encode() + _dumps(cut).encode())
     f.write(b"\n]\n" if top is None else b"\n]}\n")
-    return len(events), truncated
+    return len(events) + truncated, truncated
 
 
 def _dumps(value: Any) -> str:

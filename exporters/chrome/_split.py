@@ -102,6 +102,23 @@ def _parts_of(first: Path, other: dict[str, Any] | None) -> list[Path]:
         out.append(nxt)
 
 
+def missing_part(first: Path, found: Sequence[Path]) -> int | None:
+    """The number of a part missing from the run whose part 0 is ``first`` and whose
+    parts :func:`run_parts` ``found``: the first one not found when a later part of the
+    same run is on disk (a part deleted or lost in a copy), else None."""
+    if len(found) < 1:
+        return None
+    other = _other(first)
+    if other is None or other.get("part") != 0:
+        return None
+    gap = len(found)
+    for later in range(gap + 1, gap + 4):  # a lost part or a few: a later one of this run
+        nxt = part_path(first, later)
+        if nxt.is_file() and _belongs(other, first.name, _other(nxt), later):
+            return gap
+    return None
+
+
 def trace_parts(path: str | os.PathLike[str]) -> list[Path]:
     """The files of the run whose first file is ``path``, in order: ``[path]`` for a run
     written in one file, else ``[path, <stem>.1.json, ...]`` (written with

@@ -178,8 +178,8 @@ def _summaries(
         _write(
             err,
             f"ppetrace: warning: {label}: {copy} is a copy of {original} (the same run: trace "
-            "id, rank, process, start and spans); it counts once, as one run can only be "
-            "one sample.\n",
+            "id, rank, process, start and spans; or a rank file that merged trace holds); it "
+            "counts once, as one run can only be one sample.\n",
         )
     out = []
     for run in exporters.group_runs(frames):
@@ -268,7 +268,13 @@ def compare(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             _write(err, f"ppetrace: warning: {warning}\n")
     _emit(exporters.render_comparison(comparison, args.fmt), args.output, out)
     if args.output is not None:
-        verdict = "gated regression" if comparison.has_regression else "no gated regression"
+        verdict = (
+            "a run failed"
+            if comparison.runs_failed and not args.allow_failed_runs
+            else "gated regression"
+            if comparison.has_regression
+            else "no gated regression"
+        )
         err.write(f"ppetrace: wrote {args.output} ({verdict})\n")
     write_html(args.html, lambda: exporters.render_comparison_html(comparison), err)
     if args.strict_env and not comparison.environment_recorded:

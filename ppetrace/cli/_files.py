@@ -132,11 +132,41 @@ def _nothing_to_repair(out: IO[str], trace: str, why: str) -> int:
     return EXIT_OK
 
 
+def _cut_parts(trace: str) -> list[Path]:
+    """The later parts of the run whose part 0 is ``trace`` that are cut off (plain JSON
+    parts without their closing ``]}``)."""
+    import exporters
+
+    try:
+        parts = exporters.trace_parts(trace)
+    except (OSError, exporters.TraceError):
+        return []
+    return [p for p in parts[1:] if not p.name.endswith(".gz") and not _closed(p)]
+
+
+def _part_number(trace: str) -> int | None:
+    """The part number of a later part of a run (``otherData.part`` >= 1), else None."""
+    from exporters.chrome._ranks import read_header
+
+    try:
+        header = read_header(Path(trace))
+    except (OSError, ValueError):
+        return None
+    part = None if header is None else header.other_data.get("part")
+    return part if type(part) is int and part >= 1 else None
+
+
 def repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     import exporters
 
     if args.out is None and _closed(Path(args.trace)):
-        return _nothing_to_repair(out, args.trace, "ends with its closing ]}")
+        code = _nothing_to_repair(out, args.trace, "ends with its closing ]}")
+        for part in _cut_parts(args.trace):  # the run's last part is the one a kill cuts
+            out.write(
+                f"but {part}, a later part of its run, is cut off: `ppetrace repair {part} "
+                f"{part}` closes it in place (the run's parts are read by their names)\n"
+            )
+        return code
     try:
         done = exporters.repair_chrome_trace(args.trace, args.out)
     except FileNotFoundError as exc:
@@ -154,4 +184,11 @@ def repair(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return _nothing_to_repair(out, args.trace, f"has {_count(done.events, 'event')}")
     state = "cut off; closed after its last complete event" if done.truncated else "complete"
     out.write(f"Wrote {done.path}: {_count(done.events, 'event')} ({args.trace} was {state})\n")
+    number = _part_number(args.trace)
+    if number is not None and Path(done.path).resolve() != Path(args.trace).resolve():
+        out.write(
+            f"{args.trace} is part {number} of a run, whose parts are read by their names, so "
+            f"the run is not read with this copy: `ppetrace repair {args.trace} "
+            f"{args.trace}` closes the part in place\n"
+        )
     return EXIT_OK

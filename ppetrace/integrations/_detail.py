@@ -196,7 +196,8 @@ class StepDetail:
         self.notify(
             f"ppetrace: {_who()}the trace held {held:,} bytes "
             f"(max_trace_bytes={self.max_trace_bytes:,}, checked as spans are written) at "
-            f"step {step}; from here it keeps "
+            f"training batch {step} (optimizer steps are fewer under gradient accumulation); "
+            "from here it keeps "
             f"{sch.active} step in {cycle:,} in full and, for "
             "the others, each hook's count, total and self time. Pass trace_detail='all' "
             "(ppetrace run: --detail all) to keep every span, or a larger max_trace_bytes."

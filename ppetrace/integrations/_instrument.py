@@ -29,6 +29,7 @@ from ._detail import (
     DEFAULT_MAX_TRACE_BYTES,
     TRACE_PART_BYTES,
     StepDetail,
+    _who,
     check_detail,
     detail_metadata,
 )
@@ -173,11 +174,16 @@ class Instrumentation:
         too (a second call finds nothing open). ``error``: as for :meth:`close`."""
         self._tracker.close(None if error is None else _error_text(error))
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None, *, exit_code: int = 0) -> None:
         """End the open step, tear the profilers down, remove every hook and patch (the
         originals come back exactly) and write the trace. Closing twice does nothing.
         ``error``: the exception that ended the loop (the ``with`` block passes it): the
-        step it broke off is recorded with ERROR status and the exception's text."""
+        step it broke off is recorded with ERROR status and the exception's text.
+        ``exit_code``: the process's exit code (``ppetrace run`` passes the script's).
+        A run that ``error``, a non-zero ``exit_code`` or a training thread that died
+        ended is recorded as failed: the trace's closing ``ppetrace.final`` event gets
+        ``run_error``, which ``exporters.run_failure`` (and so ``ppetrace compare``)
+        reads."""
         with _lock:
             if self.closed:
                 return
@@ -187,6 +193,7 @@ class Instrumentation:
         errors: list[BaseException] = []
         for step in (
             lambda: self.end_steps(error),
+            lambda: self._record_outcome(error, exit_code),
             self._hooks.uninstall,
             self._tracker.release,
         ):
@@ -212,12 +219,33 @@ class Instrumentation:
         if errors:
             raise errors[0]
 
+    def _record_outcome(self, error: BaseException | None, exit_code: int) -> None:
+        """``run_error`` in the trace's closing event when the run failed (see :meth:`close`)."""
+        exporter = self.trace_exporter
+        if exporter is None or not hasattr(exporter, "add_final_metadata"):
+            return
+        died = self._tracker.thread_errors()
+        if error is not None:
+            text = _error_text(error)
+        elif exit_code:
+            text = f"the process exited with code {exit_code}"
+        elif died:
+            more = f" (and {len(died) - 1} more)" if len(died) > 1 else ""
+            text = f"a training thread died: {died[0]}{more}"
+        else:
+            return
+        exporter.add_final_metadata(run_error=_who() + text)  # "rank R: " under torchrun
+
     def __enter__(self) -> Instrumentation:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
-        # sys.exit() and a generator closed are no failure of the step (as in ppetrace run)
-        self.close(None if isinstance(exc, (SystemExit, GeneratorExit)) else exc)
+        # sys.exit() and a generator closed are no failure of the step (as in ppetrace run);
+        # sys.exit() with a code other than 0 is a failed run all the same
+        if isinstance(exc, SystemExit):
+            self.close(None, exit_code=_exit_status(exc.code))
+        else:
+            self.close(None if isinstance(exc, GeneratorExit) else exc)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "active"
@@ -335,3 +363,10 @@ def _quietly(fn: Any) -> None:
         fn()
     except Exception:
         _log.exception("ppetrace: %r failed while instrument() gave up", fn)
+
+
+def _exit_status(code: object) -> int:
+    """The exit status ``sys.exit(code)`` gives a process: 0 for None, the int, else 1."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1

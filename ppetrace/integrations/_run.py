@@ -450,7 +450,7 @@ def run(opts: RunOptions, *, err: IO[str] | None = None) -> RunResult:
         try:
             if ranked is not None:
                 ranked.uninstall()
-            handle.close(failure)  # the step the script broke off: ERROR
+            handle.close(failure, exit_code=code)  # the step it broke off: ERROR
         finally:
             err.write(f"ppetrace: wrote {trace}\n")
             if ranked is not None and ranked.merged_written and rank0:  # rank 0 merged

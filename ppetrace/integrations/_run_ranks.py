@@ -32,6 +32,7 @@ from typing import Any
 
 from .. import tracing
 from ..tracing._recorder import RECORDER
+from ._join import RankJoinError
 from .distributed import ClockSync, RankTraces, rank_traces
 
 __all__ = ["RankRun"]
@@ -90,6 +91,10 @@ class RankRun:
             if run.traces is None:
                 try:
                     run.started()
+                except RankJoinError as exc:  # a rank not under ppetrace run: no merge
+                    _log.warning(
+                        "ppetrace: %s This rank's trace is written alone, not merged.", exc
+                    )
                 except Exception:
                     _log.exception("ppetrace: measuring the clocks of the ranks failed")
             return result

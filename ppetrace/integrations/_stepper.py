@@ -567,6 +567,13 @@ class StepTracker:
             if st.had_step:
                 self._emit_validation(st)
 
+    def thread_errors(self) -> list[str]:
+        """The texts of the exceptions that ended threads the hooks saw (training threads
+        that died; ``threading.excepthook``)."""
+        with self._lock:
+            states = list(self._states.values())
+        return [st.error for st in states if st.died and st.error]
+
     def release(self) -> None:
         """After the hooks are gone: give every thread's buffer back to the recorder,
         which drains it once more and then forgets it."""

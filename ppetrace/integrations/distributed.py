@@ -49,6 +49,7 @@ from typing import Any
 
 from ..tracing._recorder import RECORDER, trace
 from ._detail import TRACE_PART_BYTES
+from ._join import join_ranks
 from ._ranks import rank_trace_path
 
 _log = logging.getLogger("ppetrace")
@@ -219,6 +220,7 @@ class RankTraces:
         fields, ``distributedInfo`` and room for the end measurement."""
         import torch
 
+        join_ranks("the clock measurement of its trace file")  # every rank traces alike
         sync = self.measure_start()
         origin = torch.zeros(1, dtype=torch.int64)
         if self.rank == 0:
@@ -402,6 +404,7 @@ def rank_traces(made: tuple[Any, str] | None = None) -> RankTraces | None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
+    join_ranks("ppetrace's trace id (ppetrace run)")  # a rank not traced: an error, no hang
     if made is None:
         backend = str(dist.get_backend())
         made = (None if "gloo" in backend else dist.new_group(backend="gloo"), backend)

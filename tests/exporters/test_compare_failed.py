@@ -5,6 +5,7 @@ failure are no measure of the code's speed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -113,10 +114,146 @@ def test_failed_runs_on_both_sides_are_counted_and_numbered_without_a_file() -> 
     assert [len(result.failed_runs[s]) for s in ("base", "candidate")] == [2, 1]
     assert result.failed_runs["base"][1].startswith("run 2: 1 trainer.step span")
     assert render_comparison(result, "table").startswith(
-        "ppetrace compare: 3 base and candidate runs failed, "
+        "ppetrace compare: 2 base runs and 1 candidate run failed, "
     )
 
 
 @pytest.mark.parametrize("status", ["UNSET", "OK"])
 def test_statuses_other_than_error_are_no_failure(status: str) -> None:
     assert run_failure(_frame(run_status=status)) is None
+
+
+def test_a_run_error_recorded_at_the_end_is_a_failure() -> None:
+    """``instrument()`` and ``ppetrace run`` write how the run ended (an exception, an exit
+    code, a thread that died) into the closing ``ppetrace.final`` event."""
+    frame = _frame()
+    frame.attrs["metadata"] = {"ppetrace.final": {"run_error": "ValueError: bad batch\n..."}}
+    assert run_failure(frame) == "it ended with an error (ValueError: bad batch)"
+    frame.attrs["metadata"] = {"ppetrace.final": {"steps_summarised": 0}}
+    assert run_failure(frame) is None
+
+
+@pytest.mark.parametrize("text", ["SystemExit: 0", "SystemExit: None", "SystemExit: "])
+def test_sys_exit_0_through_a_fit_is_no_failure(text: str) -> None:
+    assert run_failure(_frame(failed_step=5, run_status="ERROR", error=text)) is None
+    failed = run_failure(_frame(failed_step=5, error="SystemExit: 3"))
+    assert failed == "1 trainer.step span ended with an error (SystemExit: 3)"
+
+
+@pytest.mark.parametrize("error", [pd.NA, float("nan"), None, "   ", ""])
+def test_errors_without_text_give_the_counts_alone(error: object) -> None:
+    frame = _frame(failed_step=4)
+    frame["error"] = frame["error"].astype(object)
+    frame.loc[frame["status"] == "ERROR", "error"] = error
+    assert run_failure(frame) == "1 trainer.step span ended with an error"
+
+
+def test_an_error_without_a_message_loses_its_dangling_colon() -> None:
+    text = run_failure(_frame(failed_step=4, error="KeyboardInterrupt: "))
+    assert text == "1 trainer.step span ended with an error (KeyboardInterrupt)"
+
+
+def test_a_failure_on_another_rank_is_the_runs_even_with_rank() -> None:
+    ok, bad = _frame(), _frame(failed_step=10)
+    ok["rank"], bad["rank"] = 0, 1
+    run = pd.concat([ok, bad.assign(pid=bad["pid"] + 1)], ignore_index=True)
+    run.attrs = {"path": "merged.json"}
+    base = _frame()
+    with pytest.raises(ValueError, match="Expected spans of rank 0 in the run, but it has no rank"):
+        compare(base, run, rank=0)  # (a pandas error before: its ranks were all missing)
+    base["rank"] = 0
+    result = compare(base, run, rank=0)
+    assert result.failed_runs == {
+        "candidate": [
+            "merged.json: 1 trainer.step span ended with an error (RuntimeError: "
+            "CUDA out of memory)"
+        ]
+    }
+
+
+def test_a_cut_off_file_left_out_as_a_copy_keeps_its_run_failed() -> None:
+    from exporters import drop_copies
+
+    whole, cut = _frame(), _frame()
+    meta = {"trace_id": "ab" * 16, "start_time_ns": 5, "pid": 1}
+    whole.attrs = {"path": "aa.json", "metadata": meta}
+    cut.attrs = {"path": "zz.json", "metadata": meta, "truncated": True}
+    kept, copies = drop_copies([whole, cut])
+    assert [f.attrs["path"] for f in kept] == ["aa.json"] and copies == [("zz.json", "aa.json")]
+    assert run_failure(kept[0]) == "its trace is cut off (the process was killed, or still runs)"
+
+
+def test_repaired_and_merged_cut_off_traces_say_which_file_was_cut() -> None:
+    frame = _frame()
+    frame.attrs = {"path": "t.repaired.json", "metadata": {"ppetrace.cut": ["t.json"]}}
+    assert run_failure(frame) == (
+        "its trace (t.json) was cut off (the process was killed, or still runs)"
+    )
+    merged = {
+        "merged_from": [
+            {"path": "r0.json", "truncated": False},
+            {"path": "r1.json", "truncated": True},
+        ]
+    }
+    frame.attrs = {"path": "m.json", "metadata": merged}
+    assert run_failure(frame) == (
+        "its trace (r1.json) was cut off (the process was killed, or still runs)"
+    )
+
+
+def test_every_process_run_error_of_a_merged_trace_is_named(tmp_path: Path) -> None:
+    """A rank that crashed and the rank whose collective then broke: both are said, the
+    cause not hidden behind the knock-on error."""
+    from exporters import read_chrome_trace
+
+    events = []
+    for pid, error in ((10, "rank 0: RuntimeError: Connection closed by peer"), (11, None)):
+        events.append(
+            {
+                "ph": "X",
+                "name": STEP,
+                "pid": pid,
+                "tid": 1,
+                "ts": 1.0,
+                "dur": 5.0,
+                "args": {"ppetrace.step": 0},
+            }
+        )
+        args = {"steps_summarised": 0} if error is None else {"run_error": error}
+        events.append({"ph": "M", "name": "ppetrace.final", "pid": pid, "tid": 0, "args": args})
+    events.append(
+        {
+            "ph": "M",
+            "name": "ppetrace.final",
+            "pid": 12,
+            "tid": 0,
+            "args": {"run_error": "rank 1: RuntimeError: injected crash"},
+        }
+    )
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps({"otherData": {}, "traceEvents": events}))
+    frame = read_chrome_trace(path)
+    assert frame.attrs["metadata"]["ppetrace.final"]["run_errors"] == [
+        "rank 0: RuntimeError: Connection closed by peer",
+        "rank 1: RuntimeError: injected crash",
+    ]
+    assert run_failure(frame) == (
+        "it ended with an error (rank 0: RuntimeError: Connection closed by peer; rank 1: "
+        "RuntimeError: injected crash)"
+    )
+
+
+def test_the_step_report_says_first_that_the_run_failed() -> None:
+    from exporters import render_json, render_table, step_report
+
+    report = step_report(_frame(failed_step=12, run_status="ERROR", error="RuntimeError: x"))
+    assert report.failure == (
+        "1 trainer.run span, 1 trainer.step span ended with an error (RuntimeError: x)"
+    )
+    lines = render_table(report).splitlines()
+    assert lines[1] == (
+        f"This run failed: {report.failure}. The figures cover its steps up to then."
+    )
+    assert json.loads(render_json(report))["failure"] == report.failure
+    clean = step_report(_frame())
+    assert clean.failure is None and "This run failed" not in render_table(clean)

@@ -177,7 +177,8 @@ def test_warmup_steps_and_the_spans_inside_them_are_excluded_per_process(
     t = report.throughput
     assert t.processes == 2
     wall_a, wall_b = 500 + 1_000 + 3_000, 500 + 1_000 + 6_000
-    assert t.steps_per_s == pytest.approx(1 / (wall_a / 1e9) + 1 / (wall_b / 1e9))
+    # two ranks at once: the run's step rate is a rank's (their mean), samples would add
+    assert t.steps_per_s == pytest.approx((1 / (wall_a / 1e9) + 1 / (wall_b / 1e9)) / 2)
 
 
 def test_processes_one_after_another_join_their_times_and_at_once_add_their_rates(
@@ -193,13 +194,15 @@ def test_processes_one_after_another_join_their_times_and_at_once_add_their_rate
     t = step_report(spans_to_frame([a.batch(), b.batch(), c.batch()]), warmup_steps=0).throughput
     # each step: its fetch (1,000) and the gap before it (500; none before the first)
     wall = {1: 4 * 2_500 - 500, 2: 4 * 4_500 - 500, 3: 4 * 3_500 - 500}
-    pair_rate = 4 / (wall[1] / 1e9) + 4 / (wall[2] / 1e9)
-    expected = 12 / (8 / pair_rate + wall[3] / 1e9)  # time = steps / rate, per group
-    assert t.steps_per_s == pytest.approx(expected)
-    assert t.samples_per_s == pytest.approx(8 * expected)
+    # the pair takes 4 steps together at a rank's mean rate, their 64 samples at the sum
+    step_rate = (4 / (wall[1] / 1e9) + 4 / (wall[2] / 1e9)) / 2
+    sample_rate = 32 / (wall[1] / 1e9) + 32 / (wall[2] / 1e9)
+    third = wall[3] / 1e9  # time = count / rate, per group
+    assert t.steps_per_s == pytest.approx(8 / (4 / step_rate + third))
+    assert t.samples_per_s == pytest.approx(96 / (64 / sample_rate + third))
     assert (t.processes, t.concurrent) == (3, 2)
     text = render_table(step_report(spans_to_frame([a.batch(), b.batch(), c.batch()])))
-    assert "(3 processes, at most 2 at a time: summed over those)" in text
+    assert "(3 processes, at most 2 at a time: steps/s of one, samples/s of all)" in text
     alone = step_report(spans_to_frame([a.batch(), c.batch()]), warmup_steps=0)
     assert alone.throughput.steps_per_s == pytest.approx(8 / ((wall[1] + wall[3]) / 1e9))
     assert alone.throughput.concurrent == 1

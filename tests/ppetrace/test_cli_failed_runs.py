@@ -15,24 +15,56 @@ from test_cli import run
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import exporters
 import ppetrace
 
 SCRIPT = """
-import sys, torch
+import sys, threading, torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-fail_at = int(sys.argv[1])
+from torch.utils.data import DataLoader, Dataset
+mode, at = sys.argv[1], int(sys.argv[2])
 torch.manual_seed(0)
-loader = DataLoader(TensorDataset(torch.randn(320, 16), torch.randint(0, 4, (320,))), batch_size=8)
+X, Y = torch.randn(320, 16), torch.randint(0, 4, (320,))
+
+class Data(Dataset):
+    def __len__(self):
+        return 320
+
+    def __getitem__(self, i):
+        if mode == "fetch" and i == at * 8:
+            raise RuntimeError("simulated bad sample")
+        return X[i], Y[i]
+
 model = nn.Linear(16, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for i, (x, y) in enumerate(loader):
-    loss = F.cross_entropy(model(x), y)
-    if i == fail_at:
-        raise RuntimeError("simulated crash")
-    loss.backward(); opt.step(); opt.zero_grad()
+
+def train():
+    for i, (x, y) in enumerate(DataLoader(Data(), batch_size=8)):
+        if mode == "exit" and i == at:
+            sys.exit(int(sys.argv[3]))
+        loss = F.cross_entropy(model(x), y)
+        if mode == "step" and i == at:
+            raise RuntimeError("simulated crash")
+        loss.backward(); opt.step(); opt.zero_grad()
+
+if mode == "thread":  # the training thread dies in a fetch; the main thread ends well
+    mode = "fetch"
+    t = threading.Thread(target=train)
+    t.start(); t.join()
+else:
+    train()
 """
+
+#: mode, its step, the script's exit code, and what compare says of the run (None: clean)
+CASES = [
+    ("ok", 0, 0, None),
+    ("step", 25, 1, "ended with an error (RuntimeError: simulated crash)"),
+    ("fetch", 25, 1, "it ended with an error (RuntimeError: simulated bad sample)"),
+    ("exit", 25, 3, "it ended with an error (the process exited with code 3)"),
+    ("exit", 25, 0, None),
+    ("thread", 25, 0, "it ended with an error (a training thread died: RuntimeError"),
+]
 
 
 def _fit(path: Path, fail_at: int | None) -> None:
@@ -79,16 +111,46 @@ def test_a_trainer_fit_that_raised_fails_the_gate_unless_allowed(tmp_path: Path)
     assert run("compare", str(base), str(base))[0] == 0
 
 
-def test_a_script_that_crashed_under_ppetrace_run_fails_the_gate(tmp_path: Path) -> None:
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize(("mode", "at", "code", "said"), CASES)
+def test_a_script_that_failed_under_ppetrace_run_fails_the_gate(
+    tmp_path: Path, mode: str, at: int, code: int, said: str | None
+) -> None:
+    """However the script failed (an exception in a step or in the loader, a non-zero
+    exit, a training thread that died), the trace says so and compare exits 2; a
+    script that ends well, also by sys.exit(0), passes."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     base, cand = tmp_path / "base.json", tmp_path / "cand.json"
-    assert run("run", "--trace", str(base), "--no-report", str(script), "-1")[0] == 0
-    code, _, err = run("run", "--trace", str(cand), "--no-report", str(script), "25")
-    assert code == 1 and "simulated crash" in err
-    code, _, err = run("compare", str(base), str(cand))
-    assert code == 2
-    assert "1 trainer.step span ended with an error (RuntimeError: simulated crash)" in err
+    assert run("run", "--trace", str(base), "--no-report", str(script), "ok", "0")[0] == 0
+    argv = ["run", "--trace", str(cand), "--no-report", str(script), mode, str(at)]
+    if mode == "exit":
+        argv.append(str(code))
+    assert run(*argv)[0] == code
+    failure = exporters.run_failure(exporters.read_chrome_trace(cand))
+    if said is None:
+        assert failure is None
+        assert run("compare", str(base), str(cand))[0] in (0, 1)
+        return
+    assert failure is not None and said in failure
+    got, _, err = run("compare", str(base), str(cand))
+    assert got == 2 and said in err
+
+
+def test_sys_exit_with_a_code_in_an_instrument_block_is_a_failed_run(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    model = nn.Linear(4, 2)
+    with pytest.raises(SystemExit), ppetrace.instrument(trace_path=path):
+        for _ in range(3):
+            model(torch.ones(2, 4)).sum().backward()
+        raise SystemExit("stopping early")  # a message: exit status 1, as Python gives
+    frame = exporters.read_chrome_trace(path)
+    assert exporters.run_failure(frame) == (
+        "it ended with an error (the process exited with code 1)"
+    )
+    with pytest.raises(SystemExit), ppetrace.instrument(trace_path=path):
+        raise SystemExit(0)
+    assert exporters.run_failure(exporters.read_chrome_trace(path)) is None
 
 
 def test_a_cut_off_trace_fails_the_gate(tmp_path: Path) -> None:
@@ -99,3 +161,13 @@ def test_a_cut_off_trace_fails_the_gate(tmp_path: Path) -> None:
     code, _, err = run("compare", str(base), str(cut))  # (the reader warns on stderr)
     assert code == 2
     assert "its trace is cut off (the process was killed, or still runs)" in err
+    # repaired, or merged with another run's file, it still records a run that was cut off
+    assert run("repair", str(cut))[0] == 0
+    repaired = tmp_path / "cut.repaired.json"
+    json.loads(repaired.read_text())  # strict JSON, for other viewers
+    code, _, err = run("compare", str(base), str(repaired))
+    assert code == 2 and f"its trace ({cut}) was cut off" in err
+    merged = tmp_path / "merged.json"
+    assert run("merge", str(merged), str(base), str(cut))[0] == 0
+    code, _, err = run("compare", str(base), str(merged))
+    assert code == 2 and f"its trace ({cut}) was cut off" in err

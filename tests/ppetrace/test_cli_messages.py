@@ -211,3 +211,17 @@ def test_a_copy_of_a_run_counts_once_and_on_both_sides_is_warned_about(tmp_path:
     (tmp_path / "c" / "copy.json").write_bytes(base.read_bytes())
     _, _, err = run("compare", str(base), str(tmp_path / "c" / "copy.json"))
     assert "BASE and CAND share 1 run (copies of one recording under other names)" in err
+
+
+def test_a_merged_trace_beside_its_rank_files_counts_as_one_run(tmp_path: Path) -> None:
+    """``ppetrace merge run/merged.json run/`` leaves the rank files beside the merged
+    trace: a folder of them is one run, not three (the merged trace holds the others)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_run(folder / "rank0.json", [1_000_000] * 8, pid=11, rank=0)
+    write_run(folder / "rank1.json", [1_000_000] * 8, pid=12, rank=1)
+    assert run("merge", str(folder / "merged.json"), str(folder))[0] == 0
+    cand = write_run(tmp_path / "cand.json", [1_000_000] * 8, pid=99)
+    _, out, err = run("compare", str(folder), str(cand))
+    assert "(1 run vs 1 run)" in out.splitlines()[0], out
+    assert err.count("is a copy of") == 2 and "or a rank file that merged trace holds" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,32 @@ def test_keep_freed_memory_takes_glibcs_settings() -> None:
     assert out.stdout.strip() == (
         "True" if sys.platform == "linux" and libc == "glibc" else "False"
     )
+
+
+def test_repair_points_at_a_cut_off_later_part_and_closes_parts_in_place(
+    tmp_path: Path,
+) -> None:
+    """A killed run's cut-off part is its last: repairing part 0 names it, and a copy of
+    a part (which the run's reader never reads) says how to close the part in place."""
+    parts = write_parts(tmp_path / "run.json", 100_000, seed=1)
+    assert len(parts) > 3
+    last = parts[-1]
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) * 2 // 3])
+    code, out, _ = run("repair", str(parts[0]))
+    assert code == 0
+    assert out.splitlines()[1] == (
+        f"but {last}, a later part of its run, is cut off: `ppetrace repair {last} {last}` "
+        "closes it in place (the run's parts are read by their names)"
+    )
+    code, out, _ = run("repair", str(last))
+    assert code == 0 and out.splitlines()[1].startswith(
+        f"{last} is part {len(parts) - 1} of a run, whose parts are read by their names"
+    )
+    code, out, _ = run("repair", str(last), str(last))
+    assert code == 0 and len(out.splitlines()) == 1  # in place: nothing more to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the run reads whole again, without a warning
+        assert not read_chrome_trace(parts[0]).attrs["truncated"]
+    code, out, _ = run("repair", str(parts[0]))
+    assert len(out.splitlines()) == 1  # nothing cut any more

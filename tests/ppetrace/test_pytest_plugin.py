@@ -124,7 +124,50 @@ def test_a_baseline_of_a_failed_run_fails_the_test_with_how_it_failed(
     assert "failed, so its steps are no measure of the code's speed" in text
     assert "base: " in text
     assert "1 trainer.run span ended with an error (RuntimeError: out of" in text
+    assert "The baseline records a failed run: save it again with --ppetrace-save" in text
     assert "ppetrace compare: a base run failed, " in text
+    result = pytester.runpytest(*args, "--ppetrace-allow-failed-runs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+FLAKY = textwrap.dedent(
+    """
+    import ppetrace
+
+    def test_bench(ppetrace_benchmark):
+        with ppetrace_benchmark.record(warmup_steps=1):
+            for i in range(13):
+                try:
+                    with ppetrace.trace("trainer.step", {"ppetrace.step": i}):
+                        sum(range(20_000))
+                        if i == 5:
+                            raise RuntimeError("a flaky step")
+                except RuntimeError:
+                    pass  # the loop goes on: the step still ended with an error
+    """
+)
+
+
+def test_a_benchmark_run_with_a_failed_step_fails_and_is_not_saved(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_bench=FLAKY)
+    baseline = pytester.path / "base"
+    _baseline(baseline / BASELINE_NAME, step_ns=10**9)
+    args = ["--ppetrace-compare", str(baseline), "--ppetrace-threshold", "10%"]
+    result = pytester.runpytest(*args, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "candidate: the run: 1 trainer.step span ended with an error (RuntimeError: a" in text
+    assert "This benchmark's run failed: fix what raised inside its steps" in text
+    saved = pytester.path / "saved"
+    result = pytester.runpytest("--ppetrace-save", str(saved), "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    assert "so it was not saved as the baseline" in result.stdout.str()
+    assert not (saved / BASELINE_NAME).exists()
+    allowed = ("--ppetrace-save", str(saved), "--ppetrace-allow-failed-runs")
+    pytester.runpytest(*allowed, "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert (saved / BASELINE_NAME).exists()
 
 
 def test_a_missing_baseline_warns_at_the_test_and_passes(pytester: pytest.Pytester) -> None:

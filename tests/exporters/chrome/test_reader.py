@@ -184,15 +184,18 @@ def test_repair_takes_other_layouts_gzip_and_works_in_place(tmp_path: Path) -> N
     arr = tmp_path / "arr.json"
     arr.write_text(json.dumps(events)[:-30])
     done = repair_chrome_trace(arr, arr)  # in place
-    assert done == (arr, 4, True)
-    assert json.loads(arr.read_text()) == events[:4]  # an array stays an array
+    assert done == (arr, 5, True)
+    # an array stays an array; it ends with the event that says the run was cut off
+    cut = {"ph": "M", "name": "ppetrace.cut", "pid": 0, "tid": 0, "args": {"source": str(arr)}}
+    assert json.loads(arr.read_text()) == [*events[:4], cut]
     gz = tmp_path / "obj.json.gz"
     text = json.dumps({"otherData": {"x": math.nan}, "traceEvents": events})
     gz.write_bytes(gzip.compress(text.encode())[:-8])  # no trailer: the stream was cut
     done = repair_chrome_trace(gz)
     doc = json.loads(done.path.read_text())
     assert done.path.name == "obj.repaired.json" and doc["otherData"] == {"x": "NaN"}
-    assert doc["traceEvents"] == events and done.truncated  # the gzip stream was cut
+    assert doc["traceEvents"][:-1] == events and done.truncated  # the gzip stream was cut
+    assert doc["traceEvents"][-1]["name"] == "ppetrace.cut"
     (tmp_path / "nothing.json").write_text('{"traceEvents":')
     with pytest.raises(TraceError, match=r"nothing\.json"):
         repair_chrome_trace(tmp_path / "nothing.json")

@@ -299,3 +299,28 @@ def test_a_merge_is_written_in_parts_that_read_as_the_whole(
         reference[columns].sort_values("span_id").reset_index(drop=True),
     )
     assert merged.event_count == whole.event_count
+
+
+@pytest.mark.parametrize("lost", [1, -2])
+def test_a_missing_part_is_said_and_makes_the_run_a_failed_one(
+    tmp_path: Path, run_builder: Callable[..., Any], lost: int
+) -> None:
+    """A part deleted (or lost in a copy) while a later part of the run is there: the run
+    is read up to the gap with a warning, and compare counts it as failed (before, it was
+    read up to the gap without a word)."""
+    from exporters import run_failure
+
+    parts = _write(tmp_path / "trace.json", _batches(run_builder()), PART_BYTES)
+    assert len(parts) > 3
+    index = lost % len(parts)
+    parts[index].unlink()
+    with pytest.warns(TraceTruncatedWarning, match=f"Part {index} of the run .* is missing"):
+        frame = read_chrome_trace(parts[0])
+    assert frame.attrs["missing_part"] == index
+    read = frame.attrs.get("parts", [str(parts[0])])  # (one file read: no "parts")
+    assert read == [str(p) for p in parts[:index]]
+    assert run_failure(frame) == (
+        f"its trace's part {index} is missing (the parts after it were not read)"
+    )
+    whole = read_chrome_trace(parts[0], parts=False)  # one part alone, as asked: no gap
+    assert "missing_part" not in whole.attrs and run_failure(whole) is None

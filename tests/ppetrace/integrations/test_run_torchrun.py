@@ -136,3 +136,31 @@ def test_a_group_alive_at_the_end_is_merged_and_a_failed_script_is_not(
     assert code == 0 and f"ppetrace: merged the rank traces into {trace}" in err.getvalue()
     assert read_chrome_trace(trace)["name"].value_counts()["trainer.step"] == 2
     assert read_header(mine).other_data["clock_sync"]["end"]["rounds"] == 16  # type: ignore[union-attr]
+
+
+def test_a_rank_not_under_ppetrace_run_is_named_and_the_traced_rank_goes_on_alone(
+    tmp_path: Path, torchrun_two: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 under ``ppetrace run``, rank 1 as plain python: rank 0 waited in the trace
+    id's broadcast until gloo's 30-minute timeout. Now it names rank 1 after
+    PPETRACE_RANK_JOIN_TIMEOUT and writes its own rank file, not merged."""
+    script, trace = tmp_path / "ddp.py", tmp_path / "out" / "trace.json"
+    script.write_text(SCRIPT)
+    launcher = tmp_path / "rank0_traced.py"
+    launcher.write_text(
+        "import os, sys\n"
+        f"script, trace = {str(script)!r}, {str(trace)!r}\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    argv = [sys.executable, '-m', 'ppetrace', 'run', '--trace', trace, script]\n"
+        "else:\n"
+        "    argv = [sys.executable, script]\n"
+        "os.execv(sys.executable, argv)\n"
+    )
+    monkeypatch.setenv("PPETRACE_RANK_JOIN_TIMEOUT", "3")
+    err = torchrun_two(str(launcher), timeout=180)
+    assert "but rank 1 did not reach ppetrace's trace id (ppetrace run) within 3 s" in err
+    assert "This rank's trace is written alone, not merged." in err
+    rank0 = trace.parent / "trace.ranks" / "rank0.json"
+    assert rank0.is_file() and not trace.exists()
+    frame = read_chrome_trace(rank0)
+    assert (frame["name"] == "trainer.step").sum() == 7

@@ -83,7 +83,7 @@ def test_auto_switches_at_the_volume_budget_with_one_notice(
     assert len(lines) == 1
     held = trainer.trace_exporter.bytes_written if trainer.trace_exporter else 0
     assert "bytes (max_trace_bytes=1, checked as spans are written)" in lines[0]
-    assert f"at step {BATCHES};" in lines[0] and held > 1
+    assert f"at training batch {BATCHES} (optimizer steps" in lines[0] and held > 1
     assert "trace_detail='all'" in lines[0] and "larger max_trace_bytes" in lines[0]
     other = frame.attrs["metadata"]["ppetrace.detail"]
     assert other == {
