@@ -287,7 +287,9 @@ def run_identity(frame: pd.DataFrame) -> tuple[Any, ...] | None:
     n = len(frame)
     first = int(frame["start_ns"].min()) if n else None
     last = int(frame["end_ns"].max()) if n else None
-    return (trace_id, meta.get("rank"), meta.get("host"), meta.get("pid"), started, n, first, last)
+    rest = [meta.get(k) for k in ("rank", "host", "pid")]
+    rest = [_hashable(v) for v in rest]  # (a file may hold anything there)
+    return (trace_id, *rest, started, n, first, last)
 
 
 def drop_copies(
@@ -341,7 +343,14 @@ def _origin_key(other: Any) -> tuple[Any, ...] | None:
     trace_id, started = other.get("trace_id"), other.get("start_time_ns")
     if not (isinstance(trace_id, str) and trace_id) or not isinstance(started, int):
         return None
-    return (trace_id, other.get("rank"), other.get("host"), other.get("pid"), started)
+    rest = [_hashable(other.get(k)) for k in ("rank", "host", "pid")]
+    return (trace_id, *rest, started)
+
+
+def _hashable(value: Any) -> Any:
+    """A metadata value as a key: None, str and int as they are, anything else its repr
+    (a file may hold a list there)."""
+    return value if value is None or isinstance(value, (str, int)) else repr(value)
 
 
 def group_runs(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:

@@ -36,44 +36,53 @@ def run_failure(frame: pd.DataFrame) -> str | None:
     parts = []
     meta = frame.attrs.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
-    cut = list(meta.get("ppetrace.cut") or [])  # repaired copies of cut-off traces
+    cut = _strings(meta.get("ppetrace.cut"))  # repaired copies of cut-off traces
     merged = meta.get("merged_from")
     if isinstance(merged, list):  # ppetrace merge's inputs that were cut off
-        cut += [str(m.get("path")) for m in merged if isinstance(m, Mapping) and m.get("truncated")]
+        cut += [
+            str(m.get("path"))
+            for m in merged
+            if isinstance(m, Mapping) and m.get("truncated") is True
+        ]
     if frame.attrs.get("truncated") or cut:
-        where = frame.attrs.get("truncated_paths") or cut
-        shown = [str(w) for w in where]
-        which = f" ({', '.join(shown)})" if shown and shown != _paths(frame) else ""
+        where = _strings(frame.attrs.get("truncated_paths")) or cut
+        which = f" ({', '.join(where)})" if where and where != _paths(frame) else ""
         was = "was cut off" if cut and not frame.attrs.get("truncated") else "is cut off"
         parts.append(f"its trace{which} {was} (the process was killed, or still runs)")
     lost = frame.attrs.get("missing_part")
-    if isinstance(lost, int):
+    if type(lost) is int:
         parts.append(f"its trace's part {lost} is missing (the parts after it were not read)")
     final = meta.get("ppetrace.final")
     final = final if isinstance(final, Mapping) else {}
-    ended = final.get("run_errors") or [final.get("run_error")]
-    texts = [_first_line(e) for e in ended if isinstance(e, str) and e.strip()]
+    ended = _strings(final.get("run_errors")) or _strings([final.get("run_error")])
+    texts = [_first_line(e) for e in ended if e.strip()]
     if texts:  # (each process's, in a merged trace: the cause and the knock-on errors)
-        parts.append(f"it ended with an error ({'; '.join(texts[:4])})")
+        more = f"; and {len(texts) - 4} more" if len(texts) > 4 else ""
+        parts.append(f"it ended with an error ({'; '.join(texts[:4])}{more})")
     if "status" in frame.columns and len(frame):
         names = frame["name"].to_numpy(dtype=object)
         failed = (frame["status"].to_numpy(dtype=object) == "ERROR") & np.isin(
             names, FAILURE_EVENTS
         )
+        rows = np.flatnonzero(failed)
         errors = (
-            frame["error"].to_numpy(dtype=object)
+            frame["error"].to_numpy(dtype=object)[rows]
             if "error" in frame.columns
-            else np.full(len(frame), "", dtype=object)
+            else np.full(len(rows), "", dtype=object)
         )
-        if failed.any():  # sys.exit(0) passing through a span is no failure of the run
-            failed &= np.array([not _clean_exit(e) for e in errors], dtype=bool)
-        if failed.any():
-            rows = np.flatnonzero(failed)
+        clean = np.array([_clean_exit(e) for e in errors], dtype=bool)  # sys.exit(0)
+        rows, errors = rows[~clean], errors[~clean]
+        if len(rows):
             counts = [(name, int((names[rows] == name).sum())) for name in FAILURE_EVENTS]
             what = ", ".join(f"{n} {name} span{'s' if n != 1 else ''}" for name, n in counts if n)
-            texts = [_first_line(e) for e in errors[rows] if isinstance(e, str) and e.strip()]
+            texts = [_first_line(e) for e in errors if isinstance(e, str) and e.strip()]
             parts.append(f"{what} ended with an error" + (f" ({texts[0]})" if texts else ""))
     return "; ".join(parts) if parts else None
+
+
+def _strings(value: object) -> list[str]:
+    """The strings of a list (anything else: none), as metadata from a file may hold."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _paths(frame: pd.DataFrame) -> list[str]:
@@ -90,8 +99,11 @@ def _first_line(text: str) -> str:
 
 
 def _clean_exit(error: object) -> bool:
-    """Whether an error text is ``sys.exit()``, ``sys.exit(0)`` or ``sys.exit(None)``."""
-    return isinstance(error, str) and error.strip().rstrip(":") in (
+    """Whether an error text (its first line: the recorder adds the traceback) is
+    ``sys.exit()``, ``sys.exit(0)`` or ``sys.exit(None)``."""
+    if not isinstance(error, str) or not error.strip():
+        return False
+    return error.strip().splitlines()[0].rstrip().rstrip(":") in (
         "SystemExit",
         "SystemExit: 0",
         "SystemExit: None",

@@ -52,7 +52,7 @@ def _headline(report: StepReport) -> list[str]:
     ]
     if report.failure:  # first: the figures below cover the steps before the failure
         lines.insert(
-            0, f"This run failed: {report.failure}. The figures cover its steps up to then."
+            0, f"Not a clean run: {report.failure}. The figures cover its steps up to then."
         )
     t = report.throughput
     if t.steps:

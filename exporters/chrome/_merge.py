@@ -1,17 +1,16 @@
 """Merging per-rank or per-process trace files into one timeline.
 
-Inputs are files or folders of them (a torchrun run's ``trace.ranks/``), put
-in rank order. Each input's times go onto the reference clock (rank 0's) by
-its ``otherData``: ``origin_ns + clock_offset_ns``, plus a linear drift
-correction when its ``clock_sync`` start and end measurements differ by more
-than their errors together, and otherwise the one offset that both allow
-best (the middle of the range the two bounds leave). Three ways through an input, fastest first:
+Inputs are files or folders of them (a torchrun run's ``trace.ranks/``), put in rank order.
+Each input's times go onto the reference clock (rank 0's) by its ``otherData``: ``origin_ns
++ clock_offset_ns``, plus a linear drift correction when its ``clock_sync`` start and end
+measurements differ by more than their errors together, and otherwise the one offset that
+both allow best (the middle of the range the two bounds leave). Three ways, fastest first:
 
-- a complete ppetrace file that needs no change (its times already on the
-  reference clock, no pid taken by an earlier input, no drift: what the
-  Trainer writes under torchrun on one host) is copied as text;
-- a ppetrace file that needs new times or pids has its span lines edited as
-  text (the ``ts`` and ``pid`` of each ``X`` event), other lines re-encoded;
+- a complete ppetrace file that needs no change (its times already on the reference
+  clock, no pid taken by an earlier input, no drift: what the Trainer writes under
+  torchrun on one host) is copied as text;
+- a ppetrace file that needs new times or pids has its span lines edited as text (the
+  ``ts`` and ``pid`` of each ``X`` event), other lines re-encoded;
 - any other file (foreign, cut off) is parsed and every event re-encoded.
 """
 
@@ -37,6 +36,7 @@ from ._split import (
     _check_part_bytes,
     _other,
     expand_inputs,
+    missing_part,
     part_path,
     run_parts,
 )
@@ -52,8 +52,7 @@ def _event_ns(value: Any, path: str) -> int:
     naming the file for a value that is not finite."""
     if isinstance(value, int):
         return value * 1000
-    ns = float(value) * 1000.0
-    if ns != ns or abs(ns) == float("inf"):
+    if (ns := float(value) * 1000.0) != ns or abs(ns) == float("inf"):
         raise TraceError(
             f"Expected finite event 'ts' values (µs) in {path}, but an event has ts={value!r}. "
             "Fix or drop that event before merging."
@@ -165,9 +164,10 @@ class _Input:
 
 
 def _load_run(path: Path) -> _Input:
-    """An input and, for a run written in parts, its later parts (in ``more``)."""
-    item = _load(path)
-    for q in run_parts(path)[1:]:
+    """An input, its later parts (``more``); a part missing before a later one: cut off."""
+    item, parts = _load(path), run_parts(path)
+    item.truncated |= missing_part(path, parts, warn=True) is not None
+    for q in parts[1:]:
         part = _load(q)
         item.more.append(part)
         item.pids = sorted(set(item.pids) | set(part.pids))

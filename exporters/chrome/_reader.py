@@ -179,17 +179,6 @@ def _warn_cut_part(p: Path, index: int, count: int, events: int) -> None:
     )
 
 
-def _warn_missing_part(p: Path, index: int) -> None:
-    """A part of the run is not on disk, but a later one is: the run is read up to it."""
-    warnings.warn(
-        f"Part {index} of the run {p} is missing, though a later part is there: read its "
-        f"parts 0 to {index - 1} only, so the steps after them are not counted. Put the "
-        "part back (it is named like the others, with its number before .json).",
-        TraceTruncatedWarning,
-        stacklevel=3,
-    )
-
-
 def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     """Read a Chrome trace (JSON object or array form, plain or gzip) into a :class:`ChromeTrace`.
 
@@ -288,9 +277,7 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
 
     p = Path(path)
     paths = run_parts(p) if parts and p.is_file() else [p]
-    lost = missing_part(p, paths) if parts and p.is_file() else None
-    if lost is not None:
-        _warn_missing_part(p, lost)
+    lost = missing_part(p, paths, warn=True) if parts and p.is_file() else None
     columns: SpanColumns | None = None
     cut = False
     metadata: dict[str, Any] = {}
@@ -318,10 +305,10 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
     final = _final_counts(columns.meta)
     if final:  # the writer's closing counts (ChromeTraceExporter, "Final counts")
         metadata = {**metadata, "ppetrace.final": final}
-    repaired = [
-        str(e.args.get("source"))
+    repaired = [  # (an event without args, or without a source, still says it was cut)
+        str(e.args.get("source") or p) if type(e.args) is dict else str(p)
         for e in columns.meta
-        if e.name == "ppetrace.cut" and type(e.args) is dict
+        if e.name == "ppetrace.cut"
     ]
     if repaired:  # repaired copies of cut-off traces (ppetrace repair), also once merged
         metadata = {**metadata, "ppetrace.cut": repaired}

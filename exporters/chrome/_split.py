@@ -102,19 +102,30 @@ def _parts_of(first: Path, other: dict[str, Any] | None) -> list[Path]:
         out.append(nxt)
 
 
-def missing_part(first: Path, found: Sequence[Path]) -> int | None:
+def missing_part(first: Path, found: Sequence[Path], *, warn: bool = False) -> int | None:
     """The number of a part missing from the run whose part 0 is ``first`` and whose
     parts :func:`run_parts` ``found``: the first one not found when a later part of the
-    same run is on disk (a part deleted or lost in a copy), else None."""
-    if len(found) < 1:
-        return None
-    other = _other(first)
+    same run is on disk (a part deleted or lost in a copy), else None. With ``warn``, a
+    ``TraceTruncatedWarning`` says so."""
+    other = _other(first) if found else None
     if other is None or other.get("part") != 0:
         return None
     gap = len(found)
     for later in range(gap + 1, gap + 4):  # a lost part or a few: a later one of this run
         nxt = part_path(first, later)
         if nxt.is_file() and _belongs(other, first.name, _other(nxt), later):
+            if warn:
+                from ._reader import TraceTruncatedWarning
+
+                read = f"its parts 0 to {gap - 1}" if gap > 1 else "its part 0"
+                warnings.warn(
+                    f"Part {gap} of the run {first} is missing, though a later part is "
+                    f"there: read {read} only, so the steps after them are not counted. Put "
+                    "the part back (it is named like the others, with its number before "
+                    ".json).",
+                    TraceTruncatedWarning,
+                    stacklevel=4,
+                )
             return gap
     return None
 

@@ -369,4 +369,4 @@ def _exit_status(code: object) -> int:
     """The exit status ``sys.exit(code)`` gives a process: 0 for None, the int, else 1."""
     if code is None:
         return 0
-    return code if isinstance(code, int) else 1
+    return code & 0xFF if isinstance(code, int) else 1  # as the OS keeps it: 256 is 0

@@ -66,7 +66,12 @@ def join_ranks(what: str) -> None:
     """Wait until every rank of the default process group reaches its call of the same
     number; raise :class:`RankJoinError` naming the ranks that did not within the
     timeout. ``what``: the step about to run, for the message. Nothing without a
-    process group, or where torch gives no store (the collectives then run unchecked)."""
+    process group, or where torch gives no store (the collectives then run unchecked).
+
+    Every rank that comes decides alike, through one ``compare_set`` on the store: the
+    first to decide sets ``go`` (it saw every rank) or ``alone`` (it waited in vain),
+    and the others take that decision. So a rank that comes after another gave up does
+    not enter a collective alone (it would meet the training's own)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -79,16 +84,26 @@ def join_ranks(what: str) -> None:
     prefix = f"ppetrace/join/{next(_calls)}/"
     store.set(f"{prefix}{rank}", "1")
     keys = [f"{prefix}{r}" for r in range(world)]
+    missing: list[int] = []
     try:
         store.wait(keys, timedelta(seconds=timeout))
     except RuntimeError:  # (torch's DistStoreError is one): a timeout
         missing = [r for r in range(world) if not store.check([f"{prefix}{r}"])]
-        if not missing:
-            return  # they came just after the timeout
+    mine = b"alone" if missing else b"go"
+    decided = bytes(store.compare_set(f"{prefix}decision", "", mine.decode()))
+    if decided == b"go":
+        return
+    if missing:
         who = ("ranks " if len(missing) > 1 else "rank ") + ", ".join(map(str, missing))
         raise RankJoinError(
             f"Expected every rank of the process group to trace alike, but {who} did not "
-            f"reach {what} within {timeout:g} s of rank {rank}. Run every rank "
-            "under ppetrace run (torchrun ... -m ppetrace run train.py), or give every rank's "
-            "Trainer the same trace_path; set PPETRACE_RANK_JOIN_TIMEOUT to wait longer."
-        ) from None
+            f"reach {what} within {timeout:g} s of rank {rank} (not traced, or that late). Run "
+            "every rank under ppetrace run (torchrun ... -m ppetrace run train.py), or give "
+            "every rank's Trainer the same trace_path; set PPETRACE_RANK_JOIN_TIMEOUT to wait "
+            "longer."
+        )
+    raise RankJoinError(  # this rank came, but after another one had given up waiting
+        f"Rank {rank} reached {what} more than {timeout:g} s after another rank, which gave "
+        "up waiting: the ranks go on without ppetrace's collectives. Set "
+        "PPETRACE_RANK_JOIN_TIMEOUT to wait longer."
+    )

@@ -49,7 +49,7 @@ from typing import Any
 
 from ..tracing._recorder import RECORDER, trace
 from ._detail import TRACE_PART_BYTES
-from ._join import join_ranks
+from ._join import RankJoinError, join_ranks
 from ._ranks import rank_trace_path
 
 _log = logging.getLogger("ppetrace")
@@ -58,6 +58,7 @@ __all__ = [
     "COLLECTIVES",
     "MERGE_MAX_RANKS",
     "ClockSync",
+    "RankJoinError",
     "RankTraces",
     "clock_ns",
     "host_key",

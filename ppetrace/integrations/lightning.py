@@ -1,10 +1,9 @@
 """``LightningProfiler``: Lightning's profiler actions as ppetrace spans.
 
 Use it as ``lightning.Trainer(profiler=LightningProfiler(trace_path="trace.json"))``.
-Every action Lightning profiles (``start(action)``/``stop(action)``) becomes a
-span; the actions that mean the same as a ppetrace hook take its event name,
-so that the step report, ``compare`` and the Chrome trace read a Lightning
-run like a ``ppetrace.Trainer`` run:
+Every action Lightning profiles (``start(action)``/``stop(action)``) becomes a span; the
+actions that mean the same as a ppetrace hook take its event name, so that the step
+report, ``compare`` and the Chrome trace read a Lightning run like a Trainer run:
 
 ==============================================  ==========================
 Lightning action                                ppetrace event
@@ -18,20 +17,19 @@ Lightning action                                ppetrace event
 ``[<loop>].train_dataloader_next``              ``trainer.fetch_batch``
 ==============================================  ==========================
 
-Every span keeps the Lightning action in the attribute ``lightning.action``;
-every other action is a span under its Lightning name. Lightning's validation
-loop (from its first hook inside the loop, ``on_validation_model_eval``, to the strategy's
-``on_validation_end``) is wrapped in a ``trainer.validation`` span, so that it
-is left out of step time as the Trainer's is. Lightning runs
-``training_step`` and ``backward`` inside the optimizer step's closure, so
-``trainer.optimizer_step`` contains them at accumulation boundaries.
+Every span keeps the Lightning action in the attribute ``lightning.action``; every other
+action is a span under its Lightning name. Lightning's validation loop (from its first
+hook inside the loop, ``on_validation_model_eval``, to the strategy's
+``on_validation_end``) is wrapped in a ``trainer.validation`` span, so that it is left out
+of step time as the Trainer's is. Lightning runs ``training_step`` and ``backward`` inside
+the optimizer step's closure, so ``trainer.optimizer_step`` contains them at accumulation
+boundaries. An exception that leaves an action is the run's ``run_error``.
 
-Each action is recorded when it ends (:mod:`._record`), with ids handed out when
-it starts, so Lightning's spans nest among themselves by id; the OpenTelemetry
-context is left alone, which keeps an action about as cheap as Lightning's
-simple profiler's. Spans that user code records inside an action are nested
-under it by time in the exporters. Lightning calls the profiler from the thread
-that runs its loop.
+Each action is recorded when it ends (:mod:`._record`), with ids handed out when it
+starts, so Lightning's spans nest among themselves by id; the OpenTelemetry context is
+left alone, which keeps an action about as cheap as Lightning's simple profiler's. Spans
+that user code records inside an action are nested under it by time in the exporters.
+Lightning calls the profiler from the thread that runs its loop.
 """
 
 from __future__ import annotations
@@ -51,12 +49,13 @@ from lightning.pytorch.profilers import Profiler
 from exporters._spans import BY_TIME, NESTING
 
 from .. import tracing
-from ..tracing._recorder import RECORDER
+from ..tracing._recorder import RECORDER, _error_text
 from . import _precedence
 from ._detail import (
     DEFAULT_MAX_TRACE_BYTES,
     TRACE_PART_BYTES,
     StepDetail,
+    _who,
     check_detail,
     detail_metadata,
 )
@@ -97,16 +96,12 @@ def _notice(line: str) -> None:
 
 
 _PROFILER_METHODS = ("setup", "step_begin", "step_end", "teardown")
-
-
 # what an action does besides its span (0: nothing)
 _STEP, _OPTIMIZER, _EPOCH, _VAL_START, _VAL_END = 1, 2, 3, 4, 5
 #: the hooks that Lightning's evaluation loop runs first (``on_run_start``, once it knows it
 #: has batches to run; ``on_validation_model_zero_grad`` comes before that check, and a
 #: loop without batches would leave a span open)
 _VAL_FIRST = (".on_validation_model_eval", ".on_validation_start")
-
-
 #: ``ppetrace.stage`` of every action in a Lightning stage that does not train: its spans
 #: are no training time for the report and ``compare`` (fit's validation has its own span)
 _STAGE_LABELS = {"validate": "val", "test": "test", "predict": "predict"}
@@ -151,21 +146,23 @@ def ppetrace_event(action: str) -> str:
 
 class _Action:
     """What :meth:`LightningProfiler.profile` returns for one action: ``start`` on entry,
-    ``stop`` on exit, without the generator and ``contextlib`` wrapper the base class
-    makes per call (Lightning profiles a few dozen actions per batch). It holds no state
-    of a call, so one serves every call of its action, nested ones too."""
+    ``stop`` on exit, without the base class's generator and ``contextlib`` wrapper per
+    call. It holds no state of a call: one serves every call of its action."""
 
-    __slots__ = ("_start", "_stop", "_name")
+    __slots__ = ("_start", "_stop", "_name", "_raised")
 
-    def __init__(self, profiler: Profiler, name: str) -> None:
+    def __init__(self, profiler: Any, name: str) -> None:
         self._start, self._stop, self._name = profiler.start, profiler.stop, name
+        self._raised = profiler.raised
 
     def __enter__(self) -> str:
         self._start(self._name)
         return self._name
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop(self._name)
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        self._stop(self._name)  # Lightning tears nothing down on an exception: say it here
+        if exc is not None and not isinstance(exc, (StopIteration, GeneratorExit)):
+            self._raised(exc)
 
 
 def _nothing() -> None:
@@ -175,34 +172,32 @@ def _nothing() -> None:
 class LightningProfiler(Profiler):
     """A Lightning ``Profiler`` that records every action as a ppetrace span.
 
-    - ``trace_path``: write a Chrome trace. The first stage Lightning runs with
-      this profiler (``fit``, ``validate``, ``test``, ``predict``) writes
-      ``trace_path``; later ones write beside it (``trace.test.json``,
-      ``trace.fit2.json``), as ppetrace's Trainer does. Under torchrun each rank
-      writes ``trace.ranks/rank<R>.json`` (``distributedInfo``, rank 0's trace id and
-      clock) and rank 0 merges them into the stage's file when the stage ends well.
-      Without it, spans go to whatever ``ppetrace.configure`` set up.
+    - ``trace_path``: write a Chrome trace. The first stage Lightning runs with this
+      profiler (``fit``, ``validate``, ``test``, ``predict``) writes ``trace_path``;
+      later ones write beside it (``trace.test.json``, ``trace.fit2.json``), as
+      ppetrace's Trainer does. Under torchrun each rank writes
+      ``trace.ranks/rank<R>.json`` (``distributedInfo``, rank 0's trace id and clock)
+      and rank 0 merges them into the stage's file when the stage ends well. Without
+      it, spans go to whatever ``ppetrace.configure`` set up.
     - ``dirpath`` and ``filename``: as for Lightning's own profilers. Without
-      ``trace_path``, both together put the trace in ``<dirpath>/<filename>.json``,
-      and Lightning writes the summary, which names the trace and the command that
-      reports on it, to ``<dirpath>/<stage>-<filename>.txt``. A ``filename``
-      alone writes no trace (its summary file, in the log directory, says how to
-      get one).
-    - ``profilers``: ``ppetrace.profilers`` objects (``CudaTimer``,
-      ``Pyinstrument``, ``TorchProfiler``...), stepped around each training batch.
-      A ``CudaTimer`` times the spans of device work (``trainer.step``,
-      ``module.train_step``, ``trainer.backward``, ``trainer.optimizer_step``).
+      ``trace_path``, both together put the trace in ``<dirpath>/<filename>.json``, and
+      Lightning writes the summary, which names the trace and the command that reports
+      on it, to ``<dirpath>/<stage>-<filename>.txt``. A ``filename`` alone writes no
+      trace (its summary file, in the log directory, says how to get one).
+    - ``profilers``: ``ppetrace.profilers`` objects (``CudaTimer``, ``Pyinstrument``,
+      ``TorchProfiler``...), stepped around each training batch. A ``CudaTimer`` times
+      the spans of device work (``trainer.step``, ``module.train_step``,
+      ``trainer.backward``, ``trainer.optimizer_step``).
     - ``device``: what the profilers read as the device (default ``"cuda"`` when
       CUDA is available, else ``"cpu"``).
     - ``report``: :meth:`summary` (which Lightning prints at the end of each stage)
-      renders the step report of the trace; that reads the trace back with pandas,
-      about a tenth of a second. Off by default: the summary then names the trace and
-      the ``ppetrace report`` command that prints the same report.
+      renders the step report of the trace (read back with pandas: about 0.1 s). Off
+      by default: the summary then names the trace and the ``ppetrace report`` command.
     - ``warmup_steps``: left out of the step report.
     - ``trace_detail`` and ``max_trace_bytes``: as for ``ppetrace.Trainer`` (README,
-      "Long runs"): every span in full until the trace holds ``max_trace_bytes``,
-      then 1 training batch in 1,000 in full and the others summarised; ``"all"``
-      keeps every span, a ``ppetrace.Schedule`` uses its windows from the start.
+      "Long runs"): every span in full until the trace holds ``max_trace_bytes``, then
+      1 training batch in 1,000 in full and the others summarised; ``"all"`` keeps
+      every span, a ``ppetrace.Schedule`` uses its windows from the start.
 
     While it is set up, ``ppetrace.instrument()``'s global hooks stand aside.
     """
@@ -223,6 +218,7 @@ class LightningProfiler(Profiler):
         super().__init__(dirpath=dirpath, filename=filename)
         self._given_dirpath = dirpath
         self._active = False  # first: teardown (also from __del__) reads it
+        self._raised: BaseException | None = None  # the exception run_error names
         self._untrace_loaders: Callable[[], None] = _nothing
         #: ``(trace_detail, max_trace_bytes)``: which steps the trace keeps in full
         self.detail = check_detail(trace_detail, max_trace_bytes)
@@ -392,6 +388,14 @@ class LightningProfiler(Profiler):
         stack.append((action_name, event, start, trace_id, span_id, parent_id, attrs, None))
         if kind == _STEP and self._step_detail is not None:
             self._summarise(start)
+
+    def raised(self, exc: BaseException) -> None:
+        """An exception left an action: ``run_error`` in the trace's closing event, once."""
+        exporter = self.trace_exporter
+        clean = isinstance(exc, SystemExit) and exc.code in (None, 0)
+        if exc is not self._raised and exporter is not None and not clean:
+            self._raised = exc
+            exporter.add_final_metadata(run_error=_who() + _error_text(exc))
 
     def _summarise(self, start: int) -> None:
         """The training batch that starts at ``start`` (perf_counter ns): publish it to the

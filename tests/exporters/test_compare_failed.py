@@ -252,8 +252,52 @@ def test_the_step_report_says_first_that_the_run_failed() -> None:
     )
     lines = render_table(report).splitlines()
     assert lines[1] == (
-        f"This run failed: {report.failure}. The figures cover its steps up to then."
+        f"Not a clean run: {report.failure}. The figures cover its steps up to then."
     )
     assert json.loads(render_json(report))["failure"] == report.failure
     clean = step_report(_frame())
-    assert clean.failure is None and "This run failed" not in render_table(clean)
+    assert clean.failure is None and "Not a clean run" not in render_table(clean)
+
+
+def test_sys_exit_0_as_the_recorder_writes_it_with_its_traceback_is_no_failure() -> None:
+    text = 'SystemExit: 0\nTraceback (most recent call last):\n  File "t.py", line 3'
+    assert run_failure(_frame(failed_step=5, run_status="ERROR", error=text)) is None
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"ppetrace.cut": 5},
+        {"ppetrace.cut": "yes"},
+        {"ppetrace.final": {"run_errors": 5}},
+        {"ppetrace.final": {"run_errors": "boom"}},
+        {"ppetrace.final": {"run_error": ["x"]}},
+        {"merged_from": [{"path": "a.json", "truncated": "false"}, 3, None]},
+        {"merged_from": "a.json"},
+        {"ppetrace.final": 7},
+    ],
+)
+def test_odd_metadata_from_a_file_neither_crashes_nor_counts(meta: dict[str, object]) -> None:
+    frame = _frame()
+    frame.attrs = {"path": "odd.json", "metadata": meta}
+    assert run_failure(frame) is None
+
+
+def test_unhashable_fields_of_a_merged_input_do_not_break_copies() -> None:
+    from exporters import drop_copies
+
+    merged = _frame()
+    other = {"trace_id": "ab" * 16, "start_time_ns": 5, "rank": [0], "host": {"a": 1}}
+    merged.attrs = {"path": "m.json", "metadata": {"merged_from": [{"otherData": other}]}}
+    rank = _frame()
+    rank.attrs = {"path": "r.json", "metadata": {**other, "pid": 3}}
+    kept, _ = drop_copies([merged, rank])
+    assert len(kept) == 2  # another pid: not the merged input
+
+
+def test_more_than_four_process_errors_are_counted() -> None:
+    frame = _frame()
+    errors = [f"rank {r}: RuntimeError: e" for r in range(6)]
+    frame.attrs = {"metadata": {"ppetrace.final": {"run_errors": errors}}}
+    text = run_failure(frame)
+    assert text is not None and text.endswith("rank 3: RuntimeError: e; and 2 more)")

@@ -324,3 +324,19 @@ def test_a_missing_part_is_said_and_makes_the_run_a_failed_one(
     )
     whole = read_chrome_trace(parts[0], parts=False)  # one part alone, as asked: no gap
     assert "missing_part" not in whole.attrs and run_failure(whole) is None
+
+
+def test_a_merge_of_a_run_with_a_missing_part_records_it_as_cut_off(
+    tmp_path: Path, run_builder: Callable[..., Any]
+) -> None:
+    from exporters import run_failure
+
+    parts = _write(tmp_path / "trace.json", _batches(run_builder()), PART_BYTES)
+    parts[2].unlink()
+    with pytest.warns(TraceTruncatedWarning, match="Part 2 of the run .* is missing"):
+        merge_traces(tmp_path / "merged.json", [parts[0]])
+    merged = read_chrome_trace(tmp_path / "merged.json")
+    assert [m["truncated"] for m in merged.attrs["metadata"]["merged_from"]] == [True]
+    assert run_failure(merged) == (
+        f"its trace ({parts[0]}) was cut off (the process was killed, or still runs)"
+    )

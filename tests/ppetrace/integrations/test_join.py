@@ -30,7 +30,7 @@ def test_a_rank_that_never_comes_is_named(two_ranks: Any) -> None:
         _join.join_ranks("the clock measurement")
     assert str(caught.value).startswith(
         "Expected every rank of the process group to trace alike, but rank 1 did not reach "
-        "the clock measurement within 0.2 s of rank 0. Run every rank under ppetrace run"
+        "the clock measurement within 0.2 s of rank 0 (not traced, or that late). Run every"
     )
 
 
@@ -39,6 +39,18 @@ def test_ranks_that_come_pass_and_each_call_has_its_own_keys(two_ranks: Any) -> 
     two_ranks.set(f"ppetrace/join/{number}/1", "1")  # rank 1 is there already
     _join.join_ranks("the trace id")
     with pytest.raises(_join.RankJoinError):  # the next call waits for rank 1 again
+        _join.join_ranks("the trace id")
+
+
+def test_a_rank_that_comes_after_another_gave_up_does_not_go_on(two_ranks: Any) -> None:
+    """Rank 1 waited in vain and decided to go on alone; rank 0 comes later and finds
+    every key, but takes that decision: it must not enter a collective by itself."""
+    number = next(_join._calls) + 1
+    two_ranks.set(f"ppetrace/join/{number}/1", "1")
+    two_ranks.set(f"ppetrace/join/{number}/decision", "alone")
+    with pytest.raises(
+        _join.RankJoinError, match=r"Rank 0 reached the trace id more than 0\.2 s after another"
+    ):
         _join.join_ranks("the trace id")
 
 

@@ -410,3 +410,28 @@ def test_a_validation_loop_without_batches_opens_no_validation(tmp_path: Path) -
     frame = read_chrome_trace(tmp_path / "t.json")
     assert "trainer.validation" not in set(frame["name"])
     assert (frame["name"] == "trainer.step").sum() == 16
+
+
+class _Crashing(_Module):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if batch_idx == 3:
+            raise ValueError("a bad batch")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_fit_that_raises_is_a_failed_run_in_its_trace(tmp_path: Path) -> None:
+    """Lightning tears nothing down when the fit raises: the exception that left an action
+    is the trace's run_error, so compare does not take the crashed run for a fast one."""
+    from exporters import run_failure
+
+    path = tmp_path / "crash.json"
+    profiler = LightningProfiler(trace_path=path)
+    with pytest.raises(ValueError, match="a bad batch"):
+        _trainer(profiler, max_epochs=1).fit(_Crashing(), _loader())
+    profiler.teardown("fit")  # (else at exit): the file is written now
+    assert (
+        run_failure(read_chrome_trace(path)) == "it ended with an error (ValueError: a bad batch)"
+    )
+    clean = tmp_path / "clean.json"
+    _trainer(LightningProfiler(trace_path=clean), max_epochs=1).fit(_Module(), _loader())
+    assert run_failure(read_chrome_trace(clean)) is None
