@@ -179,6 +179,20 @@ def _warn_cut_part(p: Path, index: int, count: int, events: int) -> None:
     )
 
 
+def _hint_later_part(p: Path, meta: dict[str, Any], parts: bool) -> None:
+    """Reading a later part of a run (``otherData.part`` >= 1) as if it were the run: say
+    which file the run starts with (the report's steps would be this part's only)."""
+    part, first = meta.get("part"), meta.get("first_part")
+    if parts and type(part) is int and part >= 1 and isinstance(first, str):
+        warnings.warn(
+            f"{p} is part {part} of a run whose first part is {p.parent / first}: read that "
+            "file for the whole run (this reads the one part; parts=False says so on "
+            "purpose).",
+            TraceTruncatedWarning,  # (the run is read in part: the CLI says it, too)
+            stacklevel=3,
+        )
+
+
 def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     """Read a Chrome trace (JSON object or array form, plain or gzip) into a :class:`ChromeTrace`.
 
@@ -292,6 +306,7 @@ def read_chrome_trace(path: str | os.PathLike[str], *, parts: bool = True) -> pd
             cut = cut or truncated
             if i == 0:
                 metadata = meta
+                _hint_later_part(q, meta, parts)
         assert columns is not None
         with _naming(str(p)):
             frame = columns.frame(_origin(metadata), metadata)

@@ -90,7 +90,13 @@ def merge(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 raise _BadInput(str(exc)) from None
             raise _not_writable(args.out, exc) from None
         except exporters.TraceError as exc:
-            raise _BadInput(str(exc)) from None
+            hint = ""
+            if str(exc).endswith("the file is empty."):  # a rank killed as it started
+                hint = (
+                    " A process killed as it started leaves an empty file: merge the other "
+                    "files by name, leaving that one out."
+                )
+            raise _BadInput(str(exc) + hint) from None
         except OSError as exc:
             if exc.filename is not None and str(exc.filename) in args.inputs:
                 raise _unreadable(str(exc.filename), exc) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import IO
@@ -93,14 +94,37 @@ def main(
     if argv is None and args.command in _READING:  # this process is the command: it exits
         keep_freed_memory()
     try:
-        return _COMMANDS[args.command](args, out, err)
-    except _BadInput as exc:
-        _write(err, f"ppetrace {args.command}: error: {exc}\n")
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        err.write("ppetrace: interrupted\n")
-        return 130
-    except Exception as exc:  # last resort: one line, and never exit 1 ("regression")
-        message = " ".join(str(exc).split()) or "(no message)"
-        _write(err, f"ppetrace: error: {type(exc).__name__}: {message}\n")
-        return EXIT_BAD_INPUT
+        try:
+            code = _COMMANDS[args.command](args, out, err)
+            if argv is None:  # a reader that went away (| head) is found here, not at exit
+                out.flush()
+            return code
+        except _BadInput as exc:
+            _write(err, f"ppetrace {args.command}: error: {exc}\n")
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt:
+            err.write("ppetrace: interrupted\n")
+            return 130
+        except BrokenPipeError:
+            raise
+        except Exception as exc:  # last resort: one line, and never exit 1 ("regression")
+            message = " ".join(str(exc).split()) or "(no message)"
+            _write(err, f"ppetrace: error: {type(exc).__name__}: {message}\n")
+            return EXIT_BAD_INPUT
+    except BrokenPipeError:  # never exit 1 ("regression") for a closed pipe
+        return _pipe_closed()
+
+
+#: the exit code for output that nobody reads any more: as a process that SIGPIPE ended
+EXIT_PIPE = 128 + 13
+
+
+def _pipe_closed() -> int:
+    """The reader of our output went away: point stdout and stderr at /dev/null, so that
+    the interpreter's last flush says nothing, and return :data:`EXIT_PIPE`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    return EXIT_PIPE

@@ -225,3 +225,31 @@ def test_a_merged_trace_beside_its_rank_files_counts_as_one_run(tmp_path: Path) 
     _, out, err = run("compare", str(folder), str(cand))
     assert "(1 run vs 1 run)" in out.splitlines()[0], out
     assert err.count("is a copy of") == 2 and "or a rank file that merged trace holds" in err
+
+
+def test_a_reader_that_goes_away_is_no_regression_exit_code(tmp_path: Path) -> None:
+    """``ppetrace compare ... 2>&1 | head`` once exited 1 (a regression, to a CI script)
+    from the BrokenPipeError of its last message: it now exits 141, as SIGPIPE would."""
+    import subprocess
+    import sys
+
+    base = write_run(tmp_path / "base.json", [1_000_000] * 8)
+    command = [sys.executable, "-m", "ppetrace", "compare", str(base), str(base)]
+    for err in (subprocess.STDOUT, subprocess.DEVNULL):  # both streams gone, or stdout
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err)
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader is gone before the first line is written
+        assert proc.wait(timeout=120) == 141
+
+
+def test_merging_an_empty_rank_file_says_to_leave_it_out(tmp_path: Path) -> None:
+    folder = tmp_path / "trace.ranks"
+    folder.mkdir()
+    write_run(folder / "rank0.json", [1_000_000] * 8, pid=11, rank=0)
+    (folder / "rank1.json").write_bytes(b"")  # a rank killed in its first second
+    code, _, err = run("merge", str(tmp_path / "m.json"), str(folder))
+    assert code == 2
+    assert _one_error_line(err).endswith(
+        "the file is empty. A process killed as it started leaves an empty file: merge the "
+        "other files by name, leaving that one out."
+    )

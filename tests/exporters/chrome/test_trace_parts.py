@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,8 +110,12 @@ def test_reading_part_0_gives_the_frame_of_the_run_in_one_file(
     # one part alone: asked for, or named
     alone = read_chrome_trace(parts[0], parts=False)
     assert len(alone) == ROWS_PER_BATCH and "parts" not in alone.attrs
-    second = read_chrome_trace(parts[1])
+    with pytest.warns(UserWarning, match=r"trace\.1\.json is part 1 of a run whose first"):
+        second = read_chrome_trace(parts[1])  # a later part alone: the run's start is named
     assert len(second) == ROWS_PER_BATCH and second.attrs["metadata"]["part"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(read_chrome_trace(parts[1], parts=False)) == ROWS_PER_BATCH
     assert set(second["span_id"]).isdisjoint(alone["span_id"])
 
 
