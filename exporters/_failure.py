@@ -21,12 +21,14 @@ def run_failure(frame: pd.DataFrame) -> str | None:
     A run failed when:
 
     - its trace is cut off (``frame.attrs["truncated"]``: the process was killed, or
-      still runs), or was, before ``ppetrace repair`` closed it or ``ppetrace merge``
-      took it in (``otherData["ppetrace.cut"]``);
+      still runs), or was before ``ppetrace repair`` closed it (the metadata's
+      ``ppetrace.cut``, from the repaired copy's closing event) or ``ppetrace merge``
+      took it in (``otherData.merged_from[i].truncated``); or a part of it is missing
+      before a later one (``frame.attrs["missing_part"]``);
     - the run recorded how it ended as an error: ``run_error`` in its closing
       ``ppetrace.final`` event (``instrument()`` and ``ppetrace run``: the exception
       that ended the script or the ``with`` block, a non-zero exit code, a training
-      thread that died);
+      thread that died; ``LightningProfiler``: an exception that left an action);
     - one of :data:`FAILURE_EVENTS` ended with an ERROR status (the Trainer's fit
       raised, a step was cut off by an exception); ``sys.exit(0)`` is no error.
 
