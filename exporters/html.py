@@ -159,7 +159,9 @@ def _summary(page: Page, report: StepReport) -> None:
     if report.detail is not None:
         facts.append(("full detail", report.detail.describe()))
     if report.failure:
-        facts.insert(0, ("failed", f"{report.failure} (the figures cover its steps up to then)"))
+        facts.insert(
+            0, ("not a clean run", f"{report.failure} (the figures cover its steps up to then)")
+        )
     if t.steps:
         tp = f"{t.steps_per_s:,.1f} steps/s"
         if t.samples_per_s is not None:

@@ -357,17 +357,15 @@ class Benchmark:
         failure = None
         if self.compare_dir is not None:
             failure = self._compare(self.compare_dir / file_name, environment, warmup_steps)
-        how = None if self.allow_failed_runs else exporters.run_failure(self.frame)
-        if self.save_dir is not None and how is not None:
-            failure = (failure + "\n\n" if failure else "") + (
-                f"ppetrace: this run failed ({how}), so it was not saved as the baseline "
-                f"{self.save_dir / file_name}: its steps are no measure of the code's speed. "
-                "Pass --ppetrace-allow-failed-runs to save it all the same."
-            )
         if self.save_dir is not None:
             path = self.save_dir / file_name
-            if how is not None:
-                pass  # not saved (said above)
+            how = None if self.allow_failed_runs else exporters.run_failure(self.frame)
+            if how is not None:  # a failed run is no baseline
+                failure = (failure + "\n\n" if failure else "") + (
+                    f"ppetrace: this run failed ({how}), so it was not saved as the baseline "
+                    f"{path}: its steps are no measure of the code's speed. Pass "
+                    "--ppetrace-allow-failed-runs to save it all the same."
+                )
             elif failure is not None and _same_folder(self.save_dir, self.compare_dir):
                 if path.exists():
                     failure += (

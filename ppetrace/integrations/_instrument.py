@@ -224,12 +224,11 @@ class Instrumentation:
         exporter = self.trace_exporter
         if exporter is None or not hasattr(exporter, "add_final_metadata"):
             return
-        died = self._tracker.thread_errors()
         if error is not None:
             text = _error_text(error)
         elif exit_code:
             text = f"the process exited with code {exit_code}"
-        elif died:
+        elif died := self._tracker.thread_errors():
             more = f" (and {len(died) - 1} more)" if len(died) > 1 else ""
             text = f"a training thread died: {died[0]}{more}"
         else:

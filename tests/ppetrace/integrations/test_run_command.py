@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from import_probe import loaded_after
 
 from exporters import read_chrome_trace
 from ppetrace.cli import main
@@ -378,13 +379,5 @@ def test_the_run_command_loads_no_pandas_or_scipy_before_the_script() -> None:
     """What `ppetrace run` imports before the script starts (its start-up budget, issue
     14): the instrumentation, without pandas or SciPy (a constant once pulled in pandas,
     and the start-up grew by about 0.3 s)."""
-    script = (
-        "import sys, ppetrace.cli, ppetrace.integrations._run, "
-        "ppetrace.integrations._instrument; "
-        "print(sorted(m for m in ('pandas', 'scipy') if m in sys.modules))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    imports = "ppetrace.cli, ppetrace.integrations._run, ppetrace.integrations._instrument"
+    assert loaded_after(imports, ("pandas", "scipy")) == []
