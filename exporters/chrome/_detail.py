@@ -186,23 +186,19 @@ class DetailFilter:
         lane.starts.append(start_ns)  # deque.append is atomic
         self.active = True
 
-    def light_publisher(self, pid: int, tid: int) -> Callable[[int, tuple[Any, ...]], None]:
-        """For one thread: a callable ``(start_ns, aggregates)`` that publishes a *light*
-        step, one whose spans the recorder took as aggregates only (``begin_light`` in
-        ``ppetrace.tracing._fold``): ``aggregates`` is ``(name, total, self, count,
-        ...)``. Call it when the step ends, before its row is made: the step row that
-        starts at ``start_ns`` is then written with these aggregates."""
+    def light_publisher(self, pid: int, tid: int) -> Callable[[tuple[int, tuple[Any, ...]]], None]:
+        """For one thread: a callable of one pair ``(start_ns, aggregates)`` that
+        publishes a *light* step, one whose spans the recorder took as aggregates only
+        (``begin_light`` in ``ppetrace.tracing._fold``): ``aggregates`` is ``(name,
+        total, self, count, ...)``. Call it when the step ends, before its row is made:
+        the step row that starts at ``start_ns`` is then written with these aggregates.
+        It is the lane's ``deque.append`` (atomic, and no Python frame per step)."""
+        self.active = True
         lane = self._lanes.get((pid, tid))
         if lane is None:
             with self._create:
                 lane = self._lanes.setdefault((pid, tid), _Lane())
-        push = lane.light.append
-
-        def publish_light(start_ns: int, aggregates: tuple[Any, ...]) -> None:
-            push((start_ns, aggregates))  # deque.append is atomic
-            self.active = True
-
-        return publish_light
+        return lane.light.append
 
     def pending(self) -> bool:
         """Whether a published step is still waiting for its rows (else :meth:`take` has

@@ -47,10 +47,11 @@ class SummaryAPI:
 
     def light_summariser(
         self, tid: int, *, pid: int | None = None
-    ) -> Callable[[int, tuple[Any, ...]], None]:
+    ) -> Callable[[tuple[int, tuple[Any, ...]]], None]:
         """For a loop whose recorder takes the spans of summarised steps as aggregates
-        (``begin_light`` in ``ppetrace.tracing._fold``): a callable ``(start_ns,
-        aggregates)`` that publishes such a step of thread ``tid`` when it ends, before
+        (``begin_light`` in ``ppetrace.tracing._fold``): a callable of one pair
+        ``(start_ns, aggregates)`` that publishes such a step of thread ``tid`` when it
+        ends, before
         its ``trainer.step`` row is made. Its spans count in :attr:`spans_summarised`;
         those of a step whose row never comes, in :attr:`light_spans_lost`."""
         return self._detail.light_publisher(self._pid if pid is None else pid, tid)

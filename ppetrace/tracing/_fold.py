@@ -12,11 +12,14 @@ from ._light import Light
 __all__ = ["begin_light"]
 
 
-def begin_light(owner: Any, publish: Callable[[int, tuple[Any, ...]], Any], full: Any) -> bool:
+def begin_light(
+    owner: Any, publish: Callable[[tuple[int, tuple[Any, ...]]], Any], full: Any
+) -> bool:
     """Record the spans of this thread as aggregates until the entered span ``owner``
     ends (a *fold*, see the module doc): True; False when it cannot (tracing disabled,
     ``owner`` not a recorded span open in full, a fold already open on this thread).
-    ``full``: a frozenset of the names to record in full."""
+    ``full``: a frozenset of the names to record in full; ``publish((start_ns,
+    aggregates))`` receives the fold's aggregates when ``owner`` ends."""
     if type(full) is not frozenset:
         raise TypeError(f"Expected a frozenset of str for full, but received {full!r}.")
     speedups = rec._speedups

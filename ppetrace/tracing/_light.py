@@ -9,9 +9,10 @@ context (spans inside it see the span around it as their parent), and makes no
 row. Its duration goes into the fold's count, total and self time for its name.
 Its self time is its duration less the durations of the spans that ran directly
 inside it, light or not: each open span of the fold has a frame on the fold's
-stack. When ``owner`` ends, before its own row is made, ``publish(start_ns,
-aggregates)`` is called, with the epoch start of ``owner`` and a tuple
-``(name, total, self, count, name, ...)``: one entry per name that occurred, in
+stack. When ``owner`` ends, before its own row is made, ``publish((start_ns,
+aggregates))`` is called with one pair (so that ``publish`` can be a C callable
+such as ``deque.append``): the epoch start of ``owner``, and a tuple
+``(name, total, self, count, name, ...)`` with one entry per name that occurred, in
 the order the thread's folds first met them (a fold keeps the names of the
 thread's last fold that had the same set ``full``: found again by address, they
 need no comparison).
@@ -130,7 +131,7 @@ class Light:
         owner, publish = self.owner, self.publish
         self.owner = self.publish = None
         try:
-            publish(start_ns, self.aggregates())
+            publish((start_ns, self.aggregates()))
         except Exception:  # as in C (reported, never raised): the step's own row still comes
             _log.exception("ppetrace: publishing the aggregates of %r failed", owner.name)
 

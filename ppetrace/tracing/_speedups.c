@@ -639,8 +639,9 @@ set_error_text(SpanBase *self, PyObject *exc)
  * duration goes into the fold's count, total and self time for its name; its self time
  * is its duration less those of the spans that ran directly inside it (light or not:
  * each open span of the fold has a frame on the fold's stack). When owner ends, before
- * its own row is made, publish(start_ns, aggregates) is called: the epoch start of
- * owner, and a tuple (name, total, self, count, name, ...) with one entry per name that
+ * its own row is made, publish((start_ns, aggregates)) is called, with one pair: the
+ * epoch start of owner, and a tuple (name, total, self, count, name, ...) with one entry
+ * per name that
  * occurred, in the order the thread's folds first met them (a fold keeps the names of
  * the thread's last fold that had the same set full).
  *
@@ -716,6 +717,9 @@ light_slot(Light *L, PyObject *name)
     for (int i = 0; i < L->nnames; i++) {
         int eq = PyUnicode_Compare(L->names[i], name);
         if (eq == 0) {
+            /* an equal str, another object: keep this one, which the next spans of this
+               name are likely to share (the old one's release runs no code: exact str) */
+            Py_SETREF(L->names[i], Py_NewRef(name));
             return i;
         }
         if (eq == -1 && PyErr_Occurred()) {
@@ -932,9 +936,12 @@ light_finish(void)
     PyObject *publish = Py_NewRef(L->publish);
     light_free(L); /* can run code: the fold is unlinked, nothing is borrowed */
     if (rc == 0) {
-        PyObject *res = PyObject_CallFunctionObjArgs(publish, start, agg, NULL);
+        /* one pair, so that publish can be a C callable such as deque.append */
+        PyObject *pair = PyTuple_Pack(2, start, agg);
+        PyObject *res = pair != NULL ? PyObject_CallOneArg(publish, pair) : NULL;
         rc = res != NULL ? 0 : -1;
         Py_XDECREF(res);
+        Py_XDECREF(pair);
     }
     Py_DECREF(publish);
     Py_XDECREF(agg);

@@ -266,3 +266,36 @@ def test_writer_bench_shares_one_mapping_per_step_and_measures_both_costs(tmp_pa
     assert gil["min"] <= gil["median"] <= gil["max"] and gil["rounds"] == 1
     frame = read_chrome_trace(tmp_path / "gil.json")
     assert len(frame) == 600 and frame["step"].max() == 299 and set(frame["s"]) == {"x"}
+
+
+def test_long_run_cost_pairs_each_round_against_the_untraced_loop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 19 (c)'s arithmetic on a fake clock: per round, (summarised - off) /
+    (all - off) and summarised / all, every variant first in turn."""
+    from benchmarks import bench_long_run
+
+    clock = [0]
+    cost = {"all": 120_000, "summarised": 115_000, "off": 100_000}
+    order: list[str] = []
+
+    def fit_variant(name: str, steps: int, path: Path) -> None:
+        order.append(name)
+        clock[0] += cost[name] * steps
+
+    monkeypatch.setattr(bench_long_run, "_fit_variant", fit_variant)
+    monkeypatch.setattr(bench_long_run.time, "process_time_ns", lambda: clock[0])
+    monkeypatch.setattr(bench_long_run.time, "perf_counter_ns", lambda: clock[0])
+    res = bench_long_run.paired_cost(10, 3, tmp_path)
+    rounds = [
+        ["all", "summarised", "off"],
+        ["summarised", "off", "all"],
+        ["off", "all", "summarised"],
+    ]
+    assert order[3:] == [name for r in rounds for name in r]
+    for label in ("cpu", "wall"):
+        x = res[label]
+        assert x["overhead_ratio"] == pytest.approx(0.75)
+        assert x["run_ratio"] == pytest.approx(115 / 120)
+        assert x["overhead_ci95"] == pytest.approx((0.75, 0.75))
+        assert x["us_per_step_off"] == pytest.approx(100.0)

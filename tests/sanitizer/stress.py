@@ -273,7 +273,8 @@ class Publish:
     """A light step's publish callback that traces while it runs and when it is released
     (the fold holds its last reference, which light_finish releases)."""
 
-    def __call__(self, start: int, agg: tuple[Any, ...]) -> None:
+    def __call__(self, pair: tuple[int, tuple[Any, ...]]) -> None:
+        _, agg = pair
         check(len(agg) % 4 == 0, "light aggregates")
         with ppetrace.trace("in-publish", {"n": len(agg)}):
             pass

@@ -230,7 +230,7 @@ def _light_through(
     f = _detail.DetailFilter()
     publish = f.light_publisher(PID, MAIN)
     for start, agg in light:
-        publish(start, agg)
+        publish((start, agg))
     return [*_batches(f, rows, cuts, parts), _state(f)]
 
 

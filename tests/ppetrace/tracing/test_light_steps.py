@@ -34,7 +34,7 @@ def _step(
     """Run ``body(trace)`` in a light step; the step span and what it published."""
     published: list[tuple[int, tuple[Any, ...]]] = []
     with trace("trainer.step") as step:
-        assert begin_light(step, lambda s, a: published.append((s, a)), full)
+        assert begin_light(step, published.append, full)
         body(trace)
     return step, published
 
@@ -177,7 +177,7 @@ def test_begin_light_refuses_what_it_cannot_fold(trace: Any, row_sink: RowSink) 
     step = trace("trainer.step")
     assert not begin_light(step, print, FULL)  # not entered
     with step:
-        assert begin_light(step, lambda s, a: None, FULL)
+        assert begin_light(step, lambda pair: None, FULL)
         assert not begin_light(step, print, FULL)  # a fold is open on this thread
     with pytest.raises(TypeError, match="frozenset of str"):
         begin_light(step, print, {"trainer.step"})
@@ -196,7 +196,7 @@ def test_begin_light_refuses_what_it_cannot_fold(trace: Any, row_sink: RowSink) 
 def test_a_failing_publish_still_leaves_the_step_row(
     trace: Any, row_sink: RowSink, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def publish(start: int, agg: Any) -> None:
+    def publish(pair: Any) -> None:
         raise RuntimeError("publish failed")
 
     with trace("trainer.step") as step:
@@ -212,7 +212,7 @@ def test_a_failing_publish_still_leaves_the_step_row(
 def test_a_forked_child_records_in_full(trace: Any) -> None:
     read, write = os.pipe()
     with trace("trainer.step") as step:
-        assert begin_light(step, lambda s, a: None, FULL)
+        assert begin_light(step, lambda pair: None, FULL)
         pid = os.fork()
         if pid == 0:  # the child: no fold of its own, its spans are plain spans
             code = 1
