@@ -149,13 +149,15 @@ def update_run_other_data(path: str | os.PathLike[str], values: dict[str, Any]) 
 def first_parts(paths: Sequence[str | Path]) -> list[Path]:
     """``paths`` without the files that are part 1, 2, ... of a run whose part 0 is among
     them (reading part 0 reads those too), in the order given. A later part whose part 0
-    is among them but does not take it (left over from an earlier run that wrote more
-    parts under the same name) is left out too, with a warning: it is not a run."""
+    is among them but does not take it is left out too: one of that run past a missing
+    part without a word (reading part 0 warns of the gap, :func:`missing_part`), one left
+    over from an earlier run that wrote more parts under the same name with a warning: it
+    is not a run."""
     found = [Path(p) for p in paths]
     headers = [_other(p) for p in found]  # each file's header, read once
     pairs = list(zip(found, headers, strict=True))
     taken = {q.resolve() for p, h in pairs for q in _parts_of(p, h)[1:]}
-    given = {p.resolve() for p in found}
+    given = {p.resolve(): h for p, h in pairs}
     out = []
     for p, other in pairs:
         if p.resolve() in taken:
@@ -168,6 +170,9 @@ def first_parts(paths: Sequence[str | Path]) -> list[Path]:
             and isinstance(first, str)
             and (p.parent / first).resolve() in given
         ):
+            head = given[(p.parent / first).resolve()]
+            if head is not None and _belongs(head, first, other, part):
+                continue  # past a missing part of that run: its reader warns of the gap
             warnings.warn(
                 f"{p} is part {part} of a run named {first}, but {first} does not lead to "
                 "it (a part left over from an earlier run under the same name): it is "

@@ -170,7 +170,7 @@ def _summaries(
     ``exporters.run_identity``."""
     import exporters
 
-    frames = [_read_frame(path, err) for path in _trace_paths(spec, label)]
+    frames = [_read_frame(path, err) for path in _trace_paths(spec, label, err)]
     if identities is not None:
         identities.update(filter(None, map(exporters.run_identity, frames)))
     frames, copies = exporters.drop_copies(frames)

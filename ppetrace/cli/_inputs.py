@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 import warnings
 from pathlib import Path
 from typing import IO, Any
@@ -62,10 +61,12 @@ def _read_frame(path: str, err: IO[str]) -> Any:
 _TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-def _trace_paths(spec: str, label: str) -> list[str]:
+def _trace_paths(spec: str, label: str, err: IO[str] | None = None) -> list[str]:
     """The trace files that BASE or CAND names: a file, a folder's ``*.json`` and
     ``*.json.gz`` files, or the files a glob matches; sorted by name. A run written in
-    parts counts once: by its part 0, which brings the others."""
+    parts counts once: by its part 0, which brings the others. Stale later parts are left
+    out, with a warning on ``err`` (None: without one, for a second look at the same
+    files)."""
     path = Path(spec)
     if path.is_dir():
         found = sorted(
@@ -76,7 +77,7 @@ def _trace_paths(spec: str, label: str) -> list[str]:
                 f"Expected trace files (*.json or *.json.gz) in the folder {spec} given as "
                 f"{label}, but it has none."
             )
-        return _first_parts(found)
+        return _first_parts(found, err)
     if path.exists() or not glob.has_magic(spec):
         return [spec]
     found = sorted(p for p in glob.glob(spec) if Path(p).is_file())
@@ -85,18 +86,18 @@ def _trace_paths(spec: str, label: str) -> list[str]:
             f"Expected {label} to be a trace file, a folder of traces or a glob that matches "
             f"trace files, but the glob {spec!r} matches no file."
         )
-    return _first_parts(found)
+    return _first_parts(found, err)
 
 
-def _first_parts(paths: list[str]) -> list[str]:
+def _first_parts(paths: list[str], err: IO[str] | None) -> list[str]:
     """``paths`` without the later parts of a run whose part 0 is among them, and without
-    stale later parts (with a warning: :func:`exporters.chrome.first_parts`)."""
+    stale later parts (with a warning on ``err``: :func:`exporters.chrome.first_parts`)."""
     from exporters.chrome._split import StaleTracePartWarning, first_parts
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StaleTracePartWarning)
         kept = {p.resolve() for p in first_parts(paths)}
     for w in caught:
-        if issubclass(w.category, StaleTracePartWarning):
-            sys.stderr.write(f"ppetrace: warning: {w.message}\n")
+        if err is not None and issubclass(w.category, StaleTracePartWarning):
+            err.write(f"ppetrace: warning: {w.message}\n")
     return [p for p in paths if Path(p).resolve() in kept]

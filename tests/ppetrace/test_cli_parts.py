@@ -104,10 +104,28 @@ def test_a_stale_later_part_in_a_folder_is_left_out_with_a_warning(
     new = write_parts(folder / "run.json", 1_000_000, 3, steps=12)  # fewer parts
     assert len(new) < len(old)  # the old run's last parts are still there
     write_parts(tmp_path / "cand" / "run.json", 1_000_000, 2)
-    _code, out, _ = run("compare", str(folder), str(tmp_path / "cand"))
+    _code, out, err = run("compare", str(folder), str(tmp_path / "cand"))
     assert "(1 run vs 1 run)" in out, out
-    err = capsys.readouterr().err
-    assert f"part {len(new)} of a run named run.json" in err and "left out" in err
+    assert capsys.readouterr().err == ""  # on the CLI's own stderr, once per stale part
+    stale = f"part {len(new)} of a run named run.json"
+    assert err.count(stale) == 1 and "left out" in err, err
+
+
+def test_a_folder_whose_run_lost_a_part_says_so_once_and_fails_the_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A part deleted from a run in a folder: its later parts are that run's, not left
+    over from another (before: called "left over", and warned of twice)."""
+    folder = tmp_path / "base"
+    parts = write_parts(folder / "run.json", 1_000_000, 1)
+    assert len(parts) > 4
+    parts[2].unlink()
+    write_parts(tmp_path / "cand" / "run.json", 1_000_000, 2)
+    code, out, err = run("compare", str(folder), str(tmp_path / "cand"))
+    assert capsys.readouterr().err == ""  # every warning on the CLI's own stderr
+    assert code == 2 and "a base run failed" in out, out
+    assert "left over" not in err and "left out" not in err, err
+    assert err.count("Part 2 of the run") == 1, err
 
 
 def test_only_the_reading_commands_run_as_the_process_tune_the_allocator(
