@@ -355,15 +355,18 @@ def _hashable(value: Any) -> Any:
 
 def group_runs(frames: list[pd.DataFrame]) -> list[pd.DataFrame]:
     """Join the rank files of one run into one frame each, in first-seen order: frames
-    that share ``otherData.trace_id`` and each have a different ``otherData.rank`` (what
-    the ranks of a torchrun run write). Any other frame is a run of its own (files of
-    one process, such as two fits, share a trace id and a rank). Pids that two joined
-    frames share are moved apart."""
+    that share ``otherData.trace_id`` and ``otherData.run_id`` (one call: a job's calls
+    share the trace id) and each have a different ``otherData.rank`` (what the ranks of a
+    torchrun run write). Any other frame is a run of its own (files of one process, such
+    as two fits, share a trace id and a rank). Pids that two joined frames share are
+    moved apart."""
     groups: dict[object, list[pd.DataFrame]] = {}
     for i, frame in enumerate(frames):
         meta = frame.attrs.get("metadata")
-        tid = meta.get("trace_id") if isinstance(meta, Mapping) else None
-        groups.setdefault(tid if isinstance(tid, str) and tid else ("file", i), []).append(frame)
+        meta = meta if isinstance(meta, Mapping) else {}
+        tid = meta.get("trace_id")
+        key = (tid, _hashable(meta.get("run_id"))) if isinstance(tid, str) and tid else ("file", i)
+        groups.setdefault(key, []).append(frame)
     out: list[pd.DataFrame] = []
     for members in groups.values():
         ranks = [_rank_of(f) for f in members]

@@ -583,7 +583,6 @@ def merge_traces(
         if item.more:
             source["parts"] = [item.path, *(t.path for t in item.more)]
         sources.append(source)
-    trace_ids = {t.metadata.get("trace_id") for t in items}
     ranks = sorted({t.rank for t in items if t.rank is not None})
     other: dict[str, Any] = {
         "origin_ns": origin,
@@ -592,11 +591,12 @@ def merge_traces(
         "processes": processes,
         "merged_from": sources,
     }
-    if len(trace_ids) == 1 and isinstance(next(iter(trace_ids)), str):
-        other["trace_id"] = next(iter(trace_ids))
+    for key in ("trace_id", "run_id"):  # the ids the inputs share
+        ids = {t.metadata.get(key) for t in items}
+        if len(ids) == 1 and isinstance(next(iter(ids)), str):
+            other[key] = next(iter(ids))
     # the report's Device line and compare's environment check read the top level: the
-    # first input's (the lowest rank's); every input's stays under merged_from
-    env = next(
+    env = next(  # first input's (the lowest rank's); every input's stays under merged_from
         (t.metadata.get("environment") for t in items if t.metadata.get("environment")), None
     )
     if isinstance(env, dict):

@@ -172,12 +172,14 @@ def trace_files(folder: str | os.PathLike[str]) -> list[Path]:
 def check_one_run(items: Sequence[Any]) -> None:
     """Refuse rank files (and merged traces, by their ranks) that cannot be one run (the
     inputs of :func:`merge_traces`, with ``header``, ``rank``, ``metadata`` and ``path``): a
-    rank given twice, or ranks of different runs (trace ids) or of different
+    rank given twice, or ranks of different runs (trace ids), of different calls of one
+    job (``run_id``: two ``fit`` calls of one script share the trace id) or of different
     ``LightningProfiler`` stages of one run (``ppetrace.stage``), which would give a timeline
     and a per-rank report of runs that never ran together. Files without a rank (of
     other processes) merge with anything."""
     seen: dict[int, str] = {}
     runs: dict[str, str] = {}
+    calls: dict[str, str] = {}
     stages: dict[str, str] = {}
     for item in items:
         info = item.header.distributed_info if item.header is not None else None
@@ -196,6 +198,14 @@ def check_one_run(items: Sequence[Any]) -> None:
             "Expected the rank files of one run (one trace id), but {} and {} come from "
             "different runs (trace ids {}). Merge the files of one run: its trace.ranks/ "
             "folder.",
+        )
+        _one_of(  # two calls of one job (the Trainer's, LightningProfiler's rank files)
+            calls,
+            item,
+            "run_id",
+            "Expected the rank files of one run, but {} and {} come from different calls "
+            "of one job (run ids {}: two fit, validate or test calls of a script share its "
+            "trace id). Merge the rank files of one call: its trace.ranks/ folder.",
         )
         _one_of(  # a LightningProfiler stage's file
             stages,

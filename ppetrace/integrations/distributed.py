@@ -40,6 +40,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -218,14 +219,17 @@ class RankTraces:
     def exporter_options(self) -> dict[str, Any]:
         """Measure the clock against rank 0 and return the ``ChromeTraceExporter`` options
         of this rank's file: times on rank 0's clock from a common origin, the clock
-        fields, ``distributedInfo`` and room for the end measurement."""
+        fields, ``distributedInfo``, room for the end measurement, and ``run_id``: rank 0's
+        id of this call, new for each call (the calls of one job share the trace id, so
+        the id tells the rank files of two ``fit`` calls apart)."""
         import torch
 
         join_ranks("the clock measurement of its trace file")  # every rank traces alike
         sync = self.measure_start()
-        origin = torch.zeros(1, dtype=torch.int64)
+        origin = torch.zeros(2, dtype=torch.int64)  # the origin, and the call's id
         if self.rank == 0:
             origin[0] = clock_ns() // 1_000_000_000 * 1_000_000_000
+            origin[1] = random.getrandbits(63) or 1
         untraced("broadcast")(origin, src=0, group=self.group)
         return {
             "origin_ns": int(origin[0]) - sync.offset_ns,
@@ -239,6 +243,7 @@ class RankTraces:
             "max_part_bytes": TRACE_PART_BYTES,
             "metadata": {
                 "trace_id": f"{RECORDER.trace_id:032x}",
+                "run_id": f"{int(origin[1]):016x}",
                 "clock_error_ns": sync.error_ns,
                 "clock_sync": {"reference_rank": 0, "start": self._start},
             },

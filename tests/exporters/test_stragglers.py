@@ -77,6 +77,31 @@ def test_the_report_names_the_rank_made_slow_on_purpose(
     assert "Straggler: rank 1 arrived last at trainer.backward" in out.getvalue()
 
 
+def test_the_rank_files_of_two_calls_of_one_job_are_two_runs(
+    torchrun_run: Path, tmp_path: Path
+) -> None:
+    """Calls A and B of one torchrun job share the trace id; their rank files carry each
+    call's own run id, so rank 0 of one and rank 1 of the other never merge into a run
+    that never ran together (before: merged, and a false straggler), and a folder of all
+    four is two runs (before: four)."""
+    from exporters import TraceError, merge_traces
+
+    files = {
+        (call, r): torchrun_run / call / "trace.ranks" / f"rank{r}.json"
+        for call in ("A", "B")
+        for r in (0, 1)
+    }
+    other = {key: read_header(p).other_data for key, p in files.items()}  # type: ignore[union-attr]
+    assert len({o["trace_id"] for o in other.values()}) == 1  # one job, one trace id
+    run_ids = {call: {other[call, r]["run_id"] for r in (0, 1)} for call in ("A", "B")}
+    assert all(len(ids) == 1 for ids in run_ids.values()) and run_ids["A"] != run_ids["B"]
+    assert load_chrome_trace(torchrun_run / "A" / "trace.json").metadata["run_id"] in run_ids["A"]
+    with pytest.raises(TraceError, match="come from different calls of one job"):
+        merge_traces(tmp_path / "mixed.json", [files["A", 0], files["B", 1]])
+    runs = group_runs([read_chrome_trace(p) for p in files.values()])
+    assert sorted(sorted(run["rank"].unique().tolist()) for run in runs) == [[0, 1], [0, 1]]
+
+
 def test_compare_counts_a_folder_of_rank_files_as_one_run(torchrun_run: Path) -> None:
     folder = torchrun_run / "C" / "trace.ranks"
     frames = [read_chrome_trace(p) for p in sorted(folder.iterdir())]
