@@ -199,7 +199,10 @@ class LightningProfiler(Profiler):
       1 training batch in 1,000 in full and the others summarised; ``"all"`` keeps
       every span, a ``ppetrace.Schedule`` uses its windows from the start.
 
-    While it is set up, ``ppetrace.instrument()``'s global hooks stand aside.
+    A stage that raises: the trace is written, with ``run_error`` (a failed run to
+    ``compare``), as the error leaves Lightning's outermost action. Lightning itself tears
+    a profiler down after an error only when it is collected (often at exit). While it is
+    set up, ``ppetrace.instrument()``'s global hooks stand aside.
     """
 
     def __init__(
@@ -251,10 +254,7 @@ class LightningProfiler(Profiler):
         self.global_step = 0
         self.epoch = -1
         self.batches = 0
-        self._timer = next(
-            (p for p in self.profilers if callable(getattr(p, "wrap", None))),
-            None,
-        )
+        self._timer = next((p for p in self.profilers if callable(getattr(p, "wrap", None))), None)
         # open spans: (action, event, start, trace id, span id, parent id, attrs, pair)
         self._stack: list[tuple[Any, ...]] = []
         self._rows: RowBuffer | None = None
@@ -292,10 +292,9 @@ class LightningProfiler(Profiler):
         self._stage_label = _STAGE_LABELS.get(name)
         self._actions = {}  # classified anew: the stage is in their attributes
         if self.trace_path is None and self.filename and self._given_dirpath is not None:
-            # Lightning's profilers write under dirpath when given a filename: so does the
-            # trace (the summary, which names it, goes to Lightning's text file beside it).
-            # Not in the logger's folder (dirpath not given): a file there before the
-            # logger starts makes Lightning warn that the folder's logs will be deleted.
+            # Lightning's profilers write under dirpath when given a filename, so does the
+            # trace (its summary goes to Lightning's text file beside it); not in the logger's
+            # folder: a file there before the logger starts makes Lightning warn of deletion.
             self.trace_path = Path(self._given_dirpath) / f"{self.filename}.json"
             check_trace_path(self.trace_path)
         if self.trace_path is not None:
@@ -336,9 +335,8 @@ class LightningProfiler(Profiler):
             prof.setup(self)
 
     def profile(self, action_name: str) -> Any:
-        """A context manager around the action ``action_name``: :meth:`start` on entry
-        (it gives the action name, as Lightning's does), :meth:`stop` on exit, also when
-        the block raises."""
+        """A context manager around the action ``action_name``: :meth:`start` on entry (it
+        gives the action name, as Lightning's does), :meth:`stop` on exit, also on an error."""
         action = self._profiled.get(action_name)
         if action is None:
             action = self._profiled[action_name] = _Action(self, action_name)
@@ -390,12 +388,15 @@ class LightningProfiler(Profiler):
             self._summarise(start)
 
     def raised(self, exc: BaseException) -> None:
-        """An exception left an action: ``run_error`` in the trace's closing event, once."""
+        """An exception left an action: ``run_error`` in the trace's closing event, once; as
+        it leaves the outermost one, the trace is written (class doc, "A stage that raises")."""
         exporter = self.trace_exporter
         clean = isinstance(exc, SystemExit) and exc.code in (None, 0)
         if exc is not self._raised and exporter is not None and not clean:
             self._raised = exc
             exporter.add_final_metadata(run_error=_who() + _error_text(exc))
+        if not self._stack and self._active and not clean:
+            self.teardown(self._stage)
 
     def _summarise(self, start: int) -> None:
         """The training batch that starts at ``start`` (perf_counter ns): publish it to the
@@ -556,8 +557,8 @@ class LightningProfiler(Profiler):
     # -- internals -----------------------------------------------------------------------
 
     def describe(self) -> None:
-        """Lightning's end of a stage that ended well (every rank calls it at the same
-        point): the summary, then :meth:`teardown`, which may merge the ranks' files."""
+        """Lightning's end of a stage that ended well (every rank at the same point): the
+        summary, then :meth:`teardown`, which may merge the ranks' files."""
         self._merging = True
         try:
             super().describe()
@@ -566,9 +567,8 @@ class LightningProfiler(Profiler):
 
     def _merge_ranks(self) -> None:
         """Under torchrun, in the teardown that :meth:`describe` runs (a stage that ended
-        well; a teardown from ``__del__``, after an exception, never merges: the other
-        ranks may be elsewhere, and a collective would wait for them): measure the clock
-        again and let rank 0 merge the ranks' files (collective, as the Trainer does)."""
+        well; one after an exception never merges: the other ranks may be elsewhere, and a
+        collective would wait): measure the clock again, rank 0 merges (as the Trainer)."""
         traces, merged, self._rank_traces = self._rank_traces, self._merged, None
         if traces is None or merged is None or not self._merging or sys.exc_info()[0]:
             return

@@ -421,17 +421,21 @@ class _Crashing(_Module):
 
 def test_a_fit_that_raises_is_a_failed_run_in_its_trace(tmp_path: Path) -> None:
     """Lightning tears nothing down when the fit raises: the exception that left an action
-    is the trace's run_error, so compare does not take the crashed run for a fast one."""
+    is the trace's run_error, so compare does not take the crashed run for a fast one, and
+    the trace is written as it leaves the outermost action (before: when the profiler was
+    collected, often at exit; here the Trainer and the profiler are still alive)."""
     from exporters import run_failure
 
     path = tmp_path / "crash.json"
     profiler = LightningProfiler(trace_path=path)
+    trainer = _trainer(profiler, max_epochs=1)
     with pytest.raises(ValueError, match="a bad batch"):
-        _trainer(profiler, max_epochs=1).fit(_Crashing(), _loader())
-    profiler.teardown("fit")  # (else at exit): the file is written now
-    assert (
-        run_failure(read_chrome_trace(path)) == "it ended with an error (ValueError: a bad batch)"
-    )
+        trainer.fit(_Crashing(), _loader())
+    frame = read_chrome_trace(path)
+    assert not frame.attrs.get("truncated")  # closed, not cut off
+    assert run_failure(frame) == "it ended with an error (ValueError: a bad batch)"
+    assert (frame["name"] == "trainer.step").sum() == 4  # batches 0 to 3, the last raised
+    assert trainer.profiler is profiler and profiler.trace_exporter.spans_lost == 0
     clean = tmp_path / "clean.json"
     _trainer(LightningProfiler(trace_path=clean), max_epochs=1).fit(_Module(), _loader())
     assert run_failure(read_chrome_trace(clean)) is None
