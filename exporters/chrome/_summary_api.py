@@ -51,9 +51,9 @@ class SummaryAPI:
         """For a loop whose recorder takes the spans of summarised steps as aggregates
         (``begin_light`` in ``ppetrace.tracing._fold``): a callable of one pair
         ``(start_ns, aggregates)`` that publishes such a step of thread ``tid`` when it
-        ends, before
-        its ``trainer.step`` row is made. Its spans count in :attr:`spans_summarised`;
-        those of a step whose row never comes, in :attr:`light_spans_lost`."""
+        ends, before its ``trainer.step`` row is made. Its spans count in
+        :attr:`spans_summarised`; those of a step whose row never comes, in
+        :attr:`light_spans_lost`."""
         return self._detail.light_publisher(self._pid if pid is None else pid, tid)
 
     @property

@@ -36,7 +36,7 @@ from ._detail import (
 from ._hooks import Hooks
 from ._ranks import check_trace_path, profiler_device, rank_info, rank_trace_path
 from ._stepper import StepTracker
-from .dataloader import settle_workers
+from .dataloader import settle_workers, stop_workers, workers_mark
 from .distributed import HEADER_RESERVE
 
 __all__ = ["Instrumentation", "active", "instrument"]
@@ -79,6 +79,7 @@ class Instrumentation:
         #: ``(trace_detail, max_trace_bytes)`` (see :func:`instrument`)
         self.detail: tuple[Any, int] = ("auto", DEFAULT_MAX_TRACE_BYTES)
         self.closed = False
+        self._workers_mark = workers_mark()  # the loaders iterated after it are this run's
         self._environment: dict[str, Any] = {}  # captured when the trace file opens
         timer = next((p for p in profilers if _is_span_wrapper(p)), None)
         self._tracker = StepTracker(profilers, timer)
@@ -207,6 +208,8 @@ class Instrumentation:
             except Exception as exc:
                 errors.append(exc)
         try:
+            if error is not None or exit_code:  # the traceback keeps the loaders' iterators
+                stop_workers(self._workers_mark)  # their workers send their spans as they exit
             settle_workers()
             if self.trace_exporter is not None:
                 tracing.remove_exporter(self.trace_exporter)

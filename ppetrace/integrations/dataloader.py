@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import struct
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler as _ForkingPickler
 from typing import Any, TypeVar
@@ -43,6 +45,9 @@ from ..tracing import _recorder, _setup
 __all__ = [
     "PERSISTENT_INTERVAL",
     "settle_workers",
+    "stop_workers",
+    "tracked",
+    "workers_mark",
     "trace_loaders",
     "trace_workers",
     "tracing_iter",
@@ -97,6 +102,10 @@ def trace_workers(loader: L) -> L:
 #: how often persistent workers send their spans (seconds)
 PERSISTENT_INTERVAL = 0.01
 _persistent = False
+#: the DataLoader iterators with worker processes that runs made (:func:`tracked`), by
+#: the order they came in
+_live: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_live_count = itertools.count(1)
 
 
 def tracing_iter(
@@ -126,7 +135,9 @@ def tracing_iter(
                         started(loader, iterator, start)
                     except Exception:
                         _log.exception("ppetrace: noting the start of %r failed", loader)
-                return iterator
+            else:
+                iterator = orig(loader)
+            return tracked(iterator)
         return orig(loader)
 
     return __iter__
@@ -161,6 +172,37 @@ def settle_workers() -> None:
         channels = list(_channels.values())
     for channel in channels:
         channel.report_cut()
+
+
+def tracked(iterator: L) -> L:
+    """``iterator``, noted for :func:`stop_workers` when it is a DataLoader iterator with
+    worker processes (held weakly: it still goes when its last reference does)."""
+    if hasattr(iterator, "_shutdown_workers"):
+        with _channels_lock:
+            _live[next(_live_count)] = iterator
+    return iterator
+
+
+def workers_mark() -> int:
+    """A mark for :func:`stop_workers`: the iterators noted after it are a run's own."""
+    with _channels_lock:
+        return max(_live.keys(), default=0)
+
+
+def stop_workers(after: int) -> None:
+    """Shut down the worker processes of the DataLoader iterators noted (:func:`tracked`)
+    after the mark ``after`` (:func:`workers_mark`) that still live, as each iterator's
+    own ``__del__`` would: each worker sends the spans it holds as it exits. For the end
+    of a run that an error ended: the traceback keeps the iterator, and a trace closed
+    before its workers exit lacks their spans, which no count would show. A failure is
+    logged, never raised."""
+    with _channels_lock:
+        found = [it for n, it in list(_live.items()) if n > after]
+    for it in found:
+        try:
+            it._shutdown_workers()  # idempotent: it checks whether it ran
+        except Exception:
+            _log.exception("ppetrace: shutting down the DataLoader workers failed")
 
 
 def _current_span_id() -> int:

@@ -61,7 +61,7 @@ from ._detail import (
 )
 from ._ranks import check_trace_path, profiler_device, rank_now, rank_trace_path, split_suffix
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
-from .dataloader import settle_workers, trace_loaders
+from .dataloader import settle_workers, stop_workers, trace_loaders, workers_mark
 from .distributed import rank_traces
 
 _tuple_new = tuple.__new__
@@ -199,10 +199,9 @@ class LightningProfiler(Profiler):
       1 training batch in 1,000 in full and the others summarised; ``"all"`` keeps
       every span, a ``ppetrace.Schedule`` uses its windows from the start.
 
-    A stage that raises: the trace is written, with ``run_error`` (a failed run to
-    ``compare``), as the error leaves Lightning's outermost action. Lightning itself tears
-    a profiler down after an error only when it is collected (often at exit). While it is
-    set up, ``ppetrace.instrument()``'s global hooks stand aside.
+    A stage that raises writes its trace, with ``run_error`` (a failed run to ``compare``),
+    as the error leaves Lightning's outermost action, once its loaders' workers are shut
+    down (their spans come as they exit). While set up, ``instrument()``'s hooks stand aside.
     """
 
     def __init__(
@@ -285,7 +284,8 @@ class LightningProfiler(Profiler):
             return
         self._active = True
         _precedence.drivers[0] += 1
-        self._untrace_loaders = trace_loaders()  # Lightning's loaders' workers: this trace
+        # Lightning's loaders' workers trace here; the mark: its iterators, for stop_workers
+        self._untrace_loaders, self._workers_mark = trace_loaders(), workers_mark()
         self._rows = RowBuffer()  # on the thread that runs Lightning's loop
         self._ids = next_ids()
         name = str(getattr(stage, "value", stage) or "fit")
@@ -388,14 +388,14 @@ class LightningProfiler(Profiler):
             self._summarise(start)
 
     def raised(self, exc: BaseException) -> None:
-        """An exception left an action: ``run_error`` in the trace's closing event, once; as
-        it leaves the outermost one, the trace is written (class doc, "A stage that raises")."""
+        """An exception left an action: ``run_error``, once; the outermost: the stage ends."""
         exporter = self.trace_exporter
         clean = isinstance(exc, SystemExit) and exc.code in (None, 0)
         if exc is not self._raised and exporter is not None and not clean:
             self._raised = exc
             exporter.add_final_metadata(run_error=_who() + _error_text(exc))
         if not self._stack and self._active and not clean:
+            stop_workers(self._workers_mark)  # the workers send their spans as they exit
             self.teardown(self._stage)
 
     def _summarise(self, start: int) -> None:

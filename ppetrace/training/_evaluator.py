@@ -251,13 +251,13 @@ class Evaluator:
                 "ppetrace.runtime": rt_attrs["ppetrace.runtime"],
                 "ppetrace.loader": name,
             }
-            from ..integrations.dataloader import trace_workers
+            from ..integrations.dataloader import trace_workers, tracked
 
             # as in training: iter(loader) (the workers' start), each wait on the loader and
             # letting the iterator go (the workers' shutdown) are spans of their own, and
             # the loop stops at the loader's length without a fetch that finds the end
             with trace("evaluator.loader_start", attrs):
-                it: Iterator[Any] = iter(trace_workers(loader))
+                it: Iterator[Any] = tracked(iter(trace_workers(loader)))
             n = len_or_none(loader)
             if self.max_batches is not None:
                 n = self.max_batches if n is None else min(n, self.max_batches)

@@ -49,20 +49,20 @@ def restore(self: TrainerView, run: Run, checkpoint: dict[str, Any], path: Any) 
 
 def start_iteration(self: TrainerView, run: Run, loader: Iterable[Any]) -> Iterator[Any]:
     """``iter(loader)``, reproducible: the RNG is snapshotted (or, on resume, restored)."""
-    from ..integrations.dataloader import trace_workers  # spans of worker processes too
+    from ..integrations.dataloader import trace_workers, tracked  # workers' spans too
 
     trace_workers(loader)
     skip = self._batch_in_epoch
     if not skip:
         self._epoch_rng = capture_rng(run.generators)
-        return iter(loader)
+        return tracked(iter(loader))
     if self._epoch_rng is None or run.resume_rng is None:
         raise CheckpointError(
             "Expected the RNG states of the interrupted epoch in the checkpoint, but they "
             "are missing. Resume from a checkpoint written by ppetrace.Trainer."
         )
     restore_rng(self._epoch_rng, run.generators)
-    it = iter(loader)
+    it = tracked(iter(loader))
     for done in range(skip):
         if next(it, _END) is _END:
             raise CheckpointError(

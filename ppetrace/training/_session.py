@@ -26,7 +26,7 @@ from ..integrations._detail import (
     StepDetail,
     detail_metadata,
 )
-from ..integrations.dataloader import settle_workers
+from ..integrations.dataloader import settle_workers, stop_workers, workers_mark
 from ..integrations.distributed import trace_collectives
 from ._progress import ProgressBar, progress_wanted
 from ._run import Run, TrainerView, run_cleanups
@@ -78,6 +78,7 @@ def session(
     running += 1
     dist = getattr(self, "_dist", None)
     exporter = None
+    mark = workers_mark()  # the DataLoader iterators made after it are this run's
     try:
         early = _attached.pop(self, None)
         if early is not None or self.trace_path is not None:
@@ -114,6 +115,7 @@ def session(
                 cleanups.insert(0, close_bar)
         yield
     except BaseException:
+        stop_workers(mark)  # the traceback keeps them: their workers' spans come as they exit
         run_cleanups(cleanups, failing=True)
         if dist is not None and exporter is not None:  # no merge: this rank's file is all
             self.last_trace_path = exporter.path

@@ -145,6 +145,56 @@ def test_persistent_workers_spans_all_reach_the_trainers_trace(tmp_path: Path, m
     del loader
 
 
+def _loaded(path: Path) -> list[int]:
+    """The items whose ``user.getitem`` span the trace at ``path`` holds, in order."""
+    frame = read_chrome_trace(path)
+    return sorted(frame.loc[frame["name"] == "user.getitem", "i"].astype(int))
+
+
+def _held_items(got: list[int], consumed: int) -> None:
+    """Every item of the ``consumed`` first items is there, and none twice (the workers
+    may have loaded more ahead)."""
+    assert got[:consumed] == list(range(consumed)) and len(got) == len(set(got)), got
+
+
+def test_a_fit_that_raises_keeps_the_spans_its_loaders_workers_hold(tmp_path: Path) -> None:
+    """A fit that raises: the traceback keeps the DataLoader iterator, and its workers
+    send their spans as they exit. The Trainer shuts them down before it closes the
+    trace (before: the file had none of them, and ppetrace.stats() counted nothing lost)."""
+    calls = [0]
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 4:
+            raise RuntimeError("a bad loss at batch 3")
+        return torch.nn.functional.mse_loss(out, target)
+
+    loader = DataLoader(Items(16), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    model = torch.nn.Linear(4, 1)
+    trainer = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "t.json")
+    with pytest.raises(RuntimeError, match="a bad loss"):
+        trainer.fit(model, loader, optimizer=torch.optim.SGD(model.parameters()), loss_fn=loss)
+    _held_items(_loaded(tmp_path / "t.json"), 8)  # batches 0 to 3
+
+
+def test_a_loop_that_raises_under_instrument_keeps_its_workers_spans(tmp_path: Path) -> None:
+    """The same for instrument() (and ppetrace run): a loop that raises inside the block,
+    its iterator in a variable (a ``for`` loop's own iterator goes as the error leaves
+    it, and its workers with it)."""
+    loader = DataLoader(Items(16), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    with (
+        pytest.raises(RuntimeError, match="batch 3"),
+        ppetrace.instrument(trace_path=tmp_path / "t.json"),
+    ):
+        it = iter(loader)
+        for k in range(8):
+            next(it)
+            if k == 3:
+                raise RuntimeError("a bad batch 3")
+    _held_items(_loaded(tmp_path / "t.json"), 8)
+    del it
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_instrument_traces_the_workers_of_a_plain_loop_with_no_code_change(
     tmp_path: Path, method: str

@@ -439,3 +439,22 @@ def test_a_fit_that_raises_is_a_failed_run_in_its_trace(tmp_path: Path) -> None:
     clean = tmp_path / "clean.json"
     _trainer(LightningProfiler(trace_path=clean), max_epochs=1).fit(_Module(), _loader())
     assert run_failure(read_chrome_trace(clean)) is None
+
+
+def test_a_fit_that_raises_with_loader_workers_alive_keeps_their_spans(tmp_path: Path) -> None:
+    """DataLoader workers alive as the error leaves Lightning's actions send their spans
+    as they exit: the profiler shuts them down before it writes the trace, so it holds
+    every item's span (closed with them alive, it held none and no count said so)."""
+    from exporters import run_failure
+
+    path = tmp_path / "crash.json"
+    loader = DataLoader(_TracedItems(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    profiler = LightningProfiler(trace_path=path)
+    trainer = _trainer(profiler, max_epochs=1)
+    with pytest.raises(ValueError, match="a bad batch"):
+        trainer.fit(_Crashing(), loader)
+    assert trainer.profiler is profiler  # alive: the file was written at the error
+    frame = read_chrome_trace(path)
+    got = frame[frame["name"] == "user.getitem"]
+    assert sorted(got["i"].astype(int)) == list(range(16))
+    assert run_failure(frame) == "it ended with an error (ValueError: a bad batch)"
