@@ -24,13 +24,17 @@ Run: ``python benchmarks/bench_long_run.py [--steps N] [--rounds R] [--sim-steps
   ``trace_detail="all"``, with a schedule that summarises 999 steps in 1,000,
   and with tracing disabled (``configure(enabled=False)``: the loop alone), in
   the process's CPU time (every thread: the writer's too) and in wall time.
-  Per round: the *overhead ratio* ``(summarised - off) / (all - off)``, what
-  the aggregates cost over the loop against what recording the same spans
-  costs over it (the budget's own terms), and the *run ratio* summarised / all
-  (the whole run, the loop included: a weaker test, as the loop's noise is in
-  both). Medians with a bootstrap 95% interval. Budget: the overhead ratio
-  ``<= 1.0`` (the aggregates cost no more than recording the same spans), PASS
-  when the interval's upper bound is.
+  Each round runs the three in one of their six orders, in turn, so that each
+  follows each other alike. The *overhead ratio* is ``median(summarised - off)
+  / median(all - off)`` over the rounds' paired differences: what the
+  aggregates cost over the loop against what recording the same spans costs
+  over it (the budget's own terms), with a bootstrap 95% interval over rounds
+  (a ratio per round would flip its sign on a round where the noise makes
+  ``all - off`` negative). The *run ratio* is the median of summarised / all
+  per round (the whole run, the loop included: a weaker test, as the loop's
+  noise is in both). Budget: the overhead ratio ``<= 1.0`` (the aggregates cost
+  no more than recording the same spans), PASS when the interval's upper bound
+  is.
 - **writer cost per row** (d): the template's rows of 2,000 steps through
   ``export_batch`` alone, written in full and summarised, in CPU ns per input
   row (median of interleaved repetitions).
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import shutil
 import statistics
@@ -250,17 +255,36 @@ def _fit_variant(name: str, steps: int, path: Path) -> None:
         _fit(steps, path, "all" if name == "all" else WINDOWS)
 
 
+def _overhead(all_: np.ndarray, summ: np.ndarray, off: np.ndarray) -> float:
+    """median(summarised - off) / median(all - off); NaN when the second is not > 0."""
+    over = float(np.median(all_ - off))
+    return float(np.median(summ - off)) / over if over > 0 else float("nan")
+
+
+def _overhead_ci(
+    all_: np.ndarray, summ: np.ndarray, off: np.ndarray, resamples: int = 2_000
+) -> tuple[float, float]:
+    """A bootstrap 95% interval of :func:`_overhead` over the rounds (resampled in pairs);
+    a resample whose ``all - off`` is not > 0 counts as an infinite ratio."""
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(all_), size=(resamples, len(all_)))
+    found = [_overhead(all_[p], summ[p], off[p]) for p in picks]
+    ratios = np.nan_to_num(np.asarray(found), nan=np.inf)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def paired_cost(steps: int, rounds: int, tmp: Path) -> dict[str, Any]:
-    """(c): per round, the overhead ratio (summarised - off) / (all - off) and the run
-    ratio summarised / all, in CPU and wall time."""
+    """(c): the overhead ratio median(summarised - off) / median(all - off) over the
+    rounds, and the run ratio summarised / all per round, in CPU and wall time."""
     variants = ("all", "summarised", "off")
     for name in variants:  # warm-up
         _fit_variant(name, steps, tmp / f"warm-{name}.json")
     cpu: dict[str, list[int]] = {name: [] for name in variants}
     wall: dict[str, list[int]] = {name: [] for name in variants}
+    orders = list(itertools.permutations(variants))  # each one after each other alike
     for r in range(rounds):
-        k = r % len(variants)  # each variant first, second and third in turn
-        for name in variants[k:] + variants[:k]:
+        for name in orders[r % len(orders)]:
             gc.collect()
             c0, w0 = time.process_time_ns(), time.perf_counter_ns()
             _fit_variant(name, steps, tmp / f"cost-{name}.json")
@@ -268,12 +292,11 @@ def paired_cost(steps: int, rounds: int, tmp: Path) -> dict[str, Any]:
             wall[name].append(time.perf_counter_ns() - w0)
     out: dict[str, Any] = {"steps": steps, "rounds": rounds}
     for label, data in (("cpu", cpu), ("wall", wall)):
-        per_round = list(zip(data["all"], data["summarised"], data["off"], strict=True))
-        runs = [s / a for a, s, _ in per_round]
-        overheads = [(s - o) / (a - o) for a, s, o in per_round if a != o]
+        all_, summ, off = (np.asarray(data[name], dtype=float) for name in variants)
+        runs = list(summ / all_)
         out[label] = {
-            "overhead_ratio": statistics.median(overheads),
-            "overhead_ci95": _bootstrap_median(overheads),
+            "overhead_ratio": _overhead(all_, summ, off),
+            "overhead_ci95": _overhead_ci(all_, summ, off),
             "run_ratio": statistics.median(runs),
             "run_ci95": _bootstrap_median(runs),
             **{

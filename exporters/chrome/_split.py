@@ -111,9 +111,9 @@ def missing_part(first: Path, found: Sequence[Path], *, warn: bool = False) -> i
     if other is None or other.get("part") != 0:
         return None
     gap = len(found)
-    for later in range(gap + 1, gap + 4):  # a lost part or a few: a later one of this run
+    for later in _part_numbers(first, gap)[:8]:  # the nearest later parts on disk
         nxt = part_path(first, later)
-        if nxt.is_file() and _belongs(other, first.name, _other(nxt), later):
+        if _belongs(other, first.name, _other(nxt), later):
             if warn:
                 from ._reader import TraceTruncatedWarning
 
@@ -128,6 +128,24 @@ def missing_part(first: Path, found: Sequence[Path], *, warn: bool = False) -> i
                 )
             return gap
     return None
+
+
+def _part_numbers(first: Path, after: int) -> list[int]:
+    """The numbers above ``after`` of the files beside ``first`` named as its later parts
+    (:func:`part_path`), in order: however many parts a gap lost."""
+    name = first.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            pattern = re.escape(name[: -len(suffix)]) + r"\.([1-9][0-9]*)" + re.escape(suffix)
+            break
+    else:
+        pattern = re.escape(name) + r"\.([1-9][0-9]*)"
+    try:
+        names = os.listdir(first.parent)
+    except OSError:
+        return []
+    found = (re.fullmatch(pattern, n) for n in names)
+    return sorted(k for k in (int(m.group(1)) for m in found if m) if k > after)
 
 
 def trace_parts(path: str | os.PathLike[str]) -> list[Path]:

@@ -208,8 +208,8 @@ class Instrumentation:
             except Exception as exc:
                 errors.append(exc)
         try:
-            if error is not None or exit_code:  # the traceback keeps the loaders' iterators
-                stop_workers(self._workers_mark)  # their workers send their spans as they exit
+            if exit_code:  # the process ends (ppetrace run): the traceback keeps iterators,
+                stop_workers(self._workers_mark)  # whose workers send their spans as they exit
             settle_workers()
             if self.trace_exporter is not None:
                 tracing.remove_exporter(self.trace_exporter)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 from typing import Any
 
 from opentelemetry import trace as otel_trace
@@ -22,7 +21,7 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 
 from exporters._spans import SpanRow
 
-from ..tracing._recorder import RECORDER, Span, _get_ctx
+from ..tracing._recorder import RECORDER, Span, _get_ctx, random_bits
 
 __all__ = ["RowBuffer", "SpanRow", "current_parent", "new_span_id", "next_ids"]
 
@@ -34,7 +33,7 @@ _tuple_new = tuple.__new__  # SpanRow(...) runs NamedTuple's Python __new__; thi
 
 
 def _fresh_ids() -> itertools.count[int]:
-    return itertools.count(_BASE + random.getrandbits(59))
+    return itertools.count(_BASE + random_bits(59))
 
 
 _ids = _fresh_ids()

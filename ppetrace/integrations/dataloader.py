@@ -102,9 +102,9 @@ def trace_workers(loader: L) -> L:
 #: how often persistent workers send their spans (seconds)
 PERSISTENT_INTERVAL = 0.01
 _persistent = False
-#: the DataLoader iterators with worker processes that runs made (:func:`tracked`), by
-#: the order they came in
-_live: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+#: the DataLoader iterators with workers that runs made (:func:`tracked`), by the order
+#: they came in and the thread that made them
+_live: weakref.WeakValueDictionary[tuple[int, int], Any] = weakref.WeakValueDictionary()
 _live_count = itertools.count(1)
 
 
@@ -175,29 +175,35 @@ def settle_workers() -> None:
 
 
 def tracked(iterator: L) -> L:
-    """``iterator``, noted for :func:`stop_workers` when it is a DataLoader iterator with
-    worker processes (held weakly: it still goes when its last reference does)."""
-    if hasattr(iterator, "_shutdown_workers"):
+    """``iterator``, noted for :func:`stop_workers` with the thread that made it, when it
+    is a DataLoader iterator whose workers live one epoch (held weakly: it still goes
+    when its last reference does). Persistent workers are left alone: they send every
+    :data:`PERSISTENT_INTERVAL`, and their loader reuses the iterator."""
+    if hasattr(iterator, "_shutdown_workers") and not getattr(
+        iterator, "_persistent_workers", True
+    ):
         with _channels_lock:
-            _live[next(_live_count)] = iterator
+            _live[next(_live_count), threading.get_ident()] = iterator
     return iterator
 
 
 def workers_mark() -> int:
     """A mark for :func:`stop_workers`: the iterators noted after it are a run's own."""
     with _channels_lock:
-        return max(_live.keys(), default=0)
+        return max((n for n, _ in list(_live)), default=0)
 
 
 def stop_workers(after: int) -> None:
-    """Shut down the worker processes of the DataLoader iterators noted (:func:`tracked`)
-    after the mark ``after`` (:func:`workers_mark`) that still live, as each iterator's
-    own ``__del__`` would: each worker sends the spans it holds as it exits. For the end
-    of a run that an error ended: the traceback keeps the iterator, and a trace closed
-    before its workers exit lacks their spans, which no count would show. A failure is
-    logged, never raised."""
+    """Shut down the worker processes of the DataLoader iterators that this thread made
+    after the mark ``after`` (:func:`workers_mark`, :func:`tracked`) and that still
+    live, as each iterator's own ``__del__`` would: each worker sends the spans it holds
+    as it exits. For the end of a run that an error ended: the traceback keeps the
+    iterator, and a trace closed before its workers exit lacks their spans, which no
+    count would show. Only for an iterator no one uses after: a stopped one cannot go
+    on. A failure is logged, never raised."""
+    me = threading.get_ident()
     with _channels_lock:
-        found = [it for n, it in list(_live.items()) if n > after]
+        found = [it for (n, tid), it in list(_live.items()) if n > after and tid == me]
     for it in found:
         try:
             it._shutdown_workers()  # idempotent: it checks whether it ran

@@ -40,7 +40,6 @@ import contextlib
 import functools
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -48,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..tracing._recorder import RECORDER, trace
+from ..tracing._recorder import RECORDER, random_bits, trace
 from ._detail import TRACE_PART_BYTES
 from ._join import RankJoinError, join_ranks
 from ._ranks import rank_trace_path
@@ -229,7 +228,7 @@ class RankTraces:
         origin = torch.zeros(2, dtype=torch.int64)  # the origin, and the call's id
         if self.rank == 0:
             origin[0] = clock_ns() // 1_000_000_000 * 1_000_000_000
-            origin[1] = random.getrandbits(63) or 1
+            origin[1] = random_bits(63) or 1  # not the script's seeded random module
         untraced("broadcast")(origin, src=0, group=self.group)
         return {
             "origin_ns": int(origin[0]) - sync.offset_ns,

@@ -14,7 +14,6 @@ import functools
 import importlib
 import logging
 import os
-import random
 import sys
 import threading
 import time
@@ -47,6 +46,14 @@ def _load_speedups() -> Any:
 
 
 _speedups: Any = _load_speedups()
+
+
+def random_bits(n: int) -> int:
+    """``n`` random bits from the OS, for ids: not from the ``random`` module, whose state
+    is the script's (a seed would repeat the ids of every run, and drawing them would
+    change the script's own random numbers); fresh in a forked child too."""
+    return int.from_bytes(os.urandom((n + 7) // 8), "big") >> (-n % 8)
+
 
 _log = logging.getLogger("ppetrace")
 
@@ -105,9 +112,9 @@ class Recorder:
         self.enabled = True
         self.capacity = 65_536
         self.max_queued_buffers = 16
-        self.trace_id = random.getrandbits(128) or 1
+        self.trace_id = random_bits(128) or 1
         # span ids: a random 64-bit start, then a counter (next() is atomic)
-        first_id = random.getrandbits(62) + 1
+        first_id = random_bits(62) + 1
         self._ids = iter(range(first_id, 1 << 64))
         # span clock (perf_counter_ns) -> epoch ns
         self.offset_ns = time.time_ns() - _perf_ns()
@@ -274,7 +281,7 @@ class Recorder:
         self.pid = os.getpid()
         self.hooked = {}  # the counts go on from the parent's
         # fresh span ids, so that spans of parent and child never share one
-        first_id = random.getrandbits(62) + 1
+        first_id = random_bits(62) + 1
         self._ids = iter(range(first_id, 1 << 64))
         if _speedups is not None:
             _speedups.set_state(

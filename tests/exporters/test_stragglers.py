@@ -83,7 +83,9 @@ def test_the_rank_files_of_two_calls_of_one_job_are_two_runs(
     """Calls A and B of one torchrun job share the trace id; their rank files carry each
     call's own run id, so rank 0 of one and rank 1 of the other never merge into a run
     that never ran together (before: merged, and a false straggler), and a folder of all
-    four is two runs (before: four)."""
+    four is two runs (before: four). The worker seeds Python's random module alike before
+    each call, as seed_everything does: the run id comes from the OS, and ppetrace draws
+    nothing from that module (before, the calls got one id, and rank 0's numbers moved)."""
     from exporters import TraceError, merge_traces
 
     files = {
@@ -100,6 +102,8 @@ def test_the_rank_files_of_two_calls_of_one_job_are_two_runs(
         merge_traces(tmp_path / "mixed.json", [files["A", 0], files["B", 1]])
     runs = group_runs([read_chrome_trace(p) for p in files.values()])
     assert sorted(sorted(run["rank"].unique().tolist()) for run in runs) == [[0, 1], [0, 1]]
+    r0, r1 = (json.loads((torchrun_run / f"result_rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["A"]["python_random"] == r1["A"]["python_random"]
 
 
 def test_compare_counts_a_folder_of_rank_files_as_one_run(torchrun_run: Path) -> None:

@@ -177,22 +177,96 @@ def test_a_fit_that_raises_keeps_the_spans_its_loaders_workers_hold(tmp_path: Pa
     _held_items(_loaded(tmp_path / "t.json"), 8)  # batches 0 to 3
 
 
-def test_a_loop_that_raises_under_instrument_keeps_its_workers_spans(tmp_path: Path) -> None:
-    """The same for instrument() (and ppetrace run): a loop that raises inside the block,
-    its iterator in a variable (a ``for`` loop's own iterator goes as the error leaves
-    it, and its workers with it)."""
-    loader = DataLoader(Items(16), batch_size=2, num_workers=2, multiprocessing_context="fork")
-    with (
-        pytest.raises(RuntimeError, match="batch 3"),
-        ppetrace.instrument(trace_path=tmp_path / "t.json"),
-    ):
-        it = iter(loader)
-        for k in range(8):
-            next(it)
-            if k == 3:
-                raise RuntimeError("a bad batch 3")
-    _held_items(_loaded(tmp_path / "t.json"), 8)
-    del it
+_CRASHING_SCRIPT = """
+import torch
+import ppetrace
+from torch.utils.data import DataLoader, Dataset
+
+class Items(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        with ppetrace.trace("user.getitem", {"i": i}):
+            return torch.full((4,), float(i))
+
+it = iter(DataLoader(Items(), batch_size=2, num_workers=2, multiprocessing_context="fork"))
+for k in range(8):
+    next(it)
+    if k == 3:
+        raise RuntimeError("a bad batch 3")
+"""
+
+
+def test_a_script_that_raises_under_ppetrace_run_keeps_its_workers_spans(tmp_path: Path) -> None:
+    """The same for ``ppetrace run``: the script's iterator, in a variable, lives on in
+    the traceback (a ``for`` loop's own iterator goes as the error leaves it)."""
+    import io
+
+    from ppetrace.cli import main
+
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASHING_SCRIPT)
+    trace = tmp_path / "t.json"
+    err = io.StringIO()
+    argv = ["run", "--no-report", "--trace", str(trace), str(script)]
+    assert main(argv, stdout=io.StringIO(), stderr=err) == 1, err.getvalue()
+    _held_items(_loaded(trace), 8)
+
+
+def test_persistent_workers_are_not_stopped_and_their_loader_goes_on(tmp_path: Path) -> None:
+    """A failed fit leaves a loader with persistent workers usable: it reuses its
+    iterator, and those workers send their spans on their own (every 10 ms)."""
+    loader = DataLoader(
+        Items(8), batch_size=2, num_workers=2, persistent_workers=True,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    calls = [0]
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("a bad loss")
+        return torch.nn.functional.mse_loss(out, target)
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters())
+    trainer = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "a.json")
+    with pytest.raises(RuntimeError, match="a bad loss"):
+        trainer.fit(model, loader, optimizer=opt, loss_fn=loss)
+    again = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "b.json")
+    again.fit(model, loader, optimizer=opt, loss_fn=torch.nn.functional.mse_loss)
+    assert sorted(_loaded(tmp_path / "b.json")) == list(range(8))
+    del loader
+
+
+def test_stop_workers_stops_only_this_threads_iterators_after_the_mark() -> None:
+    """Another thread's run (a Trainer fitting beside it) keeps its loader's workers."""
+    import threading
+
+    from ppetrace.integrations import dataloader as dl
+
+    class FakeIter:
+        _persistent_workers = False
+
+        def __init__(self) -> None:
+            self.stopped = 0
+
+        def _shutdown_workers(self) -> None:
+            self.stopped += 1
+
+    before = FakeIter()
+    dl.tracked(before)
+    mark = dl.workers_mark()
+    mine, theirs, persistent = FakeIter(), FakeIter(), FakeIter()
+    persistent._persistent_workers = True  # type: ignore[misc]
+    dl.tracked(mine)
+    dl.tracked(persistent)
+    other = threading.Thread(target=dl.tracked, args=(theirs,))
+    other.start()
+    other.join()
+    dl.stop_workers(mark)
+    assert (before.stopped, mine.stopped, theirs.stopped, persistent.stopped) == (0, 1, 0, 0)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -634,3 +634,18 @@ def test_a_retired_buffer_is_drained_once_more_and_then_forgotten() -> None:
     names = [r.name for b in sink.batches for r in b.rows]
     assert names.count("retired.span") == 1  # taken, not lost
     ppetrace.shutdown()
+
+
+def test_ids_come_from_the_os_not_the_scripts_random_module() -> None:
+    """A seeded script neither repeats ppetrace's ids nor sees them drawn."""
+    import random
+
+    from ppetrace.tracing._recorder import random_bits
+
+    random.seed(0)
+    state = random.getstate()
+    first = random_bits(63)
+    assert random.getstate() == state
+    random.seed(0)
+    assert random_bits(63) != first
+    assert all(0 <= random_bits(n) < 1 << n for n in (1, 59, 62, 63, 128) for _ in range(50))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -144,6 +145,7 @@ class Watch(ppetrace.CallbackInterface):
 
 
 def plain_fit(phase: str, *, epochs: int = 2, crash_at: int | None = None, **fit: Any) -> Any:
+    random.seed(0)  # as seed_everything does: each call's rank files still get their own id
     torch.manual_seed(0)  # the same initial weights (DDP also broadcasts rank 0's)
     model = Seen()
     torch.manual_seed(100 + RANK)  # each rank its own dropout stream
@@ -181,6 +183,7 @@ results["A"] = {
     "last_trace_path": str(trainer.last_trace_path),
     "trace_paths": [str(p) for p in trainer.trace_paths],
     "backend": trainer._dist.backend if trainer._dist else None,
+    "python_random": random.random(),  # the same on every rank: ppetrace draws none
 }
 
 # -- B: cut at step 5, resumed from the checkpoint of step 3 ----------------------------
