@@ -270,7 +270,8 @@ def _overhead_ci(
     picks = rng.integers(0, len(all_), size=(resamples, len(all_)))
     found = [_overhead(all_[p], summ[p], off[p]) for p in picks]
     ratios = np.nan_to_num(np.asarray(found), nan=np.inf)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    # nearest ranks, not interpolation: inf - inf would be NaN where infinities begin
+    lo, hi = np.percentile(ratios, [2.5, 97.5], method="nearest")
     return float(lo), float(hi)
 
 

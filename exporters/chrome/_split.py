@@ -142,8 +142,8 @@ def _part_numbers(first: Path, after: int) -> list[int]:
         pattern = re.escape(name) + r"\.([1-9][0-9]*)"
     try:
         names = os.listdir(first.parent)
-    except OSError:
-        return []
+    except OSError:  # a folder that cannot be listed: the next few numbers, probed
+        return [k for k in range(after + 1, after + 4) if part_path(first, k).is_file()]
     found = (re.fullmatch(pattern, n) for n in names)
     return sorted(k for k in (int(m.group(1)) for m in found if m) if k > after)
 

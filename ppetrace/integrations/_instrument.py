@@ -210,13 +210,15 @@ class Instrumentation:
         try:
             if exit_code:  # the process ends (ppetrace run): the traceback keeps iterators,
                 stop_workers(self._workers_mark)  # whose workers send their spans as they exit
-            settle_workers()
-            if self.trace_exporter is not None:
-                tracing.remove_exporter(self.trace_exporter)
-            else:
-                tracing.flush()
-        except Exception as exc:
-            errors.append(exc)
+        finally:  # (a Ctrl-C while they shut down still writes the trace)
+            try:
+                settle_workers()
+                if self.trace_exporter is not None:
+                    tracing.remove_exporter(self.trace_exporter)
+                else:
+                    tracing.flush()
+            except Exception as exc:
+                errors.append(exc)
         with contextlib.suppress(ValueError):  # the environment's hook, if never written
             RECORDER.before_flush.remove(self._refresh_environment)
         if errors:

@@ -10,7 +10,7 @@ Nothing here creates or needs a process group: the rank comes from the environme
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ __all__ = [
     "rank_now",
     "rank_trace_path",
     "split_suffix",
+    "stage_path",
+    "this_rank_path",
 ]
 
 
@@ -98,6 +100,32 @@ def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:
         )
     stem, _ = split_suffix(path)
     return stem.with_name(stem.name + ".ranks") / f"rank{rank}.json"
+
+
+def this_rank_path(path: Path) -> Path:
+    """This process's file for the run whose trace is ``path``: ``path`` itself, or under
+    torchrun its rank file (:func:`rank_trace_path`)."""
+    rank = rank_now()
+    return path if rank is None else rank_trace_path(path, rank)
+
+
+def stage_path(
+    trace_path: Path, stage: str, calls: dict[str, int], written: Sequence[Path]
+) -> Path:
+    """The trace file of a stage of a ``LightningProfiler``: ``trace_path`` for the first
+    stage, ``<stem>.<stage>[n]<suffix>`` after it, not yet among the files ``written``
+    (under torchrun, the merged file, whose per-rank path is :func:`this_rank_path`).
+    ``calls`` counts the stages by name (updated)."""
+    count = calls[stage] = calls.get(stage, 0) + 1
+    if not written:
+        return trace_path
+    stem, suffix = split_suffix(trace_path)
+    taken, n = set(written), count
+    while True:
+        candidate = stem.with_name(f"{stem.name}.{stage}{'' if n == 1 else n}{suffix}")
+        if this_rank_path(candidate) not in taken:
+            return candidate
+        n += 1
 
 
 def profiler_device(device: Any) -> str:

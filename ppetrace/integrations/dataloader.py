@@ -200,7 +200,9 @@ def stop_workers(after: int) -> None:
     as it exits. For the end of a run that an error ended: the traceback keeps the
     iterator, and a trace closed before its workers exit lacks their spans, which no
     count would show. Only for an iterator no one uses after: a stopped one cannot go
-    on. A failure is logged, never raised."""
+    on. torch's own shutdown waits up to 5 s for a worker busy with an item before it ends
+    it (the wait its ``__del__`` would have later). A failure is logged, never raised; a
+    ``KeyboardInterrupt`` goes on to the caller, whose cleanup runs in a ``finally``."""
     me = threading.get_ident()
     with _channels_lock:
         found = [it for (n, tid), it in list(_live.items()) if n > after and tid == me]

@@ -59,7 +59,7 @@ from ._detail import (
     check_detail,
     detail_metadata,
 )
-from ._ranks import check_trace_path, profiler_device, rank_now, rank_trace_path, split_suffix
+from ._ranks import check_trace_path, profiler_device, rank_now, stage_path, this_rank_path
 from ._record import RowBuffer, SpanRow, current_parent, next_ids
 from .dataloader import settle_workers, stop_workers, trace_loaders, workers_mark
 from .distributed import rank_traces
@@ -169,39 +169,48 @@ def _nothing() -> None:
     pass
 
 
+def _tuner_exit(exc: BaseException) -> bool:
+    return type(exc).__name__ == "_TunerExitException"  # Lightning's end of a tuner's run
+
+
+#: ``run_error`` of a stage torn down without Lightning's end of a stage (``describe``)
+_UNENDED = "the stage ended without Lightning's end of a stage: an error that left no action"
+
+
 class LightningProfiler(Profiler):
     """A Lightning ``Profiler`` that records every action as a ppetrace span.
 
-    - ``trace_path``: write a Chrome trace. The first stage Lightning runs with this
-      profiler (``fit``, ``validate``, ``test``, ``predict``) writes ``trace_path``;
-      later ones write beside it (``trace.test.json``, ``trace.fit2.json``), as
-      ppetrace's Trainer does. Under torchrun each rank writes
-      ``trace.ranks/rank<R>.json`` (``distributedInfo``, rank 0's trace id and clock)
-      and rank 0 merges them into the stage's file when the stage ends well. Without
-      it, spans go to whatever ``ppetrace.configure`` set up.
-    - ``dirpath`` and ``filename``: as for Lightning's own profilers. Without
-      ``trace_path``, both together put the trace in ``<dirpath>/<filename>.json``, and
-      Lightning writes the summary, which names the trace and the command that reports
-      on it, to ``<dirpath>/<stage>-<filename>.txt``. A ``filename`` alone writes no
-      trace (its summary file, in the log directory, says how to get one).
+    - ``trace_path``: write a Chrome trace. The first stage Lightning runs with this profiler
+      (``fit``, ``validate``, ``test``, ``predict``) writes ``trace_path``; later ones write
+      beside it (``trace.test.json``, ``trace.fit2.json``), as ppetrace's Trainer does. Under
+      torchrun each rank writes ``trace.ranks/rank<R>.json`` (``distributedInfo``, rank 0's
+      trace id and clock) and rank 0 merges them into the stage's file when the stage ends
+      well. Without it, spans go to whatever ``ppetrace.configure`` set up.
+    - ``dirpath`` and ``filename``: as for Lightning's own profilers. Without ``trace_path``,
+      both together put the trace in ``<dirpath>/<filename>.json``, and Lightning writes the
+      summary, which names the trace and the command that reports on it, to
+      ``<dirpath>/<stage>-<filename>.txt``. A ``filename`` alone writes no trace (its summary
+      file, in the log directory, says how to get one).
     - ``profilers``: ``ppetrace.profilers`` objects (``CudaTimer``, ``Pyinstrument``,
-      ``TorchProfiler``...), stepped around each training batch. A ``CudaTimer`` times
-      the spans of device work (``trainer.step``, ``module.train_step``,
-      ``trainer.backward``, ``trainer.optimizer_step``).
-    - ``device``: what the profilers read as the device (default ``"cuda"`` when
-      CUDA is available, else ``"cpu"``).
-    - ``report``: :meth:`summary` (which Lightning prints at the end of each stage)
-      renders the step report of the trace (read back with pandas: about 0.1 s). Off
-      by default: the summary then names the trace and the ``ppetrace report`` command.
+      ``TorchProfiler``...), stepped around each training batch. A ``CudaTimer`` times the
+      spans of device work (``trainer.step``, ``module.train_step``, ``trainer.backward``,
+      ``trainer.optimizer_step``).
+    - ``device``: what the profilers read as the device (default ``"cuda"`` when CUDA is
+      available, else ``"cpu"``).
+    - ``report``: :meth:`summary` (which Lightning prints at the end of each stage) renders
+      the step report of the trace (read back with pandas: about 0.1 s). Off by default: the
+      summary then names the trace and the ``ppetrace report`` command.
     - ``warmup_steps``: left out of the step report.
-    - ``trace_detail`` and ``max_trace_bytes``: as for ``ppetrace.Trainer`` (README,
-      "Long runs"): every span in full until the trace holds ``max_trace_bytes``, then
-      1 training batch in 1,000 in full and the others summarised; ``"all"`` keeps
-      every span, a ``ppetrace.Schedule`` uses its windows from the start.
+    - ``trace_detail`` and ``max_trace_bytes``: as for ``ppetrace.Trainer`` (README, "Long
+      runs"): every span in full until the trace holds ``max_trace_bytes``, then 1 training
+      batch in 1,000 in full and the others summarised; ``"all"`` keeps every span, a
+      ``ppetrace.Schedule`` uses its windows from the start.
 
     A stage that raises writes its trace, with ``run_error`` (a failed run to ``compare``),
     as the error leaves Lightning's outermost action, once its loaders' workers are shut
-    down (their spans come as they exit). While set up, ``instrument()``'s hooks stand aside.
+    down (their spans come as they exit). An error that leaves no action (a validation
+    batch's fetch) ends its stage with ``run_error`` at the next stage or at the profiler's
+    collection. While set up, ``instrument()``'s hooks stand aside.
     """
 
     def __init__(
@@ -279,10 +288,10 @@ class LightningProfiler(Profiler):
 
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
         """Start of a Lightning stage: open the trace file and set the profilers up."""
+        if self._active:  # the last stage never ended (an error no action saw): it ends now
+            self.teardown(None)
         super().setup(stage, local_rank=local_rank, log_dir=log_dir)
-        if self._active:
-            return
-        self._active = True
+        self._active, self._raised = True, None
         _precedence.drivers[0] += 1
         # Lightning's loaders' workers trace here; the mark: its iterators, for stop_workers
         self._untrace_loaders, self._workers_mark = trace_loaders(), workers_mark()
@@ -300,8 +309,8 @@ class LightningProfiler(Profiler):
         if self.trace_path is not None:
             from exporters.chrome import ChromeTraceExporter
 
-            merged = self._next_path(name)
-            path = self._ranked(merged)
+            merged = stage_path(self.trace_path, name, self._calls, self.trace_paths)
+            path = this_rank_path(merged)
             path.parent.mkdir(parents=True, exist_ok=True)
             options: dict[str, Any] = {"max_part_bytes": TRACE_PART_BYTES}
             # under torchrun, with the strategy's process group up (Lightning starts it
@@ -388,15 +397,19 @@ class LightningProfiler(Profiler):
             self._summarise(start)
 
     def raised(self, exc: BaseException) -> None:
-        """An exception left an action: ``run_error``, once; the outermost: the stage ends."""
+        """An exception left an action: ``run_error``, once; the outermost: the stage ends.
+        No failure: ``sys.exit(0)``, and the exception that ends a Lightning tuner's run."""
+        if (isinstance(exc, SystemExit) and exc.code in (None, 0)) or _tuner_exit(exc):
+            return
         exporter = self.trace_exporter
-        clean = isinstance(exc, SystemExit) and exc.code in (None, 0)
-        if exc is not self._raised and exporter is not None and not clean:
+        if exc is not self._raised and exporter is not None:
             self._raised = exc
             exporter.add_final_metadata(run_error=_who() + _error_text(exc))
-        if not self._stack and self._active and not clean:
-            stop_workers(self._workers_mark)  # the workers send their spans as they exit
-            self.teardown(self._stage)
+        if not self._stack and self._active:
+            try:
+                stop_workers(self._workers_mark)  # the workers send their spans as they exit
+            finally:
+                self.teardown(self._stage)
 
     def _summarise(self, start: int) -> None:
         """The training batch that starts at ``start`` (perf_counter ns): publish it to the
@@ -525,6 +538,8 @@ class LightningProfiler(Profiler):
             if self._active:
                 self._active = False
                 _precedence.drivers[0] = max(0, _precedence.drivers[0] - 1)
+                if not self._merging and self._raised is None and self.trace_exporter:
+                    self.trace_exporter.add_final_metadata(run_error=_who() + _UNENDED)
                 errors: list[BaseException] = []
                 while self._stack:
                     try:
@@ -625,26 +640,3 @@ class LightningProfiler(Profiler):
                 _log.exception("ppetrace: profiler %r failed at step_end", prof)
         self.batches += 1
         self._batch_in_epoch += 1
-
-    def _next_path(self, stage: str) -> Path:
-        """``trace_path`` for the first stage, ``<stem>.<stage>[n]<suffix>`` after it (under
-        torchrun, the merged file, whose per-rank path is :meth:`_ranked`)."""
-        assert self.trace_path is not None
-        count = self._calls.get(stage, 0) + 1
-        self._calls[stage] = count
-        path = self.trace_path
-        if self.trace_paths:
-            stem, suffix = split_suffix(path)
-            written = set(self.trace_paths)
-            n = count
-            while True:
-                candidate = stem.with_name(f"{stem.name}.{stage}{'' if n == 1 else n}{suffix}")
-                if self._ranked(candidate) not in written:
-                    return candidate
-                n += 1
-        return path
-
-    @staticmethod
-    def _ranked(path: Path) -> Path:
-        rank = rank_now()
-        return path if rank is None else rank_trace_path(path, rank)

@@ -115,8 +115,10 @@ def session(
                 cleanups.insert(0, close_bar)
         yield
     except BaseException:
-        stop_workers(mark)  # the traceback keeps them: their workers' spans come as they exit
-        run_cleanups(cleanups, failing=True)
+        try:
+            stop_workers(mark)  # the traceback keeps them: their workers' spans come as they exit
+        finally:  # (a Ctrl-C while they shut down still closes everything)
+            run_cleanups(cleanups, failing=True)
         if dist is not None and exporter is not None:  # no merge: this rank's file is all
             self.last_trace_path = exporter.path
         raise

@@ -399,3 +399,28 @@ def test_a_loader_whose_channel_was_retired_gets_a_new_one(
     assert loader.worker_init_fn.queue is not old  # type: ignore[union-attr]
     ppetrace.flush()
     assert sorted(r.attributes["i"] for r, _, _ in rows.rows("user.getitem")) == [0, 1, 2, 3]
+
+
+def test_a_ctrl_c_while_workers_shut_down_still_closes_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt in stop_workers (torch waits up to 5 s for a busy worker) goes
+    on to the caller, and the trace is still written and its exporter removed."""
+    from ppetrace.training import _session
+
+    def interrupted(after: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_session, "stop_workers", interrupted)
+    model = torch.nn.Linear(4, 1)
+    trainer = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "t.json")
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a bad loss")
+
+    loader = DataLoader(Items(4), batch_size=2)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(model, loader, optimizer=torch.optim.SGD(model.parameters()), loss_fn=loss)
+    assert not ppetrace.stats().sinks  # the trace's exporter is gone: the file is closed
+    frame = read_chrome_trace(tmp_path / "t.json")
+    assert not frame.attrs.get("truncated") and (frame["name"] == "trainer.step").sum() == 1

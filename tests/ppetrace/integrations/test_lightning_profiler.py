@@ -458,3 +458,57 @@ def test_a_fit_that_raises_with_loader_workers_alive_keeps_their_spans(tmp_path:
     got = frame[frame["name"] == "user.getitem"]
     assert sorted(got["i"].astype(int)) == list(range(16))
     assert run_failure(frame) == "it ended with an error (ValueError: a bad batch)"
+
+
+class _BadItem(torch.utils.data.Dataset[Any]):
+    """Eight items; item 5 raises as it is fetched (no Lightning action sees it)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i == 5:
+            raise ValueError("a bad item")
+        return torch.zeros(4), torch.tensor(i % 2)
+
+
+def test_an_error_no_action_saw_fails_its_stage_and_leaves_the_next_its_own_file(
+    tmp_path: Path,
+) -> None:
+    """Lightning fetches validation batches with start/stop, not profile(): an error in the
+    fetch left no action, so the stage was never torn down. Its trace got no run_error,
+    and the next stage was written into its file."""
+    from exporters import run_failure
+
+    profiler = LightningProfiler(trace_path=tmp_path / "t.json")
+    trainer = _trainer(profiler)
+    with pytest.raises(ValueError, match="a bad item"):
+        trainer.validate(_Module(), DataLoader(_BadItem(), batch_size=2))
+    trainer.validate(_Module(), _loader())  # the next stage ends the one that never ended
+    first, second = profiler.trace_paths
+    assert (first.name, second.name) == ("t.json", "t.validate2.json")
+    failure = run_failure(read_chrome_trace(first))
+    assert failure is not None and "without Lightning's end of a stage" in failure
+    assert run_failure(read_chrome_trace(second)) is None
+
+
+def test_a_tuners_run_is_no_failed_run(tmp_path: Path) -> None:
+    """Lightning ends a tuner's run by raising _TunerExitException, and treats it as
+    a normal end: so does the trace."""
+    from lightning.pytorch.tuner import Tuner
+
+    from exporters import run_failure
+
+    class Tunable(_Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lr = 0.1
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    profiler = LightningProfiler(trace_path=tmp_path / "t.json")
+    trainer = _trainer(profiler, max_epochs=1)
+    Tuner(trainer).lr_find(Tunable(), train_dataloaders=_loader(64), num_training=5)
+    (path,) = profiler.trace_paths
+    assert run_failure(read_chrome_trace(path)) is None
