@@ -157,18 +157,24 @@ def _held_items(got: list[int], consumed: int) -> None:
     assert got[:consumed] == list(range(consumed)) and len(got) == len(set(got)), got
 
 
-def test_a_fit_that_raises_keeps_the_spans_its_loaders_workers_hold(tmp_path: Path) -> None:
-    """A fit that raises: the traceback keeps the DataLoader iterator, and its workers
-    send their spans as they exit. The Trainer shuts them down before it closes the
-    trace (before: the file had none of them, and ppetrace.stats() counted nothing lost)."""
+def _loss_failing_at(call: int) -> Any:
+    """MSE that raises "a bad loss" at its ``call``-th call (1-based)."""
     calls = [0]
 
     def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         calls[0] += 1
-        if calls[0] == 4:
-            raise RuntimeError("a bad loss at batch 3")
+        if calls[0] == call:
+            raise RuntimeError("a bad loss")
         return torch.nn.functional.mse_loss(out, target)
 
+    return loss
+
+
+def test_a_fit_that_raises_keeps_the_spans_its_loaders_workers_hold(tmp_path: Path) -> None:
+    """A fit that raises: the traceback keeps the DataLoader iterator, and its workers
+    send their spans as they exit. The Trainer shuts them down before it closes the
+    trace (before: the file had none of them, and ppetrace.stats() counted nothing lost)."""
+    loss = _loss_failing_at(4)  # batch 3
     loader = DataLoader(Items(16), batch_size=2, num_workers=2, multiprocessing_context="fork")
     model = torch.nn.Linear(4, 1)
     trainer = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "t.json")
@@ -221,14 +227,7 @@ def test_persistent_workers_are_not_stopped_and_their_loader_goes_on(tmp_path: P
         Items(8), batch_size=2, num_workers=2, persistent_workers=True,
         multiprocessing_context="fork",
     )  # fmt: skip
-    calls = [0]
-
-    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        calls[0] += 1
-        if calls[0] == 2:
-            raise RuntimeError("a bad loss")
-        return torch.nn.functional.mse_loss(out, target)
-
+    loss = _loss_failing_at(2)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters())
     trainer = ppetrace.Trainer(max_epochs=1, progress=False, trace_path=tmp_path / "a.json")
