@@ -173,7 +173,6 @@ def _tuner_exit(exc: BaseException) -> bool:
     return type(exc).__name__ == "_TunerExitException"  # Lightning's end of a tuner's run
 
 
-#: ``run_error`` of a stage torn down without Lightning's end of a stage (``describe``)
 _UNENDED = "the stage ended without Lightning's end of a stage: an error that left no action"
 
 
@@ -289,6 +288,7 @@ class LightningProfiler(Profiler):
     def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
         """Start of a Lightning stage: open the trace file and set the profilers up."""
         if self._active:  # the last stage never ended (an error no action saw): it ends now
+            self._unended()
             self.teardown(None)
         super().setup(stage, local_rank=local_rank, log_dir=log_dir)
         self._active, self._raised = True, None
@@ -410,6 +410,16 @@ class LightningProfiler(Profiler):
                 stop_workers(self._workers_mark)  # the workers send their spans as they exit
             finally:
                 self.teardown(self._stage)
+
+    def _unended(self) -> None:
+        """``run_error`` for a stage left without Lightning's end (``describe``): _UNENDED."""
+        if self._active and self._raised is None and self.trace_exporter is not None:
+            self.trace_exporter.add_final_metadata(run_error=_who() + _UNENDED)
+
+    def __del__(self) -> None:  # Lightning's teardown after an error that no action saw
+        if getattr(self, "_raised", True) is None:  # (set up: __init__ ran)
+            self._unended()
+        super().__del__()
 
     def _summarise(self, start: int) -> None:
         """The training batch that starts at ``start`` (perf_counter ns): publish it to the
@@ -538,8 +548,6 @@ class LightningProfiler(Profiler):
             if self._active:
                 self._active = False
                 _precedence.drivers[0] = max(0, _precedence.drivers[0] - 1)
-                if not self._merging and self._raised is None and self.trace_exporter:
-                    self.trace_exporter.add_final_metadata(run_error=_who() + _UNENDED)
                 errors: list[BaseException] = []
                 while self._stack:
                     try:

@@ -512,3 +512,29 @@ def test_a_tuners_run_is_no_failed_run(tmp_path: Path) -> None:
     Tuner(trainer).lr_find(Tunable(), train_dataloaders=_loader(64), num_training=5)
     (path,) = profiler.trace_paths
     assert run_failure(read_chrome_trace(path)) is None
+
+
+def test_an_error_no_action_saw_fails_its_stage_when_the_profiler_is_collected(
+    tmp_path: Path,
+) -> None:
+    """The same error with no next stage: the profiler's collection (Lightning's own
+    teardown after an error) writes the trace with run_error. A teardown called directly
+    (a profiler driven by hand) adds none."""
+    import gc
+
+    from exporters import run_failure
+
+    profiler = LightningProfiler(trace_path=tmp_path / "t.json")
+    trainer = _trainer(profiler)
+    with pytest.raises(ValueError, match="a bad item"):
+        trainer.validate(_Module(), DataLoader(_BadItem(), batch_size=2))
+    del trainer, profiler
+    gc.collect()
+    failure = run_failure(read_chrome_trace(tmp_path / "t.json"))
+    assert failure is not None and "without Lightning's end of a stage" in failure
+    by_hand = LightningProfiler(trace_path=tmp_path / "h.json")
+    by_hand.setup("fit")
+    with by_hand.profile("run_training_batch"):
+        pass
+    by_hand.teardown("fit")
+    assert run_failure(read_chrome_trace(tmp_path / "h.json")) is None
