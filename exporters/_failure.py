@@ -105,8 +105,4 @@ def _clean_exit(error: object) -> bool:
     ``sys.exit()``, ``sys.exit(0)`` or ``sys.exit(None)``."""
     if not isinstance(error, str) or not error.strip():
         return False
-    return error.strip().splitlines()[0].rstrip().rstrip(":") in (
-        "SystemExit",
-        "SystemExit: 0",
-        "SystemExit: None",
-    )
+    return _first_line(error) in ("SystemExit", "SystemExit: 0", "SystemExit: None")

@@ -216,8 +216,7 @@ class StepDetail:
         if rec.enabled:  # else no step row comes
             publish = self._publish_light
             if light and publish is not None:
-                sinks = FLUSHER.sinks  # (_only_sink, inline: this runs for every step)
-                if sinks is not self._sinks:
+                if FLUSHER.sinks is not self._sinks:  # (tested inline: this runs every step)
                     self._only_sink()
                 if self._alone:
                     begin = self._c_begin
@@ -232,14 +231,11 @@ class StepDetail:
                 return  # not a ppetrace span (no start_ns): the step stays in full
             self._publish(start)
 
-    def _only_sink(self) -> bool:
-        """Whether the exporter is the recorder's only sink (others would lose the rows
-        of light steps)."""
-        sinks = FLUSHER.sinks
-        if sinks is not self._sinks:  # a new list when a sink is added or removed
-            self._sinks = sinks
-            self._alone = len(sinks) == 1 and sinks[0].target is self.exporter
-        return self._alone
+    def _only_sink(self) -> None:
+        """Note in ``_alone`` whether the exporter is the recorder's only sink (others would
+        lose the rows of light steps); the sink list is a new one when a sink comes or goes."""
+        sinks = self._sinks = FLUSHER.sinks
+        self._alone = len(sinks) == 1 and sinks[0].target is self.exporter
 
     def summarise_at(self, start_ns: int, tid: int) -> None:
         """Publish a step that starts at ``start_ns`` (epoch ns) on thread ``tid``."""

@@ -517,13 +517,12 @@ def _set_path0(folder: str) -> None:
 
 
 def _exit_code(code: Any, err: IO[str]) -> int:
-    """``sys.exit(code)`` as Python ends a process with it."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    err.write(f"{code}\n")
-    return 1
+    """``sys.exit(code)`` as Python ends a process with it (a message is printed)."""
+    from ._instrument import _exit_status  # the status the OS keeps: 256 is 0
+
+    if code is not None and not isinstance(code, int):
+        err.write(f"{code}\n")
+    return _exit_status(code)
 
 
 def _print_exception(exc: BaseException, err: IO[str]) -> None:

@@ -46,11 +46,11 @@ __all__ = [
     "PERSISTENT_INTERVAL",
     "settle_workers",
     "stop_workers",
-    "tracked",
-    "workers_mark",
     "trace_loaders",
     "trace_workers",
     "tracing_iter",
+    "tracked",
+    "workers_mark",
 ]
 
 _log = logging.getLogger("ppetrace")
