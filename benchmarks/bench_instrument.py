@@ -11,7 +11,11 @@ this one run, the compared variants interleaved (the order rotating each round):
   loop and ``close()`` (which writes the trace). Workloads of ``bench_trainer``: tiny
   (Linear 16->4, batch 8) and mlp (784-256-10, batch 64), one torch thread. The gated
   figure is the median over rounds of the paired ratio; a bootstrap 95% interval of
-  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x.
+  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. A third variant,
+  ``spans``, opens the same spans by hand in the same loop (``ppetrace.trace``
+  blocks, written into a Chrome trace): what recording them costs at the least, so
+  that ``instrument`` against it is the cost of the global hooks and the step
+  inference (info rows ``instrument.<workload>.spans``).
 - *lightning*: ``lightning.Trainer`` fits of the mlp workload with ``profiler=None``,
   ``profiler="simple"`` and ``LightningProfiler(trace_path)``; budgets:
   LightningProfiler / simple <= 1.00x and LightningProfiler / none <= 1.10x.
@@ -159,17 +163,57 @@ def _hand_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[
         opt.zero_grad(set_to_none=True)
 
 
+def _spans_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[Any]) -> None:
+    """:func:`_hand_loop` opening by hand the spans that ``instrument()`` records for each
+    step, with their names, nesting and one ``FrozenAttributes`` per step: what recording
+    them costs at the least, through ``ppetrace.trace`` blocks."""
+    trace, frozen = ppetrace.trace, ppetrace.tracing.FrozenAttributes
+    fetch, step, forward, backward, optimizer = (
+        trace(name)
+        for name in (
+            "trainer.fetch_batch",
+            "trainer.step",
+            "module.forward",
+            "trainer.backward",
+            "trainer.optimizer_step",
+        )
+    )
+    name = type(model).__name__
+    model.train()
+    it, i = iter(loader), 0
+    while True:
+        attrs = frozen({"ppetrace.step": i, "ppetrace.stage": "train", "ppetrace.module": name})
+        with fetch.again(attrs):
+            batch = next(it, None)
+        if batch is None:
+            break
+        x, y = batch
+        with step.again(attrs):
+            with forward.again(attrs):
+                out = model(x)
+            loss = F.cross_entropy(out, y)
+            with backward.again(attrs):
+                loss.backward()
+            with optimizer.again(attrs):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        i += 1
+
+
 def measure_instrument(
     workload: Workload | str, *, steps: int, rounds: int, say: Callable[[str], None] = print
 ) -> TrainerResult:
-    """``hand`` (the bare loop) and ``instrument`` (the loop under instrument(), trace
-    written), interleaved; a :class:`bench_trainer.TrainerResult`."""
+    """``hand`` (the bare loop), ``instrument`` (the loop under instrument(), trace
+    written) and ``spans`` (the loop recording the same spans by hand through
+    ``ppetrace.trace``, into a Chrome trace file: :func:`_spans_loop`), interleaved; a
+    :class:`bench_trainer.TrainerResult`. ``instrument`` against ``spans`` is what the
+    global hooks and the step inference cost beyond recording the spans."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     result = TrainerResult(wl.name, steps, rounds, 1)
     with tempfile.TemporaryDirectory() as tmp, _threads(1), gc_frozen():
         ppetrace.configure()
         loader = wl.loader(steps)
-        models = {"hand": wl.model(), "instrument": wl.model()}
+        models = {"hand": wl.model(), "instrument": wl.model(), "spans": wl.model()}
         opts = {k: torch.optim.SGD(m.parameters(), lr=LR) for k, m in models.items()}
         path = Path(tmp) / "instrument.json"
 
@@ -184,8 +228,23 @@ def measure_instrument(
                 _hand_loop(models["instrument"], opts["instrument"], loader)
             return time.perf_counter_ns() - t0
 
+        def spans() -> int:
+            from exporters.chrome import ChromeTraceExporter
+
+            t0 = time.perf_counter_ns()
+            exporter = ChromeTraceExporter(Path(tmp) / "spans.json")
+            ppetrace.tracing.add_exporter(exporter)
+            try:
+                _spans_loop(models["spans"], opts["spans"], loader)
+            finally:
+                ppetrace.tracing.remove_exporter(exporter)
+            return time.perf_counter_ns() - t0
+
         result.times_ns = _interleaved(
-            {"hand": hand, "instrument": traced}, rounds, say, f"instrument {wl.name}"
+            {"hand": hand, "instrument": traced, "spans": spans},
+            rounds,
+            say,
+            f"instrument {wl.name}",
         )
         from exporters import read_chrome_trace, step_report
 
@@ -484,6 +543,28 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 ),
             )
         )
+        slo, shi = res.paired_ci("spans", "hand")
+        above = res.overhead_us("instrument", "spans")
+        alo, ahi = res.overhead_ci("instrument", "spans")
+        spans_above = res.overhead_us("spans", "hand")
+        out.append(
+            Row(
+                id=f"instrument.{name}.spans",
+                what=f"the same spans opened by hand with ppetrace.trace, {name}, trace written",
+                measured=f"{res.median_us_per_step('spans'):,.1f} µs/step",
+                reference=f"{res.median_us_per_step('hand'):,.1f} µs/step (bare loop)",
+                ratio=res.paired_ratio("spans", "hand"),
+                value=res.median_us_per_step("spans"),
+                reference_value=res.median_us_per_step("hand"),
+                unit="µs/step",
+                note=(
+                    f"95% CI {slo:.3f}-{shi:.3f}x, {spans_above:+,.1f} µs/step "
+                    f"above the bare loop: recording and writing the step's spans at the least; "
+                    f"instrument() takes {above:+,.1f} µs/step (95% CI {alo:+,.1f} to "
+                    f"{ahi:+,.1f}) above it: its global hooks and step inference"
+                ),
+            )
+        )
     times = measure_lightning(
         "mlp", steps=own["lightning_steps"], rounds=own["lightning_rounds"], say=_say
     )
@@ -592,7 +673,9 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
 #: the row ids :func:`rows` yields
 ROW_IDS = (
     "instrument.tiny",
+    "instrument.tiny.spans",
     "instrument.mlp",
+    "instrument.mlp.spans",
     "instrument.lightning_simple",
     "instrument.lightning_none",
     "instrument.startup",
@@ -601,7 +684,9 @@ ROW_IDS = (
     "instrument.tiling",
 )
 #: the rows with a budget
-BUDGETED = tuple(r for r in ROW_IDS if r != "instrument.startup_report")
+BUDGETED = tuple(
+    r for r in ROW_IDS if r != "instrument.startup_report" and not r.endswith(".spans")
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,13 @@ kind doing the same math:
   ``opt.zero_grad(set_to_none=True)``); ``ppetrace``
   (``ppetrace.Trainer(trace_path=...)``: every hook a span, streamed into a
   Chrome trace file), ``ppetrace_nofile`` (tracing on, no exporter) and
-  ``ppetrace_off`` (tracing disabled: the loop alone);
+  ``ppetrace_off`` (tracing disabled: the loop alone); ``hand_spans``,
+  ``hand_spans_nofile`` and ``hand_spans_off``: the hand loop opening the
+  Trainer's 8 spans per step by hand, with the same names, nesting and
+  attribute mapping (file, no exporter, tracing disabled). Their paired
+  differences (:data:`PARTS`, :func:`cost_parts`) split the traced Trainer's time
+  above the hand loop: the span blocks themselves, recording, writing, and
+  the Trainer's own loop beyond its spans;
 - PyMarlin ``ModuleInterface``: ``hand_interface`` (``module(Stage.TRAIN,
   step + 1, batch, device)`` as PyMarlin calls it, then the same backward and
   step), ``ppetrace_interface`` and ``ppetrace_interface_off``;
@@ -98,6 +104,7 @@ __all__ = [
     "CI_BUDGETS",
     "COVERAGE_BUDGET",
     "KINDS",
+    "PARTS",
     "PEERS",
     "REFERENCE",
     "TRACED",
@@ -108,6 +115,7 @@ __all__ = [
     "coverage",
     "main",
     "measure",
+    "cost_parts",
     "peer_available",
     "profile_traced",
     "sampled_self_times",
@@ -129,6 +137,9 @@ VARIANTS: tuple[str, ...] = (
     "ppetrace",
     "ppetrace_nofile",
     "ppetrace_off",
+    "hand_spans",
+    "hand_spans_nofile",
+    "hand_spans_off",
     "hand_interface",
     "ppetrace_interface",
     "ppetrace_interface_off",
@@ -144,6 +155,28 @@ REFERENCE: dict[str, str] = {
     v: ("hand_interface" if "interface" in v else "hand_network" if "network" in v else "hand")
     for v in CLASSES
 }
+#: where the traced Trainer's time above the hand loop goes (plain module kind): ``(id,
+#: part, variant, reference)``, each part the per-step difference of ``variant`` and
+#: ``reference`` in the same round. The first three sum to what the Trainer's spans cost
+#: in a loop that does nothing else; the fourth is the Trainer's own loop beyond them.
+PARTS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "with_floor",
+        "the step's 8 span blocks and its mapping, tracing disabled",
+        "hand_spans_off",
+        "hand",
+    ),
+    ("recording", "recording those 8 spans (no exporter)", "hand_spans_nofile", "hand_spans_off"),
+    ("writing", "writing them into a Chrome trace file", "hand_spans", "hand_spans_nofile"),
+    (
+        "loop",
+        "the Trainer's loop beyond its spans, tracing disabled",
+        "ppetrace_off",
+        "hand_spans_off",
+    ),
+    ("tracing", "tracing in the Trainer: recording and writing", "ppetrace", "ppetrace_off"),
+    ("all", "the traced Trainer, all in", "ppetrace", "hand"),
+)
 #: the variants that write a trace file (their coverage is measured), by kind
 TRACED: dict[str, str] = {
     "plain": "ppetrace",
@@ -520,6 +553,20 @@ _LIBRARY_PREFIXES = ("ppetrace/", "exporters/", "opentelemetry/")
 # -- command line -------------------------------------------------------------------------
 
 
+def cost_parts(
+    res: TrainerResult, *, clock: str = "cpu"
+) -> list[tuple[str, str, float, float, float]]:
+    """:data:`PARTS` measured: ``(id, part, µs per step, 95% CI low, high)`` for each part
+    whose two variants ran, from the per-round differences (CPU time by default: the
+    spans' exporter works on threads of its own, and CPU time is the less noisy clock)."""
+    out = []
+    for part_id, part, variant, reference in PARTS:
+        if variant in res.times_ns and reference in res.times_ns:
+            lo, hi = res.overhead_ci(variant, reference, clock=clock)
+            out.append((part_id, part, res.overhead_us(variant, reference, clock=clock), lo, hi))
+    return out
+
+
 def render_results(results: Sequence[TrainerResult]) -> str:
     """A plain-text table per workload: per variant µs/step, the paired ratio to its kind's
     hand loop with its interval, and µs/step above that hand loop, in wall and CPU time;
@@ -556,6 +603,11 @@ def render_results(results: Sequence[TrainerResult]) -> str:
                 if values
             )
             lines.append(f"  coverage by direct children, {variant}: {shown} (lowest round)")
+        found = cost_parts(res)
+        if found:
+            lines.append("  where the traced Trainer's time above the hand loop goes (CPU time):")
+        for _part_id, part, us, lo, hi in found:
+            lines.append(f"    {part:<58} {us:+6.1f} µs/step [{lo:+.1f},{hi:+.1f}]")
         if res.report_ns:
             lines.append(
                 f"  step report from the trace (not in the timed region): "

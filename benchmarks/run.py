@@ -484,6 +484,20 @@ def trainer_rows(
                 what = f"Trainer {name}: {kind_label}, tracing disabled (the loop alone)"
                 rows.append(_timed_row(res, f"trainer.{name}.{off}", what, off, off_budget, None))
         rows += _coverage_rows(res, name, gated=name == "mlp")
+        for part_id, part, us, lo, hi in bench_trainer.cost_parts(res):
+            rows.append(
+                Row(
+                    id=f"trainer.{name}.part.{part_id}",
+                    what=f"Trainer {name}, where the time goes: {part}",
+                    measured=f"{us:+,.1f} µs/step",
+                    value=us,
+                    unit="µs/step",
+                    note=(
+                        f"CPU time, median of {res.rounds} per-round differences, 95% CI "
+                        f"{lo:+,.1f} to {hi:+,.1f} µs/step"
+                    ),
+                )
+            )
         hand = f"{res.median_us_per_step('hand'):,.1f} µs/step (hand)"
         for variant in ("ppe", "ppe_profile", "lightning"):
             row_id = f"trainer.{name}.{variant}"
@@ -780,6 +794,13 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
             "ppetrace_network_off",
             "coverage_epoch",
             "coverage_run",
+            # bench_trainer.PARTS, in order
+            "part.with_floor",
+            "part.recording",
+            "part.writing",
+            "part.loop",
+            "part.tracing",
+            "part.all",
             "ppe",
             "ppe_profile",
             "lightning",
@@ -791,7 +812,9 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
     "delivery": ("delivery.simple", "delivery.batch_trainer"),
     "instrument": (
         "instrument.tiny",
+        "instrument.tiny.spans",
         "instrument.mlp",
+        "instrument.mlp.spans",
         "instrument.lightning_simple",
         "instrument.lightning_none",
         "instrument.startup",

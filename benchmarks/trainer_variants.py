@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ppetrace
+from ppetrace import tracing
 
 __all__ = [
     "CLASSES",
@@ -192,6 +193,99 @@ class _Hand(_Variant):
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
+
+class _HandSpans(_Hand):
+    """The hand loop opening, by hand, the spans that the Trainer records for each step:
+    the same names, nesting and empty hook spans (README, "Hook order"), under
+    ``trainer.run`` and ``trainer.epoch``, with one ``FrozenAttributes`` per step built as
+    the Trainer builds it. ``off``: tracing disabled (what the ``with`` statements and the
+    mapping cost alone); ``nofile``: recorded, no exporter; else also streamed into a
+    Chrome trace file, as ``trace_path`` does. Against ``hand`` it prices the spans; the
+    Trainer against it prices the Trainer's loop beyond its spans."""
+
+    off = False
+    nofile = False
+
+    def run(self) -> tuple[int, int]:
+        if self.off:  # outside the timed region, as for the Trainer (_Ppetrace.run)
+            ppetrace.configure(enabled=False)
+        try:
+            return super().run()
+        finally:
+            if self.off:
+                ppetrace.configure()
+
+    def train(self) -> None:
+        from exporters.chrome import ChromeTraceExporter
+
+        exporter = None
+        if not self.off and not self.nofile:  # what trace_path costs the Trainer, here too
+            exporter = ChromeTraceExporter(self.tmp / f"{type(self).__name__}.json")
+            tracing.add_exporter(exporter)
+        try:
+            with ppetrace.trace("trainer.run"), ppetrace.trace("trainer.epoch"):
+                self._epoch()
+        finally:
+            if exporter is not None:
+                tracing.remove_exporter(exporter)
+
+    def _epoch(self) -> None:
+        model, opt, trace = self.model, self.opt, ppetrace.trace
+        fetch, step, pre, convert, train, backward, optimizer, post = (
+            trace(name)
+            for name in (
+                "trainer.fetch_batch",
+                "trainer.step",
+                "runtime.train_pre_step",
+                "runtime.convert_batch",
+                "module.train_step",
+                "trainer.backward",
+                "trainer.optimizer_step",
+                "runtime.train_post_step",
+            )
+        )
+        template = {
+            "ppetrace.epoch": 0,
+            "ppetrace.step": 0,
+            "ppetrace.batch_idx": 0,
+            "ppetrace.stage": "train",
+            "ppetrace.device": "cpu",
+            "ppetrace.runtime": "PyTorchRuntime",
+            "ppetrace.batch_size": self.workload.batch_size,
+        }
+        model.train()
+        it, i = iter(self.loader), 0
+        while True:
+            step_attrs = template.copy()
+            step_attrs["ppetrace.step"] = i
+            step_attrs["ppetrace.batch_idx"] = i
+            attrs = tracing.FrozenAttributes(step_attrs)
+            with fetch.again(attrs):
+                batch = next(it, None)
+            if batch is None:
+                break
+            with step.again(attrs):
+                pre.mark(attrs)
+                with convert.again(attrs):
+                    x, y = batch
+                with train.again(attrs):
+                    loss = F.cross_entropy(model(x), y)
+                with backward.again(attrs):
+                    loss.backward()
+                with optimizer.again(attrs):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                post.mark(attrs)
+            i += 1
+
+
+class _HandSpansNoFile(_HandSpans):
+    nofile = True
+
+
+class _HandSpansOff(_HandSpans):
+    off = True
 
 
 class _HandInterface(_Variant):
@@ -447,6 +541,9 @@ class _Lightning(_Variant):
 #: every variant by name
 CLASSES: dict[str, type[_Variant]] = {
     "hand": _Hand,
+    "hand_spans": _HandSpans,
+    "hand_spans_nofile": _HandSpansNoFile,
+    "hand_spans_off": _HandSpansOff,
     "ppetrace": _Ppetrace,
     "ppetrace_nofile": _PpetraceNoFile,
     "ppetrace_summarised": _PpetraceSummarised,

@@ -58,6 +58,9 @@ def test_quick_run_writes_every_row_to_json_and_markdown(
     rows = {r["id"]: r for r in data["rows"]}
     expected = set(itertools.chain.from_iterable(run.ROW_IDS.values()))
     assert set(rows) == expected, data["details"]["errors"]
+    assert run.ROW_IDS["instrument"] == bench_instrument.ROW_IDS
+    parts = [i for i in run.ROW_IDS["trainer"] if i.startswith("trainer.tiny.part.")]
+    assert parts == [f"trainer.tiny.part.{p[0]}" for p in bench_trainer.PARTS]
     assert expected >= BUDGETED
     assert code == (1 if data["failed"] else 0)
     for row_id, row in rows.items():
@@ -154,6 +157,39 @@ def test_trainer_result_pairs_each_kind_with_its_own_hand_loop_in_both_clocks() 
     data = res.to_json()
     assert data["reference"]["ppetrace_network"] == "hand_network"
     assert data["cpu"]["ratio_paired_median"]["ppetrace_network"] == pytest.approx(1.05)
+
+
+def test_cost_parts_are_paired_differences_and_add_up() -> None:
+    res = bench_trainer.TrainerResult("tiny", steps=10, rounds=3, threads=1)
+    # CPU ns per run, three rounds; the noise of the third round hits every variant alike
+    base = {
+        "hand": 1000,
+        "hand_spans_off": 1030,
+        "hand_spans_nofile": 1100,
+        "hand_spans": 1150,
+        "ppetrace_off": 1090,
+        "ppetrace": 1260,
+    }
+    res.cpu_ns = {v: [ns, ns, ns + 500] for v, ns in base.items()}
+    res.times_ns = {v: [ns, ns, ns] for v, ns in base.items()}
+    found = {part_id: us for part_id, _part, us, _lo, _hi in bench_trainer.cost_parts(res)}
+    # µs per step: ns difference / 10 steps / 1000
+    assert found == pytest.approx(
+        {
+            "with_floor": 0.003,
+            "recording": 0.007,
+            "writing": 0.005,
+            "loop": 0.006,
+            "tracing": 0.017,
+            "all": 0.026,
+        }
+    )
+    assert found["with_floor"] + found["loop"] + found["tracing"] == pytest.approx(found["all"])
+    del res.cpu_ns["hand_spans"], res.times_ns["hand_spans"]  # a part whose variant did not run
+    assert "writing" not in {p[0] for p in bench_trainer.cost_parts(res)}
+    assert "where the traced Trainer's time above the hand loop goes" in (
+        bench_trainer.render_results([res])
+    )
 
 
 def test_profile_export_names_the_exporter_functions() -> None:
