@@ -15,7 +15,9 @@ this one run, the compared variants interleaved (the order rotating each round):
   ``spans``, opens the same spans by hand in the same loop (``ppetrace.trace``
   blocks, written into a Chrome trace): what recording them costs at the least, so
   that ``instrument`` against it is the cost of the global hooks and the step
-  inference (info rows ``instrument.<workload>.spans``).
+  inference (info rows ``instrument.<workload>.spans``). A fourth, ``hooks``, hooks
+  the places ``instrument()`` hooks with wrappers that only call through: what
+  hooking costs before any span (``instrument.<workload>.hooks``).
 - *lightning*: ``lightning.Trainer`` fits of the mlp workload with ``profiler=None``,
   ``profiler="simple"`` and ``LightningProfiler(trace_path)``; budgets:
   LightningProfiler / simple <= 1.00x and LightningProfiler / none <= 1.10x.
@@ -200,20 +202,62 @@ def _spans_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader
         i += 1
 
 
+@contextlib.contextmanager
+def _pass_through_hooks() -> Any:
+    """The places ``instrument()`` hooks, hooked with wrappers that only call through
+    (``Module.__call__``, the DataLoader iterator's ``__next__``, ``Tensor.backward``,
+    ``torch.autograd.backward``) and torch's global optimizer step hooks doing nothing:
+    what hooking a loop without changing its code costs before any span is recorded."""
+    import torch.utils.data.dataloader as dl
+    from torch.optim import optimizer as optim
+
+    def through(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def nothing(*_args: Any) -> None:
+        return None
+
+    points = [
+        (torch.nn.Module, "__call__"),
+        (dl._BaseDataLoaderIter, "__next__"),
+        (torch.Tensor, "backward"),
+        (torch.autograd, "backward"),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in points]
+    handles = [
+        optim.register_optimizer_step_pre_hook(nothing),
+        optim.register_optimizer_step_post_hook(nothing),
+    ]
+    try:
+        for owner, name, fn in saved:
+            setattr(owner, name, through(fn))
+        yield
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+        for handle in handles:
+            handle.remove()
+
+
 def measure_instrument(
     workload: Workload | str, *, steps: int, rounds: int, say: Callable[[str], None] = print
 ) -> TrainerResult:
     """``hand`` (the bare loop), ``instrument`` (the loop under instrument(), trace
     written) and ``spans`` (the loop recording the same spans by hand through
-    ``ppetrace.trace``, into a Chrome trace file: :func:`_spans_loop`), interleaved; a
+    ``ppetrace.trace``, into a Chrome trace file: :func:`_spans_loop`) and ``hooks``
+    (the bare loop under :func:`_pass_through_hooks`), interleaved; a
     :class:`bench_trainer.TrainerResult`. ``instrument`` against ``spans`` is what the
-    global hooks and the step inference cost beyond recording the spans."""
+    global hooks and the step inference cost beyond recording the spans; ``hooks``
+    against ``hand`` is what hooking alone costs."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     result = TrainerResult(wl.name, steps, rounds, 1)
     with tempfile.TemporaryDirectory() as tmp, _threads(1), gc_frozen():
         ppetrace.configure()
         loader = wl.loader(steps)
-        models = {"hand": wl.model(), "instrument": wl.model(), "spans": wl.model()}
+        models = {k: wl.model() for k in ("hand", "instrument", "spans", "hooks")}
         opts = {k: torch.optim.SGD(m.parameters(), lr=LR) for k, m in models.items()}
         path = Path(tmp) / "instrument.json"
 
@@ -240,8 +284,14 @@ def measure_instrument(
                 ppetrace.tracing.remove_exporter(exporter)
             return time.perf_counter_ns() - t0
 
+        def hooked() -> int:
+            t0 = time.perf_counter_ns()
+            with _pass_through_hooks():
+                _hand_loop(models["hooks"], opts["hooks"], loader)
+            return time.perf_counter_ns() - t0
+
         result.times_ns = _interleaved(
-            {"hand": hand, "instrument": traced, "spans": spans},
+            {"hand": hand, "instrument": traced, "spans": spans, "hooks": hooked},
             rounds,
             say,
             f"instrument {wl.name}",
@@ -565,6 +615,25 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 ),
             )
         )
+        hlo, hhi = res.overhead_ci("hooks", "hand")
+        out.append(
+            Row(
+                id=f"instrument.{name}.hooks",
+                what=f"the places instrument() hooks, hooked to call through only, {name}",
+                measured=f"{res.median_us_per_step('hooks'):,.1f} µs/step",
+                reference=f"{res.median_us_per_step('hand'):,.1f} µs/step (bare loop)",
+                ratio=res.paired_ratio("hooks", "hand"),
+                value=res.median_us_per_step("hooks"),
+                reference_value=res.median_us_per_step("hand"),
+                unit="µs/step",
+                note=(
+                    f"{res.overhead_us('hooks', 'hand'):+,.1f} µs/step above the bare loop "
+                    f"(95% CI {hlo:+,.1f} to {hhi:+,.1f}): Module.__call__, the DataLoader "
+                    "iterator's __next__, Tensor.backward and torch.autograd.backward wrapped "
+                    "to call through, and torch's global optimizer step hooks doing nothing"
+                ),
+            )
+        )
     times = measure_lightning(
         "mlp", steps=own["lightning_steps"], rounds=own["lightning_rounds"], say=_say
     )
@@ -674,8 +743,10 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
 ROW_IDS = (
     "instrument.tiny",
     "instrument.tiny.spans",
+    "instrument.tiny.hooks",
     "instrument.mlp",
     "instrument.mlp.spans",
+    "instrument.mlp.hooks",
     "instrument.lightning_simple",
     "instrument.lightning_none",
     "instrument.startup",
@@ -685,7 +756,7 @@ ROW_IDS = (
 )
 #: the rows with a budget
 BUDGETED = tuple(
-    r for r in ROW_IDS if r != "instrument.startup_report" and not r.endswith(".spans")
+    r for r in ROW_IDS if r != "instrument.startup_report" and not r.endswith((".spans", ".hooks"))
 )
 
 

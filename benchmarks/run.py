@@ -813,8 +813,10 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
     "instrument": (
         "instrument.tiny",
         "instrument.tiny.spans",
+        "instrument.tiny.hooks",
         "instrument.mlp",
         "instrument.mlp.spans",
+        "instrument.mlp.hooks",
         "instrument.lightning_simple",
         "instrument.lightning_none",
         "instrument.startup",
