@@ -556,6 +556,29 @@ def _paired(times: dict[str, list[int]], variant: str, reference: str) -> list[f
     return [v / r for v, r in zip(times[variant], times[reference], strict=True)]
 
 
+def _beside_row(res: TrainerResult, name: str, variant: str, what: str, said: str) -> Any:
+    """The info row ``instrument.<name>.<variant>``: ``variant`` against the bare loop,
+    as a ratio and in µs per step, with their intervals, then ``said``."""
+    from benchmarks.run import Row
+
+    lo, hi = res.paired_ci(variant, "hand")
+    olo, ohi = res.overhead_ci(variant, "hand")
+    return Row(
+        id=f"instrument.{name}.{variant}",
+        what=what,
+        measured=f"{res.median_us_per_step(variant):,.1f} µs/step",
+        reference=f"{res.median_us_per_step('hand'):,.1f} µs/step (bare loop)",
+        ratio=res.paired_ratio(variant, "hand"),
+        value=res.median_us_per_step(variant),
+        reference_value=res.median_us_per_step("hand"),
+        unit="µs/step",
+        note=(
+            f"95% CI {lo:.3f}-{hi:.3f}x; {res.overhead_us(variant, 'hand'):+,.1f} µs/step above "
+            f"the bare loop (95% CI {olo:+,.1f} to {ohi:+,.1f}): {said}"
+        ),
+    )
+
+
 def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
     """The section's rows for ``benchmarks.run`` (``size`` holds the keys of :data:`SIZES`)."""
     from benchmarks.run import FAIL, INFO, MISSING, PASS, Row, _say
@@ -593,45 +616,30 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 ),
             )
         )
-        slo, shi = res.paired_ci("spans", "hand")
         above = res.overhead_us("instrument", "spans")
         alo, ahi = res.overhead_ci("instrument", "spans")
-        spans_above = res.overhead_us("spans", "hand")
+        spans_what = f"the same spans opened by hand with ppetrace.trace, {name}, trace written"
         out.append(
-            Row(
-                id=f"instrument.{name}.spans",
-                what=f"the same spans opened by hand with ppetrace.trace, {name}, trace written",
-                measured=f"{res.median_us_per_step('spans'):,.1f} µs/step",
-                reference=f"{res.median_us_per_step('hand'):,.1f} µs/step (bare loop)",
-                ratio=res.paired_ratio("spans", "hand"),
-                value=res.median_us_per_step("spans"),
-                reference_value=res.median_us_per_step("hand"),
-                unit="µs/step",
-                note=(
-                    f"95% CI {slo:.3f}-{shi:.3f}x, {spans_above:+,.1f} µs/step "
-                    f"above the bare loop: recording and writing the step's spans at the least; "
-                    f"instrument() takes {above:+,.1f} µs/step (95% CI {alo:+,.1f} to "
-                    f"{ahi:+,.1f}) above it: its global hooks and step inference"
-                ),
+            _beside_row(
+                res,
+                name,
+                "spans",
+                spans_what,
+                "recording and writing the step's spans at the least; instrument() takes "
+                f"{above:+,.1f} µs/step (95% CI {alo:+,.1f} to {ahi:+,.1f}) above it: its "
+                "global hooks and step inference",
             )
         )
-        hlo, hhi = res.overhead_ci("hooks", "hand")
+        hooks_what = f"the places instrument() hooks, hooked to call through only, {name}"
         out.append(
-            Row(
-                id=f"instrument.{name}.hooks",
-                what=f"the places instrument() hooks, hooked to call through only, {name}",
-                measured=f"{res.median_us_per_step('hooks'):,.1f} µs/step",
-                reference=f"{res.median_us_per_step('hand'):,.1f} µs/step (bare loop)",
-                ratio=res.paired_ratio("hooks", "hand"),
-                value=res.median_us_per_step("hooks"),
-                reference_value=res.median_us_per_step("hand"),
-                unit="µs/step",
-                note=(
-                    f"{res.overhead_us('hooks', 'hand'):+,.1f} µs/step above the bare loop "
-                    f"(95% CI {hlo:+,.1f} to {hhi:+,.1f}): Module.__call__, the DataLoader "
-                    "iterator's __next__, Tensor.backward and torch.autograd.backward wrapped "
-                    "to call through, and torch's global optimizer step hooks doing nothing"
-                ),
+            _beside_row(
+                res,
+                name,
+                "hooks",
+                hooks_what,
+                "Module.__call__, the DataLoader iterator's __next__, Tensor.backward and "
+                "torch.autograd.backward wrapped to call through, and torch's global "
+                "optimizer step hooks doing nothing",
             )
         )
     times = measure_lightning(

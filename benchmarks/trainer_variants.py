@@ -180,6 +180,22 @@ class _Variant:
         """Release what the variant holds (files, global state)."""
 
 
+class _TracingOff(_Variant):
+    """With ``off``, tracing is disabled (``configure(enabled=False)``) around the timed
+    run, outside its timed region."""
+
+    off = False
+
+    def run(self) -> tuple[int, int]:
+        if self.off:
+            ppetrace.configure(enabled=False)
+        try:
+            return super().run()
+        finally:
+            if self.off:
+                ppetrace.configure()
+
+
 class _Hand(_Variant):
     def __init__(self, workload: Workload, loader: DataLoader[Any], tmp: Path) -> None:
         super().__init__(workload, loader, tmp)
@@ -195,7 +211,7 @@ class _Hand(_Variant):
             opt.zero_grad(set_to_none=True)
 
 
-class _HandSpans(_Hand):
+class _HandSpans(_TracingOff, _Hand):
     """The hand loop opening, by hand, the spans that the Trainer records for each step:
     the same names, nesting and empty hook spans (README, "Hook order"), under
     ``trainer.run`` and ``trainer.epoch``, with one ``FrozenAttributes`` per step built as
@@ -204,17 +220,7 @@ class _HandSpans(_Hand):
     Chrome trace file, as ``trace_path`` does. Against ``hand`` it prices the spans; the
     Trainer against it prices the Trainer's loop beyond its spans."""
 
-    off = False
     nofile = False
-
-    def run(self) -> tuple[int, int]:
-        if self.off:  # outside the timed region, as for the Trainer (_Ppetrace.run)
-            ppetrace.configure(enabled=False)
-        try:
-            return super().run()
-        finally:
-            if self.off:
-                ppetrace.configure()
 
     def train(self) -> None:
         from exporters.chrome import ChromeTraceExporter
@@ -255,16 +261,15 @@ class _HandSpans(_Hand):
             "ppetrace.batch_size": self.workload.batch_size,
         }
         model.train()
-        it, i = iter(self.loader), 0
-        while True:
+        with trace("trainer.loader_start"):
+            it = iter(self.loader)
+        for i in range(len(self.loader)):  # as the Trainer: no fetch past a loader's len()
             step_attrs = template.copy()
             step_attrs["ppetrace.step"] = i
             step_attrs["ppetrace.batch_idx"] = i
             attrs = tracing.FrozenAttributes(step_attrs)
             with fetch.again(attrs):
-                batch = next(it, None)
-            if batch is None:
-                break
+                batch = next(it)
             with step.again(attrs):
                 pre.mark(attrs)
                 with convert.again(attrs):
@@ -277,7 +282,8 @@ class _HandSpans(_Hand):
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 post.mark(attrs)
-            i += 1
+        with trace("trainer.loader_end"):
+            del it
 
 
 class _HandSpansNoFile(_HandSpans):
@@ -333,12 +339,11 @@ class _HandNetwork(_Variant):
             )
 
 
-class _Ppetrace(_Variant):
+class _Ppetrace(_TracingOff, _Variant):
     """``ppetrace.Trainer`` on the plain module; ``trace_path`` unless ``nofile``, tracing
     disabled when ``off``."""
 
     nofile = False
-    off = False
     #: ``Trainer(trace_detail=...)``: the default, or summarised steps (``_PpetraceSummarised``)
     detail: Any = "auto"
 
@@ -356,15 +361,6 @@ class _Ppetrace(_Variant):
 
     def fit(self, trainer: ppetrace.Trainer) -> None:
         trainer.fit(self.model, self.loader, optimizer=self.opt, loss_fn=F.cross_entropy)
-
-    def run(self) -> tuple[int, int]:
-        if self.off:
-            ppetrace.configure(enabled=False)
-        try:
-            return super().run()
-        finally:
-            if self.off:
-                ppetrace.configure()
 
     def train(self) -> None:
         trainer = ppetrace.Trainer(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import sys
@@ -190,6 +191,30 @@ def test_cost_parts_are_paired_differences_and_add_up() -> None:
     assert "where the traced Trainer's time above the hand loop goes" in (
         bench_trainer.render_results([res])
     )
+
+
+def test_hand_spans_record_what_the_trainer_records_per_step(tmp_path: Path) -> None:
+    """The hand loop that prices the Trainer's spans opens the same spans per step, with the
+    same parents, as the Trainer does (so that the parts compare like with like)."""
+    from benchmarks.trainer_variants import CLASSES, WORKLOADS
+    from exporters import read_chrome_trace
+
+    wl = WORKLOADS["tiny"]
+    layouts = []
+    for variant in ("hand_spans", "ppetrace"):
+        runner = CLASSES[variant](wl, wl.loader(6), tmp_path)
+        runner.run()
+        path = tmp_path / "_HandSpans.json" if variant == "hand_spans" else runner.trace_path
+        frame = read_chrome_trace(path)
+        names = dict(zip(frame["span_id"], frame["name"], strict=True))
+        pairs = collections.Counter(
+            (name, names.get(parent, "-"))
+            for name, parent in zip(frame["name"], frame["parent_id"], strict=True)
+        )
+        layouts.append({pair: n for pair, n in pairs.items() if n == 6})  # one per step
+    assert layouts[0] == layouts[1]
+    assert layouts[0][("trainer.backward", "trainer.step")] == 6
+    assert layouts[0][("trainer.fetch_batch", "trainer.epoch")] == 6
 
 
 def test_profile_export_names_the_exporter_functions() -> None:
