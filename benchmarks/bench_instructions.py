@@ -17,10 +17,10 @@ collection per thread): what ppetrace does on its own threads (the flusher, the
 sink workers that encode the trace file) is not in those figures.
 ``--all-threads`` counts every thread instead (the counters are zeroed when each
 run starts and dumped when it ends), which adds that work: the whole CPU cost. The
-warm-up runs are counted and set aside, so that the other threads' work left over
-from them (a trace file's encoding after a fit) does not land in the first counted
-run: before that, the first variant's 20-step run carried 33M instructions of other
-threads, and its figure per step came out at half the training thread's own.
+warm-up runs are counted too, and set aside: the first dump of the process carries
+some 40M instructions of other threads (seen even when nothing ran before it; I do not
+know what they are), and when that dump was a counted run the first variant's figure
+per step came out at half the training thread's own.
 
 It prints, per variant, the instructions per step and, for each Trainer variant,
 those above the hand loop of its module kind and the ratio. Instructions are not
@@ -79,9 +79,8 @@ def _child(workload: str, steps: tuple[int, int], variants: list[str], order_pat
             gc.freeze()
         for (name, n), runner in runners.items():
             gc.collect()
-            # the warm-up runs are dumped too: with --all-threads, what the other threads
-            # still do after one (a flush, a trace file's encoding) lands in a warm-up's
-            # dump, not in the first counted run's
+            # the warm-up runs are dumped too: with --all-threads the first dump carries
+            # other threads' work that is no run's (see the module docstring)
             operator.call(runner.run)  # run(): the variant's setup too (tracing off)
             order.append([name if counted else f"warm-{name}", n])
     Path(order_path).write_text(json.dumps(order))
@@ -100,14 +99,17 @@ def totals(out_dir: Path) -> list[int]:
 
 
 def per_step(order: list[list[Any]], counts: list[int]) -> dict[str, dict[str, float]]:
-    """``{variant: {"per_step": ..., "once": ...}}`` from the runs at two step counts."""
+    """``{variant: {"per_step": ..., "once": ...}}`` from the runs at two step counts (the
+    last run of each at each count). Warm-up runs (``warm-<variant>``) take their dump
+    and are left out."""
     if len(order) != len(counts):
         raise ValueError(
             f"Expected one callgrind dump per run ({len(order)}), but found {len(counts)}."
         )
     by: dict[str, dict[int, int]] = {}
     for (name, n), count in zip(order, counts, strict=True):
-        by.setdefault(name, {})[int(n)] = count
+        if not str(name).startswith("warm-"):
+            by.setdefault(name, {})[int(n)] = count
     out = {}
     for name, runs in by.items():
         (n1, c1), (n2, c2) = sorted(runs.items())

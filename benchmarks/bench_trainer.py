@@ -157,8 +157,9 @@ REFERENCE: dict[str, str] = {
 }
 #: where the traced Trainer's time above the hand loop goes (plain module kind): ``(id,
 #: part, variant, reference)``, each part the per-step difference of ``variant`` and
-#: ``reference`` in the same round. The first three sum to what the Trainer's spans cost
-#: in a loop that does nothing else; the fourth is the Trainer's own loop beyond them.
+#: ``reference`` in the same round. The first three split what the Trainer's spans cost
+#: in a loop that does nothing else, the fourth measures it whole; the fifth is the
+#: Trainer's own loop beyond them.
 PARTS: tuple[tuple[str, str, str, str], ...] = (
     (
         "with_floor",
@@ -168,6 +169,7 @@ PARTS: tuple[tuple[str, str, str, str], ...] = (
     ),
     ("recording", "recording those 8 spans (no exporter)", "hand_spans_nofile", "hand_spans_off"),
     ("writing", "writing them into a Chrome trace file", "hand_spans", "hand_spans_nofile"),
+    ("spans", "the 8 spans alone: blocks, recording and writing", "hand_spans", "hand"),
     (
         "loop",
         "the Trainer's loop beyond its spans, tracing disabled",

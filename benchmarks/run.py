@@ -798,6 +798,7 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
             "part.with_floor",
             "part.recording",
             "part.writing",
+            "part.spans",
             "part.loop",
             "part.tracing",
             "part.all",
