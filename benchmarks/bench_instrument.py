@@ -11,13 +11,14 @@ this one run, the compared variants interleaved (the order rotating each round):
   loop and ``close()`` (which writes the trace). Workloads of ``bench_trainer``: tiny
   (Linear 16->4, batch 8) and mlp (784-256-10, batch 64), one torch thread. The gated
   figure is the median over rounds of the paired ratio; a bootstrap 95% interval of
-  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. A third variant,
-  ``spans``, opens the same spans by hand in the same loop (``ppetrace.trace``
-  blocks, written into a Chrome trace): what recording them costs at the least, so
-  that ``instrument`` against it is the cost of the global hooks and the step
-  inference (info rows ``instrument.<workload>.spans``). A fourth, ``hooks``, hooks
-  the places ``instrument()`` hooks with wrappers that only call through: what
-  hooking costs before any span (``instrument.<workload>.hooks``).
+  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. Three more variants
+  split that cost (info rows ``instrument.<workload>.<variant>``): ``spans`` opens
+  the same spans by hand in the same loop (``ppetrace.trace`` blocks), ``rows``
+  records them after the fact by hand (clock reads around each call, then rows, as
+  ``instrument()`` records its fetch, forward and backward), both written into a
+  Chrome trace: ppetrace's two ways of recording a span, without any inference of
+  steps. ``hooks`` hooks the places ``instrument()`` hooks with wrappers that only
+  call through: what hooking costs before any span.
 - *lightning*: ``lightning.Trainer`` fits of the mlp workload with ``profiler=None``,
   ``profiler="simple"`` and ``LightningProfiler(trace_path)``; budgets:
   LightningProfiler / simple <= 1.00x and LightningProfiler / none <= 1.10x.
@@ -167,8 +168,8 @@ def _hand_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[
 
 def _spans_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[Any]) -> None:
     """:func:`_hand_loop` opening by hand the spans that ``instrument()`` records for each
-    step, with their names, nesting and one ``FrozenAttributes`` per step: what recording
-    them costs at the least, through ``ppetrace.trace`` blocks."""
+    step, with their names, nesting and one ``FrozenAttributes`` per step, through
+    ``ppetrace.trace`` blocks."""
     trace, frozen = ppetrace.trace, ppetrace.tracing.FrozenAttributes
     fetch, step, forward, backward, optimizer = (
         trace(name)
@@ -200,6 +201,51 @@ def _spans_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader
                 opt.step()
                 opt.zero_grad(set_to_none=True)
         i += 1
+
+
+def _rows_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[Any]) -> None:
+    """:func:`_spans_loop`'s spans recorded after the fact instead, as ``instrument()``
+    records its fetch, forward and backward: two clock reads right around each call, and
+    the rows appended afterwards (``RowBuffer.record``: no ``with`` block, no
+    OpenTelemetry context), the step's last, with the id its children name as parent."""
+    from ppetrace.integrations._record import RowBuffer, current_parent, next_ids
+
+    frozen, ns = ppetrace.tracing.FrozenAttributes, time.perf_counter_ns
+    rows = RowBuffer()
+    record, ids, parent = rows.record, next_ids(), current_parent()
+    name = type(model).__name__
+    model.train()
+    it, i = iter(loader), 0
+    try:
+        while True:
+            attrs = frozen({"ppetrace.step": i, "ppetrace.stage": "train", "ppetrace.module": name})
+            t0 = ns()
+            batch = next(it, None)
+            t1 = ns()
+            record("trainer.fetch_batch", t0, t1, parent, attrs)
+            if batch is None:
+                break
+            x, y = batch
+            f0 = ns()
+            out = model(x)
+            f1 = ns()
+            loss = F.cross_entropy(out, y)
+            b0 = ns()
+            loss.backward()
+            b1 = ns()
+            o0 = ns()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            o1 = ns()
+            step_id = next(ids)
+            inside = (parent[0], step_id)
+            record("module.forward", f0, f1, inside, attrs)
+            record("trainer.backward", b0, b1, inside, attrs)
+            record("trainer.optimizer_step", o0, o1, inside, attrs)
+            record("trainer.step", t1, o1, parent, attrs, step_id)
+            i += 1
+    finally:
+        rows.close()
 
 
 @contextlib.contextmanager
@@ -246,18 +292,17 @@ def measure_instrument(
     workload: Workload | str, *, steps: int, rounds: int, say: Callable[[str], None] = print
 ) -> TrainerResult:
     """``hand`` (the bare loop), ``instrument`` (the loop under instrument(), trace
-    written) and ``spans`` (the loop recording the same spans by hand through
-    ``ppetrace.trace``, into a Chrome trace file: :func:`_spans_loop`) and ``hooks``
-    (the bare loop under :func:`_pass_through_hooks`), interleaved; a
-    :class:`bench_trainer.TrainerResult`. ``instrument`` against ``spans`` is what the
-    global hooks and the step inference cost beyond recording the spans; ``hooks``
-    against ``hand`` is what hooking alone costs."""
+    written), ``spans`` and ``rows`` (the loop recording the same spans by hand, through
+    ``ppetrace.trace`` blocks or after the fact, into a Chrome trace file:
+    :func:`_spans_loop`, :func:`_rows_loop`) and ``hooks`` (the bare loop under
+    :func:`_pass_through_hooks`: what hooking alone costs), interleaved; a
+    :class:`bench_trainer.TrainerResult`."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     result = TrainerResult(wl.name, steps, rounds, 1)
     with tempfile.TemporaryDirectory() as tmp, _threads(1), gc_frozen():
         ppetrace.configure()
         loader = wl.loader(steps)
-        models = {k: wl.model() for k in ("hand", "instrument", "spans", "hooks")}
+        models = {k: wl.model() for k in ("hand", "instrument", "spans", "rows", "hooks")}
         opts = {k: torch.optim.SGD(m.parameters(), lr=LR) for k, m in models.items()}
         path = Path(tmp) / "instrument.json"
 
@@ -272,17 +317,20 @@ def measure_instrument(
                 _hand_loop(models["instrument"], opts["instrument"], loader)
             return time.perf_counter_ns() - t0
 
-        def spans() -> int:
-            from exporters.chrome import ChromeTraceExporter
+        def written(kind: str, loop: Callable[..., None]) -> Callable[[], int]:
+            def run() -> int:
+                from exporters.chrome import ChromeTraceExporter
 
-            t0 = time.perf_counter_ns()
-            exporter = ChromeTraceExporter(Path(tmp) / "spans.json")
-            ppetrace.tracing.add_exporter(exporter)
-            try:
-                _spans_loop(models["spans"], opts["spans"], loader)
-            finally:
-                ppetrace.tracing.remove_exporter(exporter)
-            return time.perf_counter_ns() - t0
+                t0 = time.perf_counter_ns()
+                exporter = ChromeTraceExporter(Path(tmp) / f"{kind}.json")
+                ppetrace.tracing.add_exporter(exporter)
+                try:
+                    loop(models[kind], opts[kind], loader)
+                finally:
+                    ppetrace.tracing.remove_exporter(exporter)
+                return time.perf_counter_ns() - t0
+
+            return run
 
         def hooked() -> int:
             t0 = time.perf_counter_ns()
@@ -291,7 +339,13 @@ def measure_instrument(
             return time.perf_counter_ns() - t0
 
         result.times_ns = _interleaved(
-            {"hand": hand, "instrument": traced, "spans": spans, "hooks": hooked},
+            {
+                "hand": hand,
+                "instrument": traced,
+                "spans": written("spans", _spans_loop),
+                "rows": written("rows", _rows_loop),
+                "hooks": hooked,
+            },
             rounds,
             say,
             f"instrument {wl.name}",
@@ -625,9 +679,22 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 name,
                 "spans",
                 spans_what,
-                "recording and writing the step's spans at the least; instrument() takes "
+                "recording and writing the step's spans through trace blocks; instrument() takes "
                 f"{above:+,.1f} µs/step (95% CI {alo:+,.1f} to {ahi:+,.1f}) above it: its "
                 "global hooks and step inference",
+            )
+        )
+        above = res.overhead_us("instrument", "rows")
+        alo, ahi = res.overhead_ci("instrument", "rows")
+        out.append(
+            _beside_row(
+                res,
+                name,
+                "rows",
+                f"the same spans recorded after the fact by hand (rows), {name}, trace written",
+                "clock reads around each call and RowBuffer rows, as instrument() records its "
+                f"fetch, forward and backward; instrument() takes {above:+,.1f} µs/step (95% CI "
+                f"{alo:+,.1f} to {ahi:+,.1f}) above it",
             )
         )
         hooks_what = f"the places instrument() hooks, hooked to call through only, {name}"
@@ -751,9 +818,11 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
 ROW_IDS = (
     "instrument.tiny",
     "instrument.tiny.spans",
+    "instrument.tiny.rows",
     "instrument.tiny.hooks",
     "instrument.mlp",
     "instrument.mlp.spans",
+    "instrument.mlp.rows",
     "instrument.mlp.hooks",
     "instrument.lightning_simple",
     "instrument.lightning_none",
@@ -764,7 +833,9 @@ ROW_IDS = (
 )
 #: the rows with a budget
 BUDGETED = tuple(
-    r for r in ROW_IDS if r != "instrument.startup_report" and not r.endswith((".spans", ".hooks"))
+    r
+    for r in ROW_IDS
+    if r != "instrument.startup_report" and not r.endswith((".spans", ".rows", ".hooks"))
 )
 
 

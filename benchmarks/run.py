@@ -814,9 +814,11 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
     "instrument": (
         "instrument.tiny",
         "instrument.tiny.spans",
+        "instrument.tiny.rows",
         "instrument.tiny.hooks",
         "instrument.mlp",
         "instrument.mlp.spans",
+        "instrument.mlp.rows",
         "instrument.mlp.hooks",
         "instrument.lightning_simple",
         "instrument.lightning_none",

@@ -198,6 +198,37 @@ def test_cost_parts_are_paired_differences_and_add_up() -> None:
     )
 
 
+def test_instrument_spans_by_hand_both_ways_give_one_layout(tmp_path: Path) -> None:
+    """``spans`` (trace blocks) and ``rows`` (after the fact) record the same spans under
+    the same parents: the two ways of recording compare like with like."""
+    import torch
+
+    from benchmarks.trainer_variants import LR, WORKLOADS
+    from exporters import read_chrome_trace
+    from exporters.chrome import ChromeTraceExporter
+
+    wl = WORKLOADS["tiny"]
+    layouts = []
+    for loop in (bench_instrument._spans_loop, bench_instrument._rows_loop):
+        model = wl.model()
+        exporter = ChromeTraceExporter(tmp_path / f"{loop.__name__}.json")
+        ppetrace.tracing.add_exporter(exporter)
+        try:
+            loop(model, torch.optim.SGD(model.parameters(), lr=LR), wl.loader(4))
+        finally:
+            ppetrace.tracing.remove_exporter(exporter)
+        frame = read_chrome_trace(exporter.path)
+        names = dict(zip(frame["span_id"], frame["name"], strict=True))
+        layouts.append(
+            collections.Counter(
+                (name, names.get(parent, "-"))
+                for name, parent in zip(frame["name"], frame["parent_id"], strict=True)
+            )
+        )
+    assert layouts[0] == layouts[1]
+    assert layouts[0][("module.forward", "trainer.step")] == 4
+
+
 def test_pass_through_hooks_put_everything_back_also_after_an_error() -> None:
     import torch
     import torch.utils.data.dataloader as dl
