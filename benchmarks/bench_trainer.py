@@ -112,10 +112,10 @@ __all__ = [
     "WORKLOADS",
     "TrainerResult",
     "Workload",
+    "cost_parts",
     "coverage",
     "main",
     "measure",
-    "cost_parts",
     "peer_available",
     "profile_traced",
     "sampled_self_times",
@@ -562,8 +562,9 @@ def cost_parts(
     whose two variants ran, from the per-round differences (CPU time by default: the
     spans' exporter works on threads of its own, and CPU time is the less noisy clock)."""
     out = []
+    ran = res.cpu_ns if clock == "cpu" else res.times_ns
     for part_id, part, variant, reference in PARTS:
-        if variant in res.times_ns and reference in res.times_ns:
+        if variant in ran and reference in ran:
             lo, hi = res.overhead_ci(variant, reference, clock=clock)
             out.append((part_id, part, res.overhead_us(variant, reference, clock=clock), lo, hi))
     return out
