@@ -611,26 +611,13 @@ def _paired(times: dict[str, list[int]], variant: str, reference: str) -> list[f
 
 
 def _beside_row(res: TrainerResult, name: str, variant: str, what: str, said: str) -> Any:
-    """The info row ``instrument.<name>.<variant>``: ``variant`` against the bare loop,
-    as a ratio and in µs per step, with their intervals, then ``said``."""
-    from benchmarks.run import Row
+    """The info row ``instrument.<name>.<variant>``: ``variant`` against the bare loop, as
+    ``benchmarks.run`` shows a Trainer variant against its hand loop, then ``said``."""
+    from benchmarks.run import _timed_row
 
-    lo, hi = res.paired_ci(variant, "hand")
-    olo, ohi = res.overhead_ci(variant, "hand")
-    return Row(
-        id=f"instrument.{name}.{variant}",
-        what=what,
-        measured=f"{res.median_us_per_step(variant):,.1f} µs/step",
-        reference=f"{res.median_us_per_step('hand'):,.1f} µs/step (bare loop)",
-        ratio=res.paired_ratio(variant, "hand"),
-        value=res.median_us_per_step(variant),
-        reference_value=res.median_us_per_step("hand"),
-        unit="µs/step",
-        note=(
-            f"95% CI {lo:.3f}-{hi:.3f}x; {res.overhead_us(variant, 'hand'):+,.1f} µs/step above "
-            f"the bare loop (95% CI {olo:+,.1f} to {ohi:+,.1f}): {said}"
-        ),
-    )
+    row = _timed_row(res, f"instrument.{name}.{variant}", what, variant, None, None)
+    row.note += f"; {said}"
+    return row
 
 
 def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:

@@ -340,10 +340,11 @@ def _trainer_note(res: Any, variant: str) -> str:
 
 
 def bench_reference(variant: str) -> str:
-    """The hand loop that ``variant`` is paired with."""
+    """The hand loop that ``variant`` is paired with (the plain one for a variant that
+    ``bench_trainer`` does not know, as ``TrainerResult`` pairs it: ``instrument``'s)."""
     from benchmarks import bench_trainer
 
-    return bench_trainer.REFERENCE[variant]
+    return bench_trainer.REFERENCE.get(variant, "hand")
 
 
 def _timed_row(
