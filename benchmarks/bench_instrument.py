@@ -251,7 +251,7 @@ def _rows_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[
 @contextlib.contextmanager
 def _pass_through_hooks() -> Any:
     """The places ``instrument()`` hooks, hooked with wrappers that only call through
-    (``Module.__call__``, the DataLoader iterator's ``__next__``, ``Tensor.backward``,
+    (``Module.__call__``, the DataLoader iterator's ``__next__``,
     ``torch.autograd.backward``) and torch's global optimizer step hooks doing nothing:
     what hooking a loop without changing its code costs before any span is recorded."""
     import torch.utils.data.dataloader as dl
@@ -269,7 +269,6 @@ def _pass_through_hooks() -> Any:
     points = [
         (torch.nn.Module, "__call__"),
         (dl._BaseDataLoaderIter, "__next__"),
-        (torch.Tensor, "backward"),
         (torch.autograd, "backward"),
     ]
     saved = [(owner, name, getattr(owner, name)) for owner, name in points]
@@ -691,7 +690,7 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 name,
                 "hooks",
                 hooks_what,
-                "Module.__call__, the DataLoader iterator's __next__, Tensor.backward and "
+                "Module.__call__, the DataLoader iterator's __next__ and "
                 "torch.autograd.backward wrapped to call through, and torch's global "
                 "optimizer step hooks doing nothing",
             )

@@ -17,21 +17,25 @@
   While torch.compile traces (``torch.compiler.is_compiling()``) the hook calls
   straight through, so a compiled module is traced from outside and compiles
   to the same graphs as without ppetrace.
-- Backward: ``torch.Tensor.backward`` and ``torch.autograd.backward`` run inside
-  ``trainer.backward`` (the outermost call only; the first calls the second), and so
-  does ``torch.autograd.grad`` (a gradient penalty's), which alone makes no batch a
-  training step.
+- Backward: ``torch.autograd.backward`` runs inside ``trainer.backward`` (the outermost
+  call only), and so does ``torch.autograd.grad`` (a gradient penalty's), which alone
+  makes no batch a training step. ``Tensor.backward`` is not patched: it calls
+  ``torch.autograd.backward`` (through the module attribute, so the patched one), also
+  for a tensor subclass once its ``__torch_function__`` has run; a second wrapper around
+  it would cost a call more per step and change no span.
 - Optimizer steps (:mod:`._optim_hooks`): torch's global optimizer step hooks
   (``register_optimizer_step_pre_hook``/``..._post_hook``) bracket
   ``trainer.optimizer_step``, recorded after the fact: the hooks give a start
   and an end, not a block to wrap, and a step that raises leaves no span.
 
-The outermost module of a training forward, the outermost backward and every
-fetch are recorded *after the fact* (unless a CudaTimer, or profilers stepped
-around the batches, need a span): two clock reads right around the wrapped
-call, all bookkeeping between them, and the row made at the next hook
-(``StepTracker.flush_pending``), so that each span matches the call as the
-loop times it (``benchmarks/bench_instrument.py``, truth). Such a row enters no
+The outermost module of a training forward, the outermost backward, every
+fetch and every optimizer step are recorded *after the fact* (unless a CudaTimer,
+or profilers stepped around the batches, need a span): two clock reads right
+around the wrapped call, all bookkeeping between them, so that each span matches
+the call as the loop times it (``benchmarks/bench_instrument.py``, truth). Their
+rows wait in ``ThreadState.pending`` and are written together when their step
+ends, before its row (``StepTracker.flush_pending``): one call per step instead of
+one per span. Such a row enters no
 OpenTelemetry context: spans recorded inside it keep the parent outside it,
 and the exporters nest them by time (:mod:`exporters._nesting`), as for
 ``LightningProfiler``'s actions. The other module calls (submodules at
@@ -65,7 +69,7 @@ from ._optim_hooks import dynamo_compiling as _dynamo_compiling
 from ._optim_hooks import optimizer_hooks
 from ._precedence import standing_aside
 from ._record import current_parent
-from ._stepper import VAL, StepTracker
+from ._stepper import PENDING_MAX, VAL, StepTracker
 from .dataloader import tracing_iter
 
 __all__ = ["Hooks"]
@@ -159,8 +163,7 @@ class Hooks:
         self._patch(torch.nn.Module, "__call__", self._module_wrapper(torch.nn.Module.__call__))
         # a training thread that dies of an exception: its open step ends there, with ERROR
         self._patch(threading, "excepthook", self._excepthook_wrapper(threading.excepthook))
-        # Tensor.backward calls torch.autograd.backward: the outer one opens the span
-        self._patch(torch.Tensor, "backward", self._backward_wrapper(torch.Tensor.backward))
+        # (Tensor.backward calls this one: see the module doc)
         self._patch(torch.autograd, "backward", self._backward_wrapper(torch.autograd.backward))
         grad = self._backward_wrapper(torch.autograd.grad, trains=False)
         self._patch(torch.autograd, "grad", grad)
@@ -207,13 +210,14 @@ class Hooks:
         drivers, sessions = _drivers, _session
         spanned = self._fetch_span
         get_ctx, rec = _get_ctx, RECORDER
+        untimed = tracker.untimed  # (its profilers and timer are fixed when it is made)
 
         @functools.wraps(orig)
         def __next__(self: Any) -> Any:
             session = sessions[0]
             if not hooks.on or drivers[0] or (session is not None and session.running):
                 return orig(self)  # off, or the Trainer or Lightning traces the loop
-            if not tracker.untimed:
+            if not untimed:
                 return spanned(orig, self)  # profilers step around the batch: a span
             # as the outermost training forward: after the fact, from clock reads right
             # around the call; the step opens before the second, which is its start
@@ -224,8 +228,6 @@ class Hooks:
                 st = tracker.state()
             if st.in_fetch:  # a loader inside a loader's fetch: only its span
                 return _inner_fetch(orig, self, tracker.step_attrs)
-            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
-                tracker.flush_pending(st)
             try:
                 idx = self._num_yielded
             except AttributeError:
@@ -261,9 +263,7 @@ class Hooks:
             summarise = False
             try:  # inside the fetch: what the step needs to know about its batch
                 cand = tracker.prepare(st, start, batch, self, idx, parent)
-                cand.fetch_attrs = attrs
                 summarise = tracker.open_untimed(st, cand)
-                st.fetch_cand = cand  # its fetch is recorded at the next hook
             except Exception:
                 cand = None
                 hooks.failed("DataLoader")
@@ -272,6 +272,7 @@ class Hooks:
                 st.rows.record("trainer.fetch_batch", start, end, parent, attrs)
                 return batch
             cand.start = end
+            st.pending.append(("trainer.fetch_batch", start, end, parent, attrs))  # (step ends)
             if summarise:
                 tracker.summarise(st, end)
             return batch
@@ -332,7 +333,7 @@ class Hooks:
             )
         span.__enter__()
         start = getattr(span, "start_ns", None) or _perf_ns()
-        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+        if st.pending:
             tracker.flush_pending(st)
         if cand is not None:
             try:
@@ -390,10 +391,6 @@ class Hooks:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             if dynamo() or compiler._is_compiling_flag or not hooks.on:
                 return orig(self, *args, **kwargs)
-            # The outermost module of a training forward, the common call, is recorded
-            # after the fact from two clock reads right around it, all bookkeeping between
-            # them and its row made at the next hook: the span is the call around it.
-            start = _perf_ns()
             try:
                 st = tls.state
             except AttributeError:
@@ -403,6 +400,10 @@ class Hooks:
                 # below the traced depth, or a recomputation inside backward (activation
                 # checkpointing: the backward's time): nothing to record or count
                 return orig(self, *args, **kwargs)
+            # The outermost module of a training forward, the common call, is recorded
+            # after the fact from two clock reads right around it, all bookkeeping between
+            # them and its row made at the next hook: the span is the call around it.
+            start = _perf_ns()
             if not depth and st.cand is None and _autograd_node() is not None:
                 return orig(self, *args, **kwargs)  # the same, on an autograd thread
             session = sessions[0]
@@ -410,8 +411,6 @@ class Hooks:
                 return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
             if depth or st.in_fetch or timed or not grad_enabled():
                 return other_call(orig, self, args, kwargs, st, depth)
-            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
-                tracker.flush_pending(st)  # the rows of the hooks before
             cand = st.cand
             after = False  # a forward after its batch's optimizer step (evaluation, or a GAN's)
             if cand is not None and (cand.train_seen or cand.fetched is not None):
@@ -428,11 +427,7 @@ class Hooks:
             attrs = forward_attrs.get(type(self))
             if attrs is None:
                 attrs = tracker.forward_attrs_of(self)
-            st.fwd_attrs = attrs
-            st.fwd_parent = (
-                (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
-            )
-            st.fwd_start = start
+            parent = (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
             st.root = self
             st.depth = 1
             try:
@@ -444,14 +439,17 @@ class Hooks:
                     fwd = "module.forward"
                     if spans:
                         end = _perf_ns()
-                        st.rows.record(fwd, start, end, st.fwd_parent, attrs, None, "ERROR", err)
+                        st.rows.record(fwd, start, end, parent, attrs, None, "ERROR", err)
                 except Exception:
                     hooks.failed("module call")
                 raise
             st.depth = 0
             end = _perf_ns()
-            if spans:
-                st.fwd_end = end
+            if spans:  # its row is written when the step ends
+                pending = st.pending
+                pending.append(("module.forward", start, end, parent, attrs))
+                if len(pending) >= PENDING_MAX:
+                    tracker.flush_pending(st)
             if after:
                 cand.post_end = end
             return result
@@ -465,7 +463,7 @@ class Hooks:
         a submodule (``module_depth`` > 1), a module inside a DataLoader fetch, or a
         forward with gradients disabled (evaluation, ``ppetrace.stage = "val"``)."""
         tracker = self.tracker
-        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+        if st.pending:
             tracker.flush_pending(st)
         post = None  # a forward with gradients after its batch's optimizer step
         try:
@@ -557,15 +555,13 @@ class Hooks:
                 st = tls.state
             except AttributeError:
                 st = tracker.state()
-            if st.in_backward or st.in_fetch:  # Tensor.backward's inner call, or data code
+            if st.in_backward or st.in_fetch:  # a backward inside one, or data code
                 return orig(*args, **kwargs)
             session = sessions[0]
             if drivers[0] or (session is not None and session.running):
                 return orig(*args, **kwargs)  # the Trainer or Lightning traces it
             # as the outermost training forward: after the fact, from clock reads right
-            # around the call, its row made at the next hook
-            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
-                tracker.flush_pending(st)
+            # around the call, its row written when the step ends
             cand = st.cand
             if not trains:
                 pass
@@ -584,11 +580,8 @@ class Hooks:
                         return orig(*args, **kwargs)
                 finally:
                     st.in_backward = False
-            st.bwd_attrs = tracker.step_attrs
-            st.bwd_parent = (
-                (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
-            )
-            st.bwd_start = start
+            attrs = tracker.step_attrs
+            parent = (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
             try:
                 result = orig(*args, **kwargs)
             except BaseException as exc:
@@ -597,12 +590,16 @@ class Hooks:
                     err = _error_text(exc)  # its row now, with ERROR status
                     bwd = "trainer.backward"
                     end = _perf_ns()
-                    st.rows.record(bwd, start, end, st.bwd_parent, st.bwd_attrs, None, "ERROR", err)
+                    st.rows.record(bwd, start, end, parent, attrs, None, "ERROR", err)
                 except Exception:
                     hooks.failed("backward")
                 raise
             st.in_backward = False
-            st.bwd_end = _perf_ns()
+            end = _perf_ns()
+            pending = st.pending
+            pending.append(("trainer.backward", start, end, parent, attrs))
+            if len(pending) >= PENDING_MAX:
+                tracker.flush_pending(st)
             return result
 
         return backward

@@ -277,8 +277,8 @@ def instrument(
       though forwards still tell training from evaluation) is a ``module.forward`` span,
       ``ppetrace.module`` = class name or dotted path (a call inside backward, activation
       checkpointing's recomputation, is the backward's);
-    - ``Tensor.backward``/``torch.autograd.backward`` is ``trainer.backward``, and so is
-      ``torch.autograd.grad`` (which alone makes no batch a training step);
+    - ``torch.autograd.backward`` (which ``Tensor.backward`` calls) is ``trainer.backward``,
+      and so is ``torch.autograd.grad`` (which alone makes no batch a training step);
     - ``Optimizer.step`` is ``trainer.optimizer_step`` (torch's global optimizer hooks);
     - each batch that trains becomes a ``trainer.step``, as in ``ppetrace.Trainer``
       (README, "What a step covers"); forward calls under ``no_grad`` outside a

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from opentelemetry.trace.propagation import _SPAN_KEY
 
-from ..tracing._recorder import RECORDER
+from ..tracing._recorder import RECORDER, _get_ctx
 from . import _precedence
 from ._record import current_parent
 
@@ -41,6 +42,7 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
     tracker = hooks.tracker
     tls = tracker.tls
     dynamo = dynamo_compiling
+    get_ctx, rec = _get_ctx, RECORDER
     drivers, sessions = _precedence.drivers, _precedence.session
 
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
@@ -61,8 +63,6 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
                 cand.post_start = None
             else:
                 tracker.training(st, now)
-            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
-                tracker.flush_pending(st)
             opts = st.opts
             if opts and opts[-1][0] is opt:
                 opts.pop()  # its last step raised: no post hook came
@@ -77,7 +77,8 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
                 if pair is not None:
                     RECORDER.hooked[id(attrs)] = attrs  # copied when the row is taken
                     pair.begin(now, None)
-            opts.append((opt, now, current_parent(), attrs, pair))
+            parent = (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            opts.append((opt, now, parent, attrs, pair))
         except Exception:
             hooks.failed("optimizer step")
 
@@ -105,9 +106,12 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
             # the bookkeeping before the clock is read: inside the optimizer step,
             # not in the time between steps
             end = _perf_ns() if opts else tracker.optimizer_end(st)
-            st.rows.record("trainer.optimizer_step", start, end, parent, attrs)
+            # written with its step's other spans, when the step ends
+            st.pending.append(("trainer.optimizer_step", start, end, parent, attrs))
             if not opts:
-                tracker.after_optimizer_step(st, end)
+                cand = st.cand
+                if cand is None or cand.fetched is None:  # (a DataLoader's batch: nothing to do)
+                    tracker.after_optimizer_step(st, end)
         except Exception:
             hooks.failed("optimizer step")
 

@@ -136,23 +136,16 @@ class StepTracker:
         return attrs
 
     def flush_pending(self, st: ThreadState) -> None:
-        """Record the pending forward and backward of ``st`` (``ThreadState.fwd_end``)."""
-        end, st.fwd_end = st.fwd_end, 0
-        if end:
-            st.rows.record("module.forward", st.fwd_start, end, st.fwd_parent, st.fwd_attrs)
-        end, st.bwd_end = st.bwd_end, 0
-        if end:
-            st.rows.record("trainer.backward", st.bwd_start, end, st.bwd_parent, st.bwd_attrs)
-        cand, st.fetch_cand = st.fetch_cand, None
-        if cand is not None and cand.fetched is not None:
-            fetch = "trainer.fetch_batch"
-            st.rows.record(fetch, cand.fetched, cand.start, cand.parent, cand.fetch_attrs)
-
-    def _stepped(self) -> None:
-        """One more optimizer step: the shared attributes take the new count."""
-        self.global_step += 1
-        self.step_attrs = FrozenAttributes({"ppetrace.step": self.global_step})
-        self.forward_attrs.clear()
+        """Write the spans of ``st`` recorded after the fact and still pending
+        (``ThreadState.pending``) to its rows: when its step ends, before the step's row
+        (the detail filter wants it so), and when ``PENDING_MAX`` wait (a loop whose
+        forwards never end a step)."""
+        pending = st.pending
+        if pending:
+            try:
+                st.rows.record_many(pending)
+            finally:
+                pending.clear()
 
     # -- candidates ----------------------------------------------------------------------
 
@@ -325,8 +318,11 @@ class StepTracker:
     def optimizer_end(self, st: ThreadState) -> int:
         """The outermost optimizer step ends now: count it, and return the time it ended
         (``perf_counter_ns``, read after the count), which ends the open step.
-        :meth:`after_optimizer_step` follows once the step's span is recorded."""
-        self._stepped()
+        :meth:`after_optimizer_step` follows once the step's span is recorded. The shared
+        attributes take the new count."""
+        self.global_step = step = self.global_step + 1
+        self.step_attrs = FrozenAttributes({"ppetrace.step": step})
+        self.forward_attrs.clear()
         now = _perf_ns()
         cand = st.cand
         if cand is not None:
@@ -335,7 +331,8 @@ class StepTracker:
 
     def after_optimizer_step(self, st: ThreadState, end: int) -> None:
         """After the outermost optimizer step that ended at ``end``: without a DataLoader,
-        the step ends there and the next one starts."""
+        the step ends there and the next one starts (the caller may skip the call when
+        the open candidate came from a DataLoader, ``cand.fetched`` set)."""
         cand = st.cand
         if cand is not None and cand.fetched is None:  # one step per optimizer step
             self.finalize(st, end)
@@ -382,7 +379,7 @@ class StepTracker:
         of its last optimizer step; record it if it trained. ``error``: the text of the
         exception that ended the loop inside this candidate: a candidate that began to
         train (a forward with gradients) is then recorded as a step with ERROR status."""
-        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+        if st.pending:
             self.flush_pending(st)  # before the step's row: the detail filter wants it so
         cand = st.cand
         if cand is None:
@@ -558,7 +555,7 @@ class StepTracker:
             if not st.rows.alive():  # a thread that ended (joined): its rows are made here
                 st.rows.adopt()
                 end, failed = st.died or _last_seen(st), st.error
-            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+            if st.pending:
                 self.flush_pending(st)
             if st.cand is not None:
                 self.finalize(st, end, failed)
@@ -583,6 +580,10 @@ class StepTracker:
             st.rows.close()
 
 
+#: the spans of a thread that wait for their step to end (``ThreadState.pending``): past
+#: this many (a loop whose forwards with gradients end no step), they are written at once
+PENDING_MAX = 64
+
 #: the batches that wait for their loader to train, per thread: past this many (a loop
 #: that runs forwards with gradients and never trains, nor lets its loader run out), the
 #: oldest is decided as evaluation
@@ -593,7 +594,7 @@ def _last_seen(st: ThreadState) -> int:
     """The latest time the hooks saw of a thread that ended without an exception: where
     its open step ends."""
     cand = st.cand
-    times = [st.fwd_end, st.bwd_end, st.val_end]
+    times = [st.val_end, *(span[2] for span in st.pending)]
     if cand is not None:
         times += [cand.start, cand.opt_end or 0, cand.post_end or 0]
     return max(times)
