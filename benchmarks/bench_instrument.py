@@ -11,14 +11,16 @@ this one run, the compared variants interleaved (the order rotating each round):
   loop and ``close()`` (which writes the trace). Workloads of ``bench_trainer``: tiny
   (Linear 16->4, batch 8) and mlp (784-256-10, batch 64), one torch thread. The gated
   figure is the median over rounds of the paired ratio; a bootstrap 95% interval of
-  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. Three more variants
+  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. Four more variants
   split that cost (info rows ``instrument.<workload>.<variant>``): ``spans`` opens
   the same spans by hand in the same loop (``ppetrace.trace`` blocks), ``rows``
-  records them after the fact by hand (clock reads around each call, then rows, as
-  ``instrument()`` records its fetch, forward and backward), both written into a
+  records them after the fact by hand (clock reads around each call, then rows
+  written when the step ends, as ``instrument()`` records them), both written into a
   Chrome trace: ppetrace's two ways of recording a span, without any inference of
   steps. ``hooks`` hooks the places ``instrument()`` hooks with wrappers that only
-  call through: what hooking costs before any span.
+  call through: what hooking costs before any span. ``hooks_rows`` is ``rows`` under
+  those hooks: hooking and recording together, the part of instrument()'s cost that
+  its Python hooks and rows take before it infers any step.
 - *lightning*: ``lightning.Trainer`` fits of the mlp workload with ``profiler=None``,
   ``profiler="simple"`` and ``LightningProfiler(trace_path)``; budgets:
   LightningProfiler / simple <= 1.00x and LightningProfiler / none <= 1.10x.
@@ -205,14 +207,16 @@ def _spans_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader
 
 def _rows_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[Any]) -> None:
     """:func:`_spans_loop`'s spans recorded after the fact instead, as ``instrument()``
-    records its fetch, forward and backward: two clock reads right around each call, and
-    the rows appended afterwards (``RowBuffer.record``: no ``with`` block, no
-    OpenTelemetry context), the step's last, with the id its children name as parent."""
+    records them: two clock reads right around each call, no ``with`` block and no
+    OpenTelemetry context; the fetch, forward, backward and optimizer step wait in a
+    list and are written in one ``RowBuffer.record_many`` call when the step ends, then
+    the step's row, with the id its children name as parent."""
     from ppetrace.integrations._record import RowBuffer, current_parent, next_ids
 
     frozen, ns = ppetrace.tracing.FrozenAttributes, time.perf_counter_ns
     rows = RowBuffer()
-    record, ids, parent = rows.record, next_ids(), current_parent()
+    record, many, ids, parent = rows.record, rows.record_many, next_ids(), current_parent()
+    pending: list[Any] = []
     name = type(model).__name__
     model.train()
     it, i = iter(loader), 0
@@ -222,26 +226,29 @@ def _rows_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[
             t0 = ns()
             batch = next(it, None)
             t1 = ns()
-            record("trainer.fetch_batch", t0, t1, parent, attrs)
             if batch is None:
+                record("trainer.fetch_batch", t0, t1, parent, attrs)
                 break
+            pending.append(("trainer.fetch_batch", t0, t1, parent, attrs))
+            step_id = next(ids)
+            inside = (parent[0], step_id)
             x, y = batch
             f0 = ns()
             out = model(x)
             f1 = ns()
+            pending.append(("module.forward", f0, f1, inside, attrs))
             loss = F.cross_entropy(out, y)
             b0 = ns()
             loss.backward()
             b1 = ns()
+            pending.append(("trainer.backward", b0, b1, inside, attrs))
             o0 = ns()
             opt.step()
             opt.zero_grad(set_to_none=True)
             o1 = ns()
-            step_id = next(ids)
-            inside = (parent[0], step_id)
-            record("module.forward", f0, f1, inside, attrs)
-            record("trainer.backward", b0, b1, inside, attrs)
-            record("trainer.optimizer_step", o0, o1, inside, attrs)
+            pending.append(("trainer.optimizer_step", o0, o1, inside, attrs))
+            many(pending)
+            pending.clear()
             record("trainer.step", t1, o1, parent, attrs, step_id)
             i += 1
     finally:
@@ -293,15 +300,17 @@ def measure_instrument(
     """``hand`` (the bare loop), ``instrument`` (the loop under instrument(), trace
     written), ``spans`` and ``rows`` (the loop recording the same spans by hand, through
     ``ppetrace.trace`` blocks or after the fact, into a Chrome trace file:
-    :func:`_spans_loop`, :func:`_rows_loop`) and ``hooks`` (the bare loop under
-    :func:`_pass_through_hooks`: what hooking alone costs), interleaved; a
-    :class:`bench_trainer.TrainerResult`."""
+    :func:`_spans_loop`, :func:`_rows_loop`), ``hooks`` (the bare loop under
+    :func:`_pass_through_hooks`: what hooking alone costs) and ``hooks_rows`` (``rows``
+    under those hooks: hooking and recording the spans together, without inferring any
+    step), interleaved; a :class:`bench_trainer.TrainerResult`."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     result = TrainerResult(wl.name, steps, rounds, 1)
     with tempfile.TemporaryDirectory() as tmp, _threads(1), gc_frozen():
         ppetrace.configure()
         loader = wl.loader(steps)
-        models = {k: wl.model() for k in ("hand", "instrument", "spans", "rows", "hooks")}
+        kinds = ("hand", "instrument", "spans", "rows", "hooks", "hooks_rows")
+        models = {k: wl.model() for k in kinds}
         opts = {k: torch.optim.SGD(m.parameters(), lr=LR) for k, m in models.items()}
         path = Path(tmp) / "instrument.json"
 
@@ -316,7 +325,9 @@ def measure_instrument(
                 _hand_loop(models["instrument"], opts["instrument"], loader)
             return time.perf_counter_ns() - t0
 
-        def written(kind: str, loop: Callable[..., None]) -> Callable[[], int]:
+        def written(
+            kind: str, loop: Callable[..., None], hooked: bool = False
+        ) -> Callable[[], int]:
             def run() -> int:
                 from exporters.chrome import ChromeTraceExporter
 
@@ -324,7 +335,8 @@ def measure_instrument(
                 exporter = ChromeTraceExporter(Path(tmp) / f"{kind}.json")
                 ppetrace.tracing.add_exporter(exporter)
                 try:
-                    loop(models[kind], opts[kind], loader)
+                    with _pass_through_hooks() if hooked else contextlib.nullcontext():
+                        loop(models[kind], opts[kind], loader)
                 finally:
                     ppetrace.tracing.remove_exporter(exporter)
                 return time.perf_counter_ns() - t0
@@ -344,6 +356,7 @@ def measure_instrument(
                 "spans": written("spans", _spans_loop),
                 "rows": written("rows", _rows_loop),
                 "hooks": hooked,
+                "hooks_rows": written("hooks_rows", _rows_loop, hooked=True),
             },
             rounds,
             say,
@@ -678,8 +691,8 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 name,
                 "rows",
                 f"the same spans recorded after the fact by hand (rows), {name}, trace written",
-                "clock reads around each call and RowBuffer rows, as instrument() records its "
-                f"fetch, forward and backward; instrument() takes {above:+,.1f} µs/step (95% CI "
+                "clock reads around each call and RowBuffer rows written when the step ends, "
+                f"as instrument() records its spans; instrument() takes {above:+,.1f} µs/step (95% CI "
                 f"{alo:+,.1f} to {ahi:+,.1f}) above it",
             )
         )
@@ -693,6 +706,20 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 "Module.__call__, the DataLoader iterator's __next__ and "
                 "torch.autograd.backward wrapped to call through, and torch's global "
                 "optimizer step hooks doing nothing",
+            )
+        )
+        above = res.overhead_us("instrument", "hooks_rows")
+        alo, ahi = res.overhead_ci("instrument", "hooks_rows")
+        out.append(
+            _beside_row(
+                res,
+                name,
+                "hooks_rows",
+                f"the rows loop under the call-through hooks, {name}, trace written",
+                "hooking instrument()'s places and recording its spans after the fact, with "
+                "no step inferred: what ppetrace's Python hooks and rows cost together; "
+                f"instrument() takes {above:+,.1f} µs/step (95% CI {alo:+,.1f} to "
+                f"{ahi:+,.1f}) above it",
             )
         )
     times = measure_lightning(
@@ -806,10 +833,12 @@ ROW_IDS = (
     "instrument.tiny.spans",
     "instrument.tiny.rows",
     "instrument.tiny.hooks",
+    "instrument.tiny.hooks_rows",
     "instrument.mlp",
     "instrument.mlp.spans",
     "instrument.mlp.rows",
     "instrument.mlp.hooks",
+    "instrument.mlp.hooks_rows",
     "instrument.lightning_simple",
     "instrument.lightning_none",
     "instrument.startup",
@@ -821,7 +850,8 @@ ROW_IDS = (
 BUDGETED = tuple(
     r
     for r in ROW_IDS
-    if r != "instrument.startup_report" and not r.endswith((".spans", ".rows", ".hooks"))
+    if r != "instrument.startup_report"
+    and not r.endswith((".spans", ".rows", ".hooks", ".hooks_rows"))
 )
 
 
