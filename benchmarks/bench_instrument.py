@@ -692,8 +692,8 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 "rows",
                 f"the same spans recorded after the fact by hand (rows), {name}, trace written",
                 "clock reads around each call and RowBuffer rows written when the step ends, "
-                f"as instrument() records its spans; instrument() takes {above:+,.1f} µs/step (95% CI "
-                f"{alo:+,.1f} to {ahi:+,.1f}) above it",
+                f"as instrument() records its spans; instrument() takes {above:+,.1f} µs/step "
+                f"(95% CI {alo:+,.1f} to {ahi:+,.1f}) above it",
             )
         )
         hooks_what = f"the places instrument() hooks, hooked to call through only, {name}"
