@@ -69,7 +69,7 @@ from ._optim_hooks import dynamo_compiling as _dynamo_compiling
 from ._optim_hooks import optimizer_hooks
 from ._precedence import standing_aside
 from ._record import current_parent
-from ._stepper import PENDING_MAX, VAL, StepTracker
+from ._stepper import PENDING_MAX, PENDING_NS, VAL, StepTracker
 from .dataloader import tracing_iter
 
 __all__ = ["Hooks"]
@@ -448,7 +448,7 @@ class Hooks:
             if spans:  # its row is written when the step ends
                 pending = st.pending
                 pending.append(("module.forward", start, end, parent, attrs))
-                if len(pending) >= PENDING_MAX:
+                if len(pending) >= PENDING_MAX or end - pending[0][1] >= PENDING_NS:
                     tracker.flush_pending(st)
             if after:
                 cand.post_end = end
@@ -598,7 +598,7 @@ class Hooks:
             end = _perf_ns()
             pending = st.pending
             pending.append(("trainer.backward", start, end, parent, attrs))
-            if len(pending) >= PENDING_MAX:
+            if len(pending) >= PENDING_MAX or end - pending[0][1] >= PENDING_NS:
                 tracker.flush_pending(st)
             return result
 

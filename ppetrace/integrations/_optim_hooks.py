@@ -19,6 +19,7 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 from ..tracing._recorder import RECORDER, _get_ctx
 from . import _precedence
 from ._record import current_parent
+from ._stepper import PENDING_NS
 
 __all__ = ["compiler", "dynamo_compiling", "optimizer_hooks"]
 
@@ -106,8 +107,11 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
             # the bookkeeping before the clock is read: inside the optimizer step,
             # not in the time between steps
             end = _perf_ns() if opts else tracker.optimizer_end(st)
-            # written with its step's other spans, when the step ends
-            st.pending.append(("trainer.optimizer_step", start, end, parent, attrs))
+            # written with its step's other spans, when the step ends (or now, in a long one)
+            pending = st.pending
+            pending.append(("trainer.optimizer_step", start, end, parent, attrs))
+            if end - pending[0][1] >= PENDING_NS:
+                tracker.flush_pending(st)
             if not opts:
                 cand = st.cand
                 if cand is None or cand.fetched is None:  # (a DataLoader's batch: nothing to do)

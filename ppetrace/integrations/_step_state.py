@@ -132,7 +132,7 @@ class ThreadState:
         #: the spans recorded after the fact and not yet written to ``rows``: (name, start,
         #: end, parent, attributes) of fetches, outermost training forwards and backwards,
         #: and optimizer steps, written together when their step ends, before its row
-        #: (``StepTracker.flush_pending``; at most ``PENDING_MAX`` wait)
+        #: (``StepTracker.flush_pending``; sooner past ``PENDING_MAX`` or ``PENDING_NS``)
         self.pending: list[tuple[str, int, int, tuple[int, int], Any]] = []
         #: (candidate, end, optimizer steps done then) of batches that ran a forward with
         #: gradients and no backward, from a loader that has not trained yet: training

@@ -139,7 +139,7 @@ class StepTracker:
         """Write the spans of ``st`` recorded after the fact and still pending
         (``ThreadState.pending``) to its rows: when its step ends, before the step's row
         (the detail filter wants it so), and when ``PENDING_MAX`` wait (a loop whose
-        forwards never end a step)."""
+        forwards never end a step) or the oldest began ``PENDING_NS`` ago (a long step)."""
         pending = st.pending
         if pending:
             try:
@@ -581,8 +581,11 @@ class StepTracker:
 
 
 #: the spans of a thread that wait for their step to end (``ThreadState.pending``): past
-#: this many (a loop whose forwards with gradients end no step), they are written at once
+#: this many (a loop whose forwards with gradients end no step), or once the oldest began
+#: ``PENDING_NS`` ago (a long step: a SIGKILL in it still finds its first spans in the
+#: trace, as the flusher's schedule promises), they are written at once
 PENDING_MAX = 64
+PENDING_NS = 50_000_000
 
 #: the batches that wait for their loader to train, per thread: past this many (a loop
 #: that runs forwards with gradients and never trains, nor lets its loader run out), the

@@ -5,9 +5,12 @@ no step."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -71,3 +74,38 @@ def test_forwards_that_end_no_step_are_written_past_pending_max(tmp_path: Path) 
     frame = read_chrome_trace(path)
     assert (frame["name"] == "module.forward").sum() == n
     assert (frame["name"] == "trainer.step").sum() == 0
+
+
+def test_a_long_steps_spans_are_written_as_they_end(
+    tmp_path: Path, make_loader: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the oldest pending span began ``PENDING_NS`` ago, the hooks write what waits:
+    a SIGKILL in a long step still finds its first spans in the trace."""
+    from ppetrace.integrations import _hooks, _optim_hooks, _stepper
+
+    real = time.perf_counter_ns
+    calls = itertools.count()
+
+    def slow_clock() -> int:  # each read PENDING_NS later than real time says
+        return real() + next(calls) * _stepper.PENDING_NS
+
+    for module in (_hooks, _optim_hooks, _stepper):
+        monkeypatch.setattr(module, "_perf_ns", slow_clock)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = tmp_path / "trace.json"
+    waiting = []
+    with ppetrace.instrument(trace_path=path) as handle:
+        state = handle._tracker.state()
+        for x, y in make_loader(24, 8):
+            loss = nn.functional.cross_entropy(model(x), y)
+            waiting.append(len(state.pending))
+            loss.backward()
+            waiting.append(len(state.pending))
+            opt.step()
+            opt.zero_grad()
+            waiting.append(len(state.pending))
+    assert waiting == [0] * 9
+    counts = read_chrome_trace(path)["name"].value_counts()
+    for name in ("trainer.fetch_batch", "module.forward", "trainer.backward", "trainer.step"):
+        assert counts[name] == 3, name
