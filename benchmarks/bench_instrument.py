@@ -14,10 +14,9 @@ this one run, the compared variants interleaved (the order rotating each round):
   it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. Four more variants
   split that cost (info rows ``instrument.<workload>.<variant>``): ``spans`` opens
   the same spans by hand in the same loop (``ppetrace.trace`` blocks), ``rows``
-  records them after the fact by hand (clock reads around each call, then rows
-  written when the step ends, as ``instrument()`` records them), both written into a
-  Chrome trace: ppetrace's two ways of recording a span, without any inference of
-  steps. ``hooks`` hooks the places ``instrument()`` hooks with wrappers that only
+  records them after the fact by hand (clock reads around each call, then rows, as
+  ``instrument()`` records its spans), both written into a Chrome trace: ppetrace's
+  two ways of recording a span, without any inference of steps. ``hooks`` hooks the places ``instrument()`` hooks with wrappers that only
   call through: what hooking costs before any span. ``hooks_rows`` is ``rows`` under
   those hooks: hooking and recording together, the part of instrument()'s cost that
   its Python hooks and rows take before it infers any step.
@@ -207,16 +206,14 @@ def _spans_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader
 
 def _rows_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[Any]) -> None:
     """:func:`_spans_loop`'s spans recorded after the fact instead, as ``instrument()``
-    records them: two clock reads right around each call, no ``with`` block and no
-    OpenTelemetry context; the fetch, forward, backward and optimizer step wait in a
-    list and are written in one ``RowBuffer.record_many`` call when the step ends, then
-    the step's row, with the id its children name as parent."""
+    records its fetch, forward and backward: two clock reads right around each call, and
+    the rows appended afterwards (``RowBuffer.record``: no ``with`` block, no
+    OpenTelemetry context), the step's last, with the id its children name as parent."""
     from ppetrace.integrations._record import RowBuffer, current_parent, next_ids
 
     frozen, ns = ppetrace.tracing.FrozenAttributes, time.perf_counter_ns
     rows = RowBuffer()
-    record, many, ids, parent = rows.record, rows.record_many, next_ids(), current_parent()
-    pending: list[Any] = []
+    record, ids, parent = rows.record, next_ids(), current_parent()
     name = type(model).__name__
     model.train()
     it, i = iter(loader), 0
@@ -226,29 +223,26 @@ def _rows_loop(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader[
             t0 = ns()
             batch = next(it, None)
             t1 = ns()
+            record("trainer.fetch_batch", t0, t1, parent, attrs)
             if batch is None:
-                record("trainer.fetch_batch", t0, t1, parent, attrs)
                 break
-            pending.append(("trainer.fetch_batch", t0, t1, parent, attrs))
-            step_id = next(ids)
-            inside = (parent[0], step_id)
             x, y = batch
             f0 = ns()
             out = model(x)
             f1 = ns()
-            pending.append(("module.forward", f0, f1, inside, attrs))
             loss = F.cross_entropy(out, y)
             b0 = ns()
             loss.backward()
             b1 = ns()
-            pending.append(("trainer.backward", b0, b1, inside, attrs))
             o0 = ns()
             opt.step()
             opt.zero_grad(set_to_none=True)
             o1 = ns()
-            pending.append(("trainer.optimizer_step", o0, o1, inside, attrs))
-            many(pending)
-            pending.clear()
+            step_id = next(ids)
+            inside = (parent[0], step_id)
+            record("module.forward", f0, f1, inside, attrs)
+            record("trainer.backward", b0, b1, inside, attrs)
+            record("trainer.optimizer_step", o0, o1, inside, attrs)
             record("trainer.step", t1, o1, parent, attrs, step_id)
             i += 1
     finally:
@@ -691,8 +685,8 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 name,
                 "rows",
                 f"the same spans recorded after the fact by hand (rows), {name}, trace written",
-                "clock reads around each call and RowBuffer rows written when the step ends, "
-                f"as instrument() records its spans; instrument() takes {above:+,.1f} µs/step "
+                "clock reads around each call and RowBuffer rows, as instrument() records "
+                f"its spans; instrument() takes {above:+,.1f} µs/step "
                 f"(95% CI {alo:+,.1f} to {ahi:+,.1f}) above it",
             )
         )

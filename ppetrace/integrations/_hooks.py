@@ -28,14 +28,12 @@
   ``trainer.optimizer_step``, recorded after the fact: the hooks give a start
   and an end, not a block to wrap, and a step that raises leaves no span.
 
-The outermost module of a training forward, the outermost backward, every
-fetch and every optimizer step are recorded *after the fact* (unless a CudaTimer,
-or profilers stepped around the batches, need a span): two clock reads right
-around the wrapped call, all bookkeeping between them, so that each span matches
-the call as the loop times it (``benchmarks/bench_instrument.py``, truth). Their
-rows wait in ``ThreadState.pending`` and are written together when their step
-ends, before its row (``StepTracker.flush_pending``): one call per step instead of
-one per span. Such a row enters no
+The outermost module of a training forward, the outermost backward and every
+fetch are recorded *after the fact* (unless a CudaTimer, or profilers stepped
+around the batches, need a span): two clock reads right around the wrapped
+call, all bookkeeping between them, and the row made at the next hook
+(``StepTracker.flush_pending``), so that each span matches the call as the
+loop times it (``benchmarks/bench_instrument.py``, truth). Such a row enters no
 OpenTelemetry context: spans recorded inside it keep the parent outside it,
 and the exporters nest them by time (:mod:`exporters._nesting`), as for
 ``LightningProfiler``'s actions. The other module calls (submodules at
@@ -69,7 +67,7 @@ from ._optim_hooks import dynamo_compiling as _dynamo_compiling
 from ._optim_hooks import optimizer_hooks
 from ._precedence import standing_aside
 from ._record import current_parent
-from ._stepper import PENDING_MAX, PENDING_NS, VAL, StepTracker
+from ._stepper import VAL, StepTracker
 from .dataloader import tracing_iter
 
 __all__ = ["Hooks"]
@@ -228,6 +226,8 @@ class Hooks:
                 st = tracker.state()
             if st.in_fetch:  # a loader inside a loader's fetch: only its span
                 return _inner_fetch(orig, self, tracker.step_attrs)
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+                tracker.flush_pending(st)
             try:
                 idx = self._num_yielded
             except AttributeError:
@@ -263,7 +263,9 @@ class Hooks:
             summarise = False
             try:  # inside the fetch: what the step needs to know about its batch
                 cand = tracker.prepare(st, start, batch, self, idx, parent)
+                cand.fetch_attrs = attrs
                 summarise = tracker.open_untimed(st, cand)
+                st.fetch_cand = cand  # its fetch is recorded at the next hook
             except Exception:
                 cand = None
                 hooks.failed("DataLoader")
@@ -272,7 +274,6 @@ class Hooks:
                 st.rows.record("trainer.fetch_batch", start, end, parent, attrs)
                 return batch
             cand.start = end
-            st.pending.append(("trainer.fetch_batch", start, end, parent, attrs))  # (step ends)
             if summarise:
                 tracker.summarise(st, end)
             return batch
@@ -333,7 +334,7 @@ class Hooks:
             )
         span.__enter__()
         start = getattr(span, "start_ns", None) or _perf_ns()
-        if st.pending:
+        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
             tracker.flush_pending(st)
         if cand is not None:
             try:
@@ -411,6 +412,8 @@ class Hooks:
                 return orig(self, *args, **kwargs)  # the Trainer or Lightning traces it
             if depth or st.in_fetch or timed or not grad_enabled():
                 return other_call(orig, self, args, kwargs, st, depth)
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+                tracker.flush_pending(st)  # the rows of the hooks before
             cand = st.cand
             after = False  # a forward after its batch's optimizer step (evaluation, or a GAN's)
             if cand is not None and (cand.train_seen or cand.fetched is not None):
@@ -427,7 +430,11 @@ class Hooks:
             attrs = forward_attrs.get(type(self))
             if attrs is None:
                 attrs = tracker.forward_attrs_of(self)
-            parent = (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            st.fwd_attrs = attrs
+            st.fwd_parent = (
+                (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            )
+            st.fwd_start = start
             st.root = self
             st.depth = 1
             try:
@@ -439,17 +446,14 @@ class Hooks:
                     fwd = "module.forward"
                     if spans:
                         end = _perf_ns()
-                        st.rows.record(fwd, start, end, parent, attrs, None, "ERROR", err)
+                        st.rows.record(fwd, start, end, st.fwd_parent, attrs, None, "ERROR", err)
                 except Exception:
                     hooks.failed("module call")
                 raise
             st.depth = 0
             end = _perf_ns()
-            if spans:  # its row is written when the step ends
-                pending = st.pending
-                pending.append(("module.forward", start, end, parent, attrs))
-                if len(pending) >= PENDING_MAX or end - pending[0][1] >= PENDING_NS:
-                    tracker.flush_pending(st)
+            if spans:
+                st.fwd_end = end
             if after:
                 cand.post_end = end
             return result
@@ -463,7 +467,7 @@ class Hooks:
         a submodule (``module_depth`` > 1), a module inside a DataLoader fetch, or a
         forward with gradients disabled (evaluation, ``ppetrace.stage = "val"``)."""
         tracker = self.tracker
-        if st.pending:
+        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
             tracker.flush_pending(st)
         post = None  # a forward with gradients after its batch's optimizer step
         try:
@@ -561,7 +565,9 @@ class Hooks:
             if drivers[0] or (session is not None and session.running):
                 return orig(*args, **kwargs)  # the Trainer or Lightning traces it
             # as the outermost training forward: after the fact, from clock reads right
-            # around the call, its row written when the step ends
+            # around the call, its row made at the next hook
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+                tracker.flush_pending(st)
             cand = st.cand
             if not trains:
                 pass
@@ -580,8 +586,11 @@ class Hooks:
                         return orig(*args, **kwargs)
                 finally:
                     st.in_backward = False
-            attrs = tracker.step_attrs
-            parent = (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            st.bwd_attrs = tracker.step_attrs
+            st.bwd_parent = (
+                (rec.trace_id, 0) if get_ctx().get(_SPAN_KEY) is None else current_parent()
+            )
+            st.bwd_start = start
             try:
                 result = orig(*args, **kwargs)
             except BaseException as exc:
@@ -590,16 +599,12 @@ class Hooks:
                     err = _error_text(exc)  # its row now, with ERROR status
                     bwd = "trainer.backward"
                     end = _perf_ns()
-                    st.rows.record(bwd, start, end, parent, attrs, None, "ERROR", err)
+                    st.rows.record(bwd, start, end, st.bwd_parent, st.bwd_attrs, None, "ERROR", err)
                 except Exception:
                     hooks.failed("backward")
                 raise
             st.in_backward = False
-            end = _perf_ns()
-            pending = st.pending
-            pending.append(("trainer.backward", start, end, parent, attrs))
-            if len(pending) >= PENDING_MAX or end - pending[0][1] >= PENDING_NS:
-                tracker.flush_pending(st)
+            st.bwd_end = _perf_ns()
             return result
 
         return backward

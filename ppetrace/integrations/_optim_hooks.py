@@ -19,7 +19,6 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 from ..tracing._recorder import RECORDER, _get_ctx
 from . import _precedence
 from ._record import current_parent
-from ._stepper import PENDING_NS
 
 __all__ = ["compiler", "dynamo_compiling", "optimizer_hooks"]
 
@@ -64,6 +63,8 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
                 cand.post_start = None
             else:
                 tracker.training(st, now)
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+                tracker.flush_pending(st)
             opts = st.opts
             if opts and opts[-1][0] is opt:
                 opts.pop()  # its last step raised: no post hook came
@@ -107,11 +108,7 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
             # the bookkeeping before the clock is read: inside the optimizer step,
             # not in the time between steps
             end = _perf_ns() if opts else tracker.optimizer_end(st)
-            # written with its step's other spans, when the step ends (or now, in a long one)
-            pending = st.pending
-            pending.append(("trainer.optimizer_step", start, end, parent, attrs))
-            if end - pending[0][1] >= PENDING_NS:
-                tracker.flush_pending(st)
+            st.rows.record("trainer.optimizer_step", start, end, parent, attrs)
             if not opts:
                 cand = st.cand
                 if cand is None or cand.fetched is None:  # (a DataLoader's batch: nothing to do)

@@ -148,38 +148,6 @@ class RowBuffer:
         if len(records) >= rec.capacity:
             rec.on_full(records)
 
-    def record_many(self, spans: list[tuple[str, int, int, tuple[int, int], Any]]) -> None:
-        """:meth:`record` for each ``(name, start_ns, end_ns, parent, attrs)`` of ``spans``
-        (status ``UNSET``, a new id each), in one call: ``instrument()`` writes a step's
-        spans so, when the step ends."""
-        rec = RECORDER
-        if not rec.enabled:
-            return
-        if self.pid != rec.pid:
-            self.refresh()
-        records, append = self.records, self.records.append
-        offset, tid, ids = rec.offset_ns, self.tid, _ids
-        for name, start_ns, end_ns, parent, attrs in spans:
-            append(
-                _tuple_new(
-                    SpanRow,
-                    (
-                        name,
-                        next(ids),
-                        parent[1],
-                        parent[0],
-                        start_ns + offset,
-                        end_ns + offset,
-                        tid,
-                        attrs,
-                        "UNSET",
-                        "",
-                    ),
-                )
-            )
-        if len(records) >= rec.capacity:
-            rec.on_full(records)
-
 
 def _after_fork_in_child() -> None:
     global _ids

@@ -31,6 +31,7 @@ class Candidate:
         "iterator",
         "profiled",
         "pair",
+        "fetch_attrs",
         "loader",
         "loader_start",
         "post_start",
@@ -75,6 +76,8 @@ class Candidate:
         self.ended_pair: Any = None
         self.profiled = -1
         self.pair: Any = None
+        #: the attributes of the fetch that handed the batch over (recorded after the fact)
+        self.fetch_attrs: Any = None
 
 
 class ThreadState:
@@ -98,7 +101,15 @@ class ThreadState:
         "rows",
         "profiled",
         "thread",
-        "pending",
+        "fwd_start",
+        "fwd_end",
+        "fwd_attrs",
+        "fwd_parent",
+        "bwd_start",
+        "bwd_end",
+        "bwd_attrs",
+        "bwd_parent",
+        "fetch_cand",
         "undecided",
         "weak_prev",
         "loader_prev",
@@ -129,11 +140,19 @@ class ThreadState:
         #: when an exception ended the thread (``threading.excepthook``), and its text
         self.died = 0
         self.error: str | None = None
-        #: the spans recorded after the fact and not yet written to ``rows``: (name, start,
-        #: end, parent, attributes) of fetches, outermost training forwards and backwards,
-        #: and optimizer steps, written together when their step ends, before its row
-        #: (``StepTracker.flush_pending``; sooner past ``PENDING_MAX`` or ``PENDING_NS``)
-        self.pending: list[tuple[str, int, int, tuple[int, int], Any]] = []
+        #: the last outermost training forward, recorded at the next hook (its row is not
+        #: made between its end and the return to the caller): pending while fwd_end > 0
+        self.fwd_start = 0
+        self.fwd_end = 0
+        self.fwd_attrs: Any = None
+        self.fwd_parent = (0, 0)
+        #: the same for the last outermost backward
+        self.bwd_start = 0
+        self.bwd_end = 0
+        self.bwd_attrs: Any = None
+        self.bwd_parent = (0, 0)
+        #: the candidate whose fetch (``fetched`` to ``start``) is still to be recorded
+        self.fetch_cand: Candidate | None = None
         #: (candidate, end, optimizer steps done then) of batches that ran a forward with
         #: gradients and no backward, from a loader that has not trained yet: training
         #: steps if a later batch of the same iterator or loader trains (gradient

@@ -136,16 +136,17 @@ class StepTracker:
         return attrs
 
     def flush_pending(self, st: ThreadState) -> None:
-        """Write the spans of ``st`` recorded after the fact and still pending
-        (``ThreadState.pending``) to its rows: when its step ends, before the step's row
-        (the detail filter wants it so), and when ``PENDING_MAX`` wait (a loop whose
-        forwards never end a step) or the oldest began ``PENDING_NS`` ago (a long step)."""
-        pending = st.pending
-        if pending:
-            try:
-                st.rows.record_many(pending)
-            finally:
-                pending.clear()
+        """Record the pending forward and backward of ``st`` (``ThreadState.fwd_end``)."""
+        end, st.fwd_end = st.fwd_end, 0
+        if end:
+            st.rows.record("module.forward", st.fwd_start, end, st.fwd_parent, st.fwd_attrs)
+        end, st.bwd_end = st.bwd_end, 0
+        if end:
+            st.rows.record("trainer.backward", st.bwd_start, end, st.bwd_parent, st.bwd_attrs)
+        cand, st.fetch_cand = st.fetch_cand, None
+        if cand is not None and cand.fetched is not None:
+            fetch = "trainer.fetch_batch"
+            st.rows.record(fetch, cand.fetched, cand.start, cand.parent, cand.fetch_attrs)
 
     # -- candidates ----------------------------------------------------------------------
 
@@ -379,7 +380,7 @@ class StepTracker:
         of its last optimizer step; record it if it trained. ``error``: the text of the
         exception that ended the loop inside this candidate: a candidate that began to
         train (a forward with gradients) is then recorded as a step with ERROR status."""
-        if st.pending:
+        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
             self.flush_pending(st)  # before the step's row: the detail filter wants it so
         cand = st.cand
         if cand is None:
@@ -555,7 +556,7 @@ class StepTracker:
             if not st.rows.alive():  # a thread that ended (joined): its rows are made here
                 st.rows.adopt()
                 end, failed = st.died or _last_seen(st), st.error
-            if st.pending:
+            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
                 self.flush_pending(st)
             if st.cand is not None:
                 self.finalize(st, end, failed)
@@ -580,13 +581,6 @@ class StepTracker:
             st.rows.close()
 
 
-#: the spans of a thread that wait for their step to end (``ThreadState.pending``): past
-#: this many (a loop whose forwards with gradients end no step), or once the oldest began
-#: ``PENDING_NS`` ago (a long step: a SIGKILL in it still finds its first spans in the
-#: trace, as the flusher's schedule promises), they are written at once
-PENDING_MAX = 64
-PENDING_NS = 50_000_000
-
 #: the batches that wait for their loader to train, per thread: past this many (a loop
 #: that runs forwards with gradients and never trains, nor lets its loader run out), the
 #: oldest is decided as evaluation
@@ -597,7 +591,7 @@ def _last_seen(st: ThreadState) -> int:
     """The latest time the hooks saw of a thread that ended without an exception: where
     its open step ends."""
     cand = st.cand
-    times = [st.val_end, *(span[2] for span in st.pending)]
+    times = [st.fwd_end, st.bwd_end, st.val_end]
     if cand is not None:
         times += [cand.start, cand.opt_end or 0, cand.post_end or 0]
     return max(times)
