@@ -11,18 +11,21 @@ this one run, the compared variants interleaved (the order rotating each round):
   loop and ``close()`` (which writes the trace). Workloads of ``bench_trainer``: tiny
   (Linear 16->4, batch 8) and mlp (784-256-10, batch 64), one torch thread. The gated
   figure is the median over rounds of the paired ratio; a bootstrap 95% interval of
-  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. Four more variants
-  split that cost (info rows ``instrument.<workload>.<variant>``): ``spans`` opens
+  it is printed beside. Budgets: mlp <= 1.05x, tiny <= 1.15x. Five more variants
+  split that cost (info rows ``instrument.<workload>.<variant>``): ``nofile`` is
+  ``instrument()`` without a trace file (the rest is writing it); ``spans`` opens
   the same spans by hand in the same loop (``ppetrace.trace`` blocks), ``rows``
   records them after the fact by hand (clock reads around each call, then rows, as
   ``instrument()`` records its spans), both written into a Chrome trace: ppetrace's
-  two ways of recording a span, without any inference of steps. ``hooks`` hooks the places ``instrument()`` hooks with wrappers that only
-  call through: what hooking costs before any span. ``hooks_rows`` is ``rows`` under
-  those hooks: hooking and recording together, the part of instrument()'s cost that
-  its Python hooks and rows take before it infers any step.
+  two ways of recording a span, without any inference of steps. ``hooks`` hooks the
+  places ``instrument()`` hooks with wrappers that only call through: what hooking
+  costs before any span. ``hooks_rows`` is ``rows`` under those hooks: hooking and
+  recording together, the part of instrument()'s cost that its Python hooks and rows
+  take before it infers any step.
 - *lightning*: ``lightning.Trainer`` fits of the mlp workload with ``profiler=None``,
   ``profiler="simple"`` and ``LightningProfiler(trace_path)``; budgets:
-  LightningProfiler / simple <= 1.00x and LightningProfiler / none <= 1.10x.
+  LightningProfiler / simple <= 1.00x and LightningProfiler / none <= 1.10x. Info:
+  ``LightningProfiler()`` without a trace file against simple (the rest is writing it).
 - *start-up*: ``ppetrace run --no-report s.py`` against ``python s.py`` for a script
   that imports torch and trains three steps, each a fresh process; budget: the median
   paired difference <= 0.5 s. The report ``ppetrace run`` prints by default is timed
@@ -292,7 +295,8 @@ def measure_instrument(
     workload: Workload | str, *, steps: int, rounds: int, say: Callable[[str], None] = print
 ) -> TrainerResult:
     """``hand`` (the bare loop), ``instrument`` (the loop under instrument(), trace
-    written), ``spans`` and ``rows`` (the loop recording the same spans by hand, through
+    written), ``nofile`` (the same without a trace file: what writing it costs),
+    ``spans`` and ``rows`` (the loop recording the same spans by hand, through
     ``ppetrace.trace`` blocks or after the fact, into a Chrome trace file:
     :func:`_spans_loop`, :func:`_rows_loop`), ``hooks`` (the bare loop under
     :func:`_pass_through_hooks`: what hooking alone costs) and ``hooks_rows`` (``rows``
@@ -303,7 +307,7 @@ def measure_instrument(
     with tempfile.TemporaryDirectory() as tmp, _threads(1), gc_frozen():
         ppetrace.configure()
         loader = wl.loader(steps)
-        kinds = ("hand", "instrument", "spans", "rows", "hooks", "hooks_rows")
+        kinds = ("hand", "instrument", "nofile", "spans", "rows", "hooks", "hooks_rows")
         models = {k: wl.model() for k in kinds}
         opts = {k: torch.optim.SGD(m.parameters(), lr=LR) for k, m in models.items()}
         path = Path(tmp) / "instrument.json"
@@ -317,6 +321,12 @@ def measure_instrument(
             t0 = time.perf_counter_ns()
             with ppetrace.instrument(trace_path=path):
                 _hand_loop(models["instrument"], opts["instrument"], loader)
+            return time.perf_counter_ns() - t0
+
+        def unwritten() -> int:
+            t0 = time.perf_counter_ns()
+            with ppetrace.instrument():
+                _hand_loop(models["nofile"], opts["nofile"], loader)
             return time.perf_counter_ns() - t0
 
         def written(
@@ -347,6 +357,7 @@ def measure_instrument(
             {
                 "hand": hand,
                 "instrument": traced,
+                "nofile": unwritten,
                 "spans": written("spans", _spans_loop),
                 "rows": written("rows", _rows_loop),
                 "hooks": hooked,
@@ -369,8 +380,9 @@ def measure_instrument(
 def measure_lightning(
     workload: Workload | str, *, steps: int, rounds: int, say: Callable[[str], None] = print
 ) -> dict[str, list[int]] | None:
-    """ns per fit with ``profiler=None``, ``"simple"`` and ``LightningProfiler``; None when
-    Lightning is not installed."""
+    """ns per fit with ``profiler=None``, ``"simple"``, ``LightningProfiler(trace_path)``
+    (``ppetrace``) and ``LightningProfiler()`` without a trace file (``ppetrace_nofile``:
+    the spans recorded, nothing written); None when Lightning is not installed."""
     if not peer_available("lightning"):
         return None
     import lightning
@@ -396,7 +408,7 @@ def measure_lightning(
     with tempfile.TemporaryDirectory() as tmp, _threads(1), gc_frozen():
         ppetrace.configure()
         loader = wl.loader(steps)
-        lits = {k: Lit() for k in ("none", "simple", "ppetrace")}
+        lits = {k: Lit() for k in ("none", "simple", "ppetrace", "ppetrace_nofile")}
 
         def fit(kind: str) -> Callable[[], int]:
             def run() -> int:
@@ -408,6 +420,8 @@ def measure_lightning(
                     t0 = time.perf_counter_ns()
                     if kind == "ppetrace":
                         profiler = LightningProfiler(Path(tmp) / "lightning.json")
+                    elif kind == "ppetrace_nofile":
+                        profiler = LightningProfiler()
                     trainer = lightning.Trainer(
                         max_epochs=1,
                         accelerator="cpu",
@@ -663,6 +677,19 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 ),
             )
         )
+        above = res.overhead_us("instrument", "nofile")
+        alo, ahi = res.overhead_ci("instrument", "nofile")
+        out.append(
+            _beside_row(
+                res,
+                name,
+                "nofile",
+                f"instrument() on the same loop without a trace file, {name}",
+                "the spans recorded and nothing written; writing the trace (the exporter "
+                "made, the spans encoded and written, the file closed) takes "
+                f"{above:+,.1f} µs/step (95% CI {alo:+,.1f} to {ahi:+,.1f}) above it",
+            )
+        )
         above = res.overhead_us("instrument", "spans")
         alo, ahi = res.overhead_ci("instrument", "spans")
         spans_what = f"the same spans opened by hand with ppetrace.trace, {name}, trace written"
@@ -747,6 +774,33 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 ),
             )
         )
+    label = 'LightningProfiler() without a trace file / Lightning profiler="simple" (mlp)'
+    if times is None:
+        out.append(
+            Row(id="instrument.lightning_nofile", what=label, status=MISSING, note="lightning")
+        )
+    else:
+        ratios = _paired(times, "ppetrace_nofile", "simple")
+        lo, hi = _ci(ratios)
+        steps = own["lightning_steps"]
+        mine = statistics.median(times["ppetrace_nofile"]) / steps / 1e3
+        simple = statistics.median(times["simple"]) / steps / 1e3
+        out.append(
+            Row(
+                id="instrument.lightning_nofile",
+                what=label,
+                measured=f"{mine:,.1f} µs/step",
+                reference=f"{simple:,.1f} µs/step (simple)",
+                ratio=statistics.median(ratios),
+                status=INFO,
+                unit="µs/step",
+                note=(
+                    f"median of {len(ratios)} paired rounds, 95% CI {lo:.3f}-{hi:.3f}x: the "
+                    "same spans recorded, no trace written; the difference to "
+                    "instrument.lightning_simple is writing the trace"
+                ),
+            )
+        )
     start = measure_startup(rounds=own["startup_rounds"], say=_say)
     details["startup_ns"] = start
     diffs = [(r - p) / 1e9 for r, p in zip(start["run"], start["python"], strict=True)]
@@ -824,17 +878,20 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
 #: the row ids :func:`rows` yields
 ROW_IDS = (
     "instrument.tiny",
+    "instrument.tiny.nofile",
     "instrument.tiny.spans",
     "instrument.tiny.rows",
     "instrument.tiny.hooks",
     "instrument.tiny.hooks_rows",
     "instrument.mlp",
+    "instrument.mlp.nofile",
     "instrument.mlp.spans",
     "instrument.mlp.rows",
     "instrument.mlp.hooks",
     "instrument.mlp.hooks_rows",
     "instrument.lightning_simple",
     "instrument.lightning_none",
+    "instrument.lightning_nofile",
     "instrument.startup",
     "instrument.startup_report",
     *(f"instrument.truth.{name}" for name in WAITS_NS),
@@ -844,8 +901,8 @@ ROW_IDS = (
 BUDGETED = tuple(
     r
     for r in ROW_IDS
-    if r != "instrument.startup_report"
-    and not r.endswith((".spans", ".rows", ".hooks", ".hooks_rows"))
+    if r not in ("instrument.startup_report", "instrument.lightning_nofile")
+    and not r.endswith((".nofile", ".spans", ".rows", ".hooks", ".hooks_rows"))
 )
 
 
