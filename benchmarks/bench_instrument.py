@@ -640,6 +640,14 @@ def _beside_row(res: TrainerResult, name: str, variant: str, what: str, said: st
     return row
 
 
+def _above(res: TrainerResult, variant: str) -> str:
+    """instrument()'s paired cost above ``variant``, with its interval."""
+    lo, hi = res.overhead_ci("instrument", variant)
+    return (
+        f"{res.overhead_us('instrument', variant):+,.1f} µs/step (95% CI {lo:+,.1f} to {hi:+,.1f})"
+    )
+
+
 def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
     """The section's rows for ``benchmarks.run`` (``size`` holds the keys of :data:`SIZES`)."""
     from benchmarks.run import FAIL, INFO, MISSING, PASS, Row, _say
@@ -677,72 +685,43 @@ def rows(size: dict[str, int], details: dict[str, Any]) -> list[Any]:
                 ),
             )
         )
-        above = res.overhead_us("instrument", "nofile")
-        alo, ahi = res.overhead_ci("instrument", "nofile")
-        out.append(
-            _beside_row(
-                res,
-                name,
+
+        beside = (
+            (
                 "nofile",
                 f"instrument() on the same loop without a trace file, {name}",
                 "the spans recorded and nothing written; writing the trace (the exporter "
                 "made, the spans encoded and written, the file closed) takes "
-                f"{above:+,.1f} µs/step (95% CI {alo:+,.1f} to {ahi:+,.1f}) above it",
-            )
-        )
-        above = res.overhead_us("instrument", "spans")
-        alo, ahi = res.overhead_ci("instrument", "spans")
-        spans_what = f"the same spans opened by hand with ppetrace.trace, {name}, trace written"
-        out.append(
-            _beside_row(
-                res,
-                name,
+                f"{_above(res, 'nofile')} above it",
+            ),
+            (
                 "spans",
-                spans_what,
-                "recording and writing the step's spans through trace blocks; instrument() takes "
-                f"{above:+,.1f} µs/step (95% CI {alo:+,.1f} to {ahi:+,.1f}) above it: its "
-                "global hooks and step inference",
-            )
-        )
-        above = res.overhead_us("instrument", "rows")
-        alo, ahi = res.overhead_ci("instrument", "rows")
-        out.append(
-            _beside_row(
-                res,
-                name,
+                f"the same spans opened by hand with ppetrace.trace, {name}, trace written",
+                "recording and writing the step's spans through trace blocks; instrument() "
+                f"takes {_above(res, 'spans')} above it: its global hooks and step inference",
+            ),
+            (
                 "rows",
                 f"the same spans recorded after the fact by hand (rows), {name}, trace written",
                 "clock reads around each call and RowBuffer rows, as instrument() records "
-                f"its spans; instrument() takes {above:+,.1f} µs/step "
-                f"(95% CI {alo:+,.1f} to {ahi:+,.1f}) above it",
-            )
-        )
-        hooks_what = f"the places instrument() hooks, hooked to call through only, {name}"
-        out.append(
-            _beside_row(
-                res,
-                name,
+                f"its spans; instrument() takes {_above(res, 'rows')} above it",
+            ),
+            (
                 "hooks",
-                hooks_what,
+                f"the places instrument() hooks, hooked to call through only, {name}",
                 "Module.__call__, the DataLoader iterator's __next__ and "
                 "torch.autograd.backward wrapped to call through, and torch's global "
                 "optimizer step hooks doing nothing",
-            )
-        )
-        above = res.overhead_us("instrument", "hooks_rows")
-        alo, ahi = res.overhead_ci("instrument", "hooks_rows")
-        out.append(
-            _beside_row(
-                res,
-                name,
+            ),
+            (
                 "hooks_rows",
                 f"the rows loop under the call-through hooks, {name}, trace written",
                 "hooking instrument()'s places and recording its spans after the fact, with "
                 "no step inferred: what ppetrace's Python hooks and rows cost together; "
-                f"instrument() takes {above:+,.1f} µs/step (95% CI {alo:+,.1f} to "
-                f"{ahi:+,.1f}) above it",
-            )
+                f"instrument() takes {_above(res, 'hooks_rows')} above it",
+            ),
         )
+        out.extend(_beside_row(res, name, *spec) for spec in beside)
     times = measure_lightning(
         "mlp", steps=own["lightning_steps"], rounds=own["lightning_rounds"], say=_say
     )
