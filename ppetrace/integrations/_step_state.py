@@ -1,16 +1,20 @@
 """What the step tracker of ``instrument()`` keeps per batch and per thread (see
 :mod:`._stepper`): a :class:`Candidate` for each batch that may become a training step,
-and a :class:`ThreadState` for each thread that runs hooks."""
+and a :class:`ThreadState` for each thread that runs hooks; and the helpers that read
+them (:func:`last_seen`, :func:`same_source`, :func:`cancel_pair`)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from typing import Any
 
 from ._record import RowBuffer, current_parent
 
-__all__ = ["Candidate", "ThreadState", "deref", "weak"]
+_log = logging.getLogger("ppetrace")
+
+__all__ = ["Candidate", "ThreadState", "cancel_pair", "deref", "last_seen", "same_source", "weak"]
 
 
 class Candidate:
@@ -177,3 +181,38 @@ def weak(iterator: Any) -> Any:
 def deref(ref: Any) -> Any:
     """The object of a weak reference from :func:`weak`, or None (None, or gone)."""
     return None if ref is None else ref()
+
+
+def last_seen(st: ThreadState) -> int:
+    """The latest time the hooks saw of a thread that ended without an exception: where
+    its open step ends."""
+    cand = st.cand
+    times = [st.fwd_end, st.bwd_end, st.val_end]
+    if cand is not None:
+        times += [cand.start, cand.opt_end or 0, cand.post_end or 0]
+    return max(times)
+
+
+def same_source(cand: Candidate, other: Candidate) -> bool:
+    """Whether two batches came from one iterator, or one loader (``next(iter(loader))``
+    each step makes an iterator per batch)."""
+    if cand.iterator is other.iterator:
+        return True
+    return cand.loader is not None and cand.loader is other.loader
+
+
+def cancel_pair(timer: Any, pair: Any) -> None:
+    """Drop the device event pair of a batch that was not a training step: it is
+    neither resolved nor drawn on the device track (``CudaTimer`` internals)."""
+    rec = getattr(pair, "_rec", None)
+    if timer is None or rec is None:
+        return
+    try:
+        stack = timer._stack
+        if rec in stack:
+            stack.remove(rec)
+        with timer._lock:
+            if rec in timer._records:
+                timer._records.remove(rec)
+    except Exception:
+        _log.exception("ppetrace: dropping a device event pair failed")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -49,7 +50,7 @@ from ..tracing._recorder import RECORDER
 from ._detail import StepDetail
 from ._modules import COMPILED, root_name
 from ._record import current_parent
-from ._step_state import Candidate, ThreadState
+from ._step_state import Candidate, ThreadState, cancel_pair, last_seen, same_source
 from ._step_state import deref as _deref
 from ._step_state import weak as _weak
 
@@ -103,23 +104,48 @@ class StepTracker:
         #: step (shared; cleared when the step count changes)
         self.forward_attrs: dict[type, FrozenAttributes] = {}
         self._closing = False  # close() ends the open steps
+        self._forked = False  # in a forked child: see forget_threads
+        _TRACKERS.add(self)
 
     # -- threads -------------------------------------------------------------------------
 
     def state(self) -> ThreadState:
-        """This thread's state (made on first use)."""
+        """This thread's state (made on first use). The state of a thread that ended and
+        is forgotten here (its id taken by this thread, or past 64 threads) is ended first,
+        as :meth:`close` ends it: its open step and pending spans are recorded."""
         try:
             state: ThreadState = self.tls.state
             return state
         except AttributeError:
             pass
-        st = ThreadState(threading.get_ident() == self._owner)
+        ident = threading.get_ident()
+        st = ThreadState(ident == self._owner)
+        st.in_fetch = self._forked  # a worker's modules load data: they are not the model
         self.tls.state = st
         with self._lock:
-            if len(self._states) > 64:  # forget threads that ended
-                self._states = {k: v for k, v in self._states.items() if v.thread.is_alive()}
-            self._states[threading.get_ident()] = st
+            states = self._states
+            gone = [states[ident]] if ident in states else []  # its id: that thread ended
+            if len(states) > 64:  # forget threads that ended
+                gone += [v for k, v in states.items() if k != ident and not v.thread.is_alive()]
+                states = {k: v for k, v in states.items() if v.thread.is_alive()}
+            states[ident] = st
+            self._states = states
+        for dead in gone:
+            try:
+                self._end_thread(dead, _perf_ns(), None)
+                dead.rows.close()
+            except Exception:
+                _log.exception("ppetrace: ending the steps of a thread that ended failed")
         return st
+
+    def forget_threads(self) -> None:
+        """In a forked child (a DataLoader worker): forget the parent's threads, whose open
+        steps and pending spans are the parent's to record; the child's hooks start afresh,
+        its module calls traced as data code (spans, no step: as inside a fetch)."""
+        self.tls.__dict__.pop("state", None)  # (the forking thread's, the one left)
+        self._states = {}
+        self._lock = threading.Lock()
+        self._forked = True
 
     # -- attributes ----------------------------------------------------------------------
 
@@ -486,7 +512,7 @@ class StepTracker:
         """The device event pair of a batch that is no training step: never resolved."""
         for pair in (cand.pair, cand.ended_pair):
             if pair is not None:
-                _cancel_pair(self.timer, pair)
+                cancel_pair(self.timer, pair)
                 RECORDER.hooked.pop(id(cand.attrs), None)  # no row will carry them
         cand.pair = cand.ended_pair = None
 
@@ -507,7 +533,7 @@ class StepTracker:
         evaluation (another loader's batch trains, or the loop closes, without them)."""
         undecided, st.undecided = st.undecided, []
         for cand, end, step in undecided:
-            if trained is not None and _same_source(cand, trained):
+            if trained is not None and same_source(cand, trained):
                 self._record_step(st, cand, end)
             else:
                 self._as_validation(st, cand, end, step)
@@ -552,18 +578,23 @@ class StepTracker:
             states = list(self._states.values())
         self._closing = True
         for st in states:
-            end, failed = now, error if st.profiled else None
-            if not st.rows.alive():  # a thread that ended (joined): its rows are made here
-                st.rows.adopt()
-                end, failed = st.died or _last_seen(st), st.error
-            if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
-                self.flush_pending(st)
-            if st.cand is not None:
-                self.finalize(st, end, failed)
-            if st.undecided:
-                self._decide(st, None)
-            if st.had_step:
-                self._emit_validation(st)
+            self._end_thread(st, now, error)
+
+    def _end_thread(self, st: ThreadState, now: int, error: str | None) -> None:
+        """Record what the thread of ``st`` holds open: its pending spans, its open step (at
+        ``now``, or for a thread that ended where it was last seen) and its validation."""
+        end, failed = now, error if st.profiled else None
+        if not st.rows.alive():  # a thread that ended (joined): its rows are made here
+            st.rows.adopt()
+            end, failed = st.died or last_seen(st), st.error
+        if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
+            self.flush_pending(st)
+        if st.cand is not None:
+            self.finalize(st, end, failed)
+        if st.undecided:
+            self._decide(st, None)
+        if st.had_step:
+            self._emit_validation(st)
 
     def thread_errors(self) -> list[str]:
         """The texts of the exceptions that ended threads the hooks saw (training threads
@@ -581,28 +612,22 @@ class StepTracker:
             st.rows.close()
 
 
+#: every tracker made in this process: a forked child forgets their threads
+_TRACKERS: weakref.WeakSet[StepTracker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tracker in list(_TRACKERS):
+        tracker.forget_threads()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 #: the batches that wait for their loader to train, per thread: past this many (a loop
 #: that runs forwards with gradients and never trains, nor lets its loader run out), the
 #: oldest is decided as evaluation
 MAX_UNDECIDED = 256
-
-
-def _last_seen(st: ThreadState) -> int:
-    """The latest time the hooks saw of a thread that ended without an exception: where
-    its open step ends."""
-    cand = st.cand
-    times = [st.fwd_end, st.bwd_end, st.val_end]
-    if cand is not None:
-        times += [cand.start, cand.opt_end or 0, cand.post_end or 0]
-    return max(times)
-
-
-def _same_source(cand: Candidate, other: Candidate) -> bool:
-    """Whether two batches came from one iterator, or one loader (``next(iter(loader))``
-    each step makes an iterator per batch)."""
-    if cand.iterator is other.iterator:
-        return True
-    return cand.loader is not None and cand.loader is other.loader
 
 
 def _call(fn: Any, *args: Any) -> None:
@@ -611,20 +636,3 @@ def _call(fn: Any, *args: Any) -> None:
         fn(*args)
     except Exception:
         _log.exception("ppetrace: profiler hook %r failed", fn)
-
-
-def _cancel_pair(timer: Any, pair: Any) -> None:
-    """Drop the device event pair of a batch that was not a training step: it is
-    neither resolved nor drawn on the device track (``CudaTimer`` internals)."""
-    rec = getattr(pair, "_rec", None)
-    if timer is None or rec is None:
-        return
-    try:
-        stack = timer._stack
-        if rec in stack:
-            stack.remove(rec)
-        with timer._lock:
-            if rec in timer._records:
-                timer._records.remove(rec)
-    except Exception:
-        _log.exception("ppetrace: dropping a device event pair failed")

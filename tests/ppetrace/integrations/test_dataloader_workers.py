@@ -423,3 +423,41 @@ def test_a_ctrl_c_while_workers_shut_down_still_closes_the_run(
     assert not ppetrace.stats().sinks  # the trace's exporter is gone: the file is closed
     frame = read_chrome_trace(tmp_path / "t.json")
     assert not frame.attrs.get("truncated") and (frame["name"] == "trainer.step").sum() == 1
+
+
+class _ModuleItems(Dataset[Any]):
+    """Items made by an ``nn.Module``: a worker's module calls are data code."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.make = torch.nn.Linear(4, 4)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.make(torch.full((4,), float(i))).detach()
+
+
+@pytest.mark.skipif("fork" not in METHODS, reason="needs the fork start method")
+def test_a_worker_forked_mid_step_records_its_own_spans_not_the_parents(tmp_path: Path) -> None:
+    """A worker forked while the parent's forward waits to be recorded does not record it
+    again, and records every module call of its own (as data code, a span each)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    items = DataLoader(_ModuleItems(4), batch_size=2, num_workers=1, multiprocessing_context="fork")
+    path = tmp_path / "trace.json"
+    with ppetrace.instrument(trace_path=path):
+        for _ in range(2):
+            loss = model(torch.randn(8, 4)).sum()
+            for _batch in items:  # the forward's span waits for the next hook meanwhile
+                pass
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    frame = read_chrome_trace(path)
+    forwards = frame[frame["name"] == "module.forward"]
+    assert len(forwards) == 2 + 2 * 4  # the loop's, and one per item in the worker
+    assert not forwards.duplicated(["start_ns", "end_ns"]).any()  # (a copy has its own tid)
+    assert (frame["name"] == "trainer.step").sum() == 2

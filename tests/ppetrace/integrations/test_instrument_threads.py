@@ -199,3 +199,24 @@ def test_a_loader_inside_another_loaders_dataset_ends_in_loader_end(
     assert names["trainer.loader_start"] == names["trainer.loader_end"] == 1 + 4
     assert names["trainer.fetch_batch"] == 2 + 4 * 4
     assert (frame["status"] != "ERROR").all()  # a loader's end is no error
+
+
+def test_threads_that_ended_long_before_close_keep_their_steps(tmp_path: Path) -> None:
+    """The tracker forgets a thread that ended when a new thread takes its id, or past 64
+    threads; what the ended thread left open (its step, its last backward) is recorded
+    then, as close() records it for the threads it still knows."""
+    model = _model()
+    path = tmp_path / "trace.json"
+    n = 80
+
+    def one_step() -> None:  # a forward and a backward, no optimizer, no DataLoader
+        nn.functional.cross_entropy(model(torch.randn(4, 16)), torch.zeros(4).long()).backward()
+
+    with ppetrace.instrument(trace_path=path):
+        for _ in range(n):
+            thread = threading.Thread(target=one_step)
+            thread.start()
+            thread.join()
+    counts = read_chrome_trace(path)["name"].value_counts()
+    for name in ("module.forward", "trainer.backward", "trainer.step"):
+        assert counts[name] == n, name
