@@ -426,3 +426,19 @@ def test_long_run_cost_pairs_each_round_against_the_untraced_loop(
         lo, hi = x["overhead_ci95"]
         assert hi == pytest.approx(0.75) and lo <= 0.75
         assert x["us_per_step_off"] == pytest.approx(100.0)
+
+
+def test_instrument_instruction_variants_each_run_and_the_unknown_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Every variant that bench_instrument_instructions counts runs (two steps, no
+    valgrind); the ones that write a trace write it."""
+    from benchmarks import bench_instrument_instructions as bii
+
+    for kind in bii.VARIANTS:
+        bii.runner(kind, "tiny", 2, tmp_path)()
+    written = {p.name for p in tmp_path.iterdir()}
+    assert {"rows-2.json", "hooks_rows-2.json", "instrument-2.json"} <= written
+    assert "nofile-2.json" not in written
+    with pytest.raises(ValueError, match="Expected a variant"):
+        bii.runner("nope", "tiny", 2, tmp_path)
