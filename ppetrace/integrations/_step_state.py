@@ -119,6 +119,7 @@ class ThreadState:
         "loader_prev",
         "died",
         "error",
+        "ended",
     )
 
     def __init__(self, profiled: bool) -> None:
@@ -144,6 +145,9 @@ class ThreadState:
         #: when an exception ended the thread (``threading.excepthook``), and its text
         self.died = 0
         self.error: str | None = None
+        #: what the ended thread left open was recorded (``StepTracker._end_thread``: once,
+        #: whether ``close()`` or a new thread that took its id came first)
+        self.ended = False
         #: the last outermost training forward, recorded at the next hook (its row is not
         #: made between its end and the return to the caller): pending while fwd_end > 0
         self.fwd_start = 0

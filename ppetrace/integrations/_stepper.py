@@ -585,6 +585,10 @@ class StepTracker:
         ``now``, or for a thread that ended where it was last seen) and its validation."""
         end, failed = now, error if st.profiled else None
         if not st.rows.alive():  # a thread that ended (joined): its rows are made here
+            with self._lock:
+                if st.ended:
+                    return
+                st.ended = True
             st.rows.adopt()
             end, failed = st.died or last_seen(st), st.error
         if st.fwd_end or st.bwd_end or st.fetch_cand is not None:
