@@ -48,7 +48,16 @@ try:
 except ImportError:  # run as a script: benchmarks/ itself is on sys.path
     from bench_trainer import REFERENCE, VARIANTS  # type: ignore[no-redef]
 
-__all__ = ["DEFAULT", "find_valgrind", "main", "per_step", "run_callgrind", "totals"]
+__all__ = [
+    "DEFAULT",
+    "count_variants",
+    "find_valgrind",
+    "main",
+    "per_step",
+    "run_callgrind",
+    "totals",
+    "variant_parser",
+]
 
 #: every hand loop and every Trainer variant of bench_trainer
 DEFAULT: tuple[str, ...] = tuple(v for v in VARIANTS if v.startswith(("hand", "ppetrace")))
@@ -153,9 +162,11 @@ def run_callgrind(
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("variants", nargs="*", default=list(DEFAULT))
+def variant_parser(description: str, default: list[str]) -> argparse.ArgumentParser:
+    """The command line of the scripts that count variants per step: ``VARIANT ...``,
+    ``--workload``, ``--steps A B``, ``--json``, ``--all-threads`` (and the child's)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("variants", nargs="*", default=default)
     parser.add_argument("--workload", default="tiny", choices=("tiny", "mlp"))
     parser.add_argument("--steps", nargs=2, type=int, default=[20, 120], metavar=("A", "B"))
     parser.add_argument("--json", dest="json_path", help="also write the results here")
@@ -163,6 +174,40 @@ def main(argv: list[str] | None = None) -> int:
         "--all-threads", action="store_true", help="count every thread, not only the training one"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser
+
+
+def count_variants(
+    valgrind: str, script: Path, args: argparse.Namespace, variants: list[str]
+) -> dict[str, dict[str, float]] | None:
+    """Run ``script``'s child (``--child``) under callgrind over ``variants`` at the two
+    step counts of ``args`` and return :func:`per_step` of its dumps; None, having said
+    why on stderr, when the run failed or counted nothing."""
+    collect = (
+        ["--zero-before=_operator_call"]
+        if args.all_threads
+        else ["--collect-atstart=no", "--toggle-collect=_operator_call"]
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        order_path = out / "order.json"
+        steps = [str(n) for n in args.steps]
+        child = ["--workload", args.workload, "--steps", *steps, "--child", str(order_path)]
+        if not run_callgrind(valgrind, collect, out, script, [*child, *variants], order_path):
+            return None
+        counts = totals(out)
+        if not any(counts):
+            print(
+                "callgrind counted nothing: this Python's library lacks the symbol "
+                "_operator_call that the counting toggles on.",
+                file=sys.stderr,
+            )
+            return None
+        return per_step(json.loads(order_path.read_text()), counts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = variant_parser(__doc__.splitlines()[0], list(DEFAULT))
     args = parser.parse_args(argv)
     steps = (args.steps[0], args.steps[1])
     if args.child:
@@ -175,35 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     if valgrind is None:
         return 2
     variants = list(dict.fromkeys([REFERENCE[v] for v in args.variants] + args.variants))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        order_path = out / "order.json"
-        collect = (
-            ["--zero-before=_operator_call"]
-            if args.all_threads
-            else ["--collect-atstart=no", "--toggle-collect=_operator_call"]
-        )
-        script = [
-            "--workload",
-            args.workload,
-            "--steps",
-            str(steps[0]),
-            str(steps[1]),
-            "--child",
-            str(order_path),
-            *variants,
-        ]
-        if not run_callgrind(valgrind, collect, out, Path(__file__), script, order_path):
-            return 1
-        counts = totals(out)
-        if not any(counts):
-            print(
-                "callgrind counted nothing: this Python's library lacks the symbol "
-                "_operator_call that the counting toggles on.",
-                file=sys.stderr,
-            )
-            return 1
-        results = per_step(json.loads(order_path.read_text()), counts)
+    results = count_variants(valgrind, Path(__file__), args, variants)
+    if results is None:
+        return 1
     where = "in all threads" if args.all_threads else "on the training thread"
     print(
         f"{args.workload}: instructions per step {where} (callgrind, runs of {steps[0]} and "

@@ -19,7 +19,6 @@ writer's (the warm-up runs are dumped too and set aside, as in ``bench_instructi
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -36,10 +35,9 @@ if str(ROOT) not in sys.path:  # run as a file: `benchmarks` is a folder of the 
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_instructions import (  # noqa: E402
+    count_variants,
     find_valgrind,
-    per_step,
-    run_callgrind,
-    totals,
+    variant_parser,
 )
 
 __all__ = ["VARIANTS", "main", "runner"]
@@ -106,13 +104,7 @@ def _child(workload: str, steps: tuple[int, int], variants: list[str], order_pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("variants", nargs="*", default=list(VARIANTS))
-    parser.add_argument("--workload", default="tiny", choices=("tiny", "mlp"))
-    parser.add_argument("--steps", nargs=2, type=int, default=[20, 120], metavar=("A", "B"))
-    parser.add_argument("--json", dest="json_path", help="also write the results here")
-    parser.add_argument("--all-threads", action="store_true", help="count every thread")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser = variant_parser(__doc__.splitlines()[0], list(VARIANTS))
     args = parser.parse_args(argv)
     steps = (args.steps[0], args.steps[1])
     if args.child:
@@ -125,19 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     if valgrind is None:
         return 2
     variants = list(dict.fromkeys(["hand", *args.variants]))
-    collect = (
-        ["--zero-before=_operator_call"]
-        if args.all_threads
-        else ["--collect-atstart=no", "--toggle-collect=_operator_call"]
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        order_path = out / "order.json"
-        script = ["--workload", args.workload, "--steps", str(steps[0]), str(steps[1])]
-        script += ["--child", str(order_path), *variants]
-        if not run_callgrind(valgrind, collect, out, Path(__file__), script, order_path):
-            return 1
-        found = per_step(json.loads(order_path.read_text()), totals(out))
+    found = count_variants(valgrind, Path(__file__), args, variants)
+    if found is None:
+        return 1
     where = "every thread" if args.all_threads else "the training thread"
     print(
         f"{args.workload}: instructions per step on {where} (callgrind, runs of {steps[0]} "

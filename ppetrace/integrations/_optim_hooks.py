@@ -111,7 +111,7 @@ def optimizer_hooks(hooks: Any) -> tuple[Callable[..., None], Callable[..., None
             st.rows.record("trainer.optimizer_step", start, end, parent, attrs)
             if not opts:
                 cand = st.cand
-                if cand is None or cand.fetched is None:  # (a DataLoader's batch: nothing to do)
+                if cand is not None and cand.fetched is None:  # no DataLoader's batch
                     tracker.after_optimizer_step(st, end)
         except Exception:
             hooks.failed("optimizer step")

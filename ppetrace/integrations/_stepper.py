@@ -357,13 +357,11 @@ class StepTracker:
         return now
 
     def after_optimizer_step(self, st: ThreadState, end: int) -> None:
-        """After the outermost optimizer step that ended at ``end``: without a DataLoader,
-        the step ends there and the next one starts (the caller may skip the call when
-        the open candidate came from a DataLoader, ``cand.fetched`` set)."""
-        cand = st.cand
-        if cand is not None and cand.fetched is None:  # one step per optimizer step
-            self.finalize(st, end)
-            self.open(st, end)
+        """After the outermost optimizer step that ended at ``end``, when the open candidate
+        came from no DataLoader (``cand.fetched`` None; the caller checks): one step per
+        optimizer step, so the step ends there and the next one starts."""
+        self.finalize(st, end)
+        self.open(st, end)
 
     def iter_started(self, loader: Any, iterator: Any, start: int) -> None:
         """``iterator`` came from ``loader.__iter__``, whose span started at ``start``. If
